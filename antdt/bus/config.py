@@ -1,0 +1,75 @@
+"""librdkafka client configuration built from :class:`Settings`, in one place.
+
+Every producer, consumer and admin client of every service and of the agent
+gets its configuration here, so security settings and the embedded-broker
+tuning (see DESIGN.md: group joins are held for half the session timeout, so
+sessions are short and fetch waits low) can never drift between components.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from antdt.settings import BrokerProfile, Settings
+
+KAFKA_LOG = logging.getLogger("antdt.kafka")
+
+#: Tuning measured against the embedded Tansu broker. Group joins are held
+#: for half the session timeout, so sessions are short. A produce does not
+#: wake a waiting fetch there, so produce-to-consume latency is about half of
+#: fetch.wait.max.ms plus ~2 ms (measured: 20 -> 12 ms p50, 10 -> 7 ms, 5 -> 4 ms).
+EMBEDDED_CONSUMER = {
+    "session.timeout.ms": 2000,
+    "heartbeat.interval.ms": 200,
+    "fetch.wait.max.ms": 10,
+}
+#: Production defaults that still keep end-to-end latency low.
+KAFKA_CONSUMER = {"fetch.wait.max.ms": 100}
+
+
+def common_config(settings: Settings, client_id: str | None = None) -> dict[str, Any]:
+    """Connection, identity and security settings shared by every client."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "client.id": client_id or settings.client_id,
+        "security.protocol": settings.security_protocol.value,
+        "logger": KAFKA_LOG,
+    }
+    if settings.sasl_mechanism is not None:
+        conf["sasl.mechanism"] = settings.sasl_mechanism.value
+        conf["sasl.username"] = settings.sasl_username
+        conf["sasl.password"] = settings.sasl_password.get_secret_value() if settings.sasl_password else ""
+    if settings.tls_ca_path is not None:
+        conf["ssl.ca.location"] = str(settings.tls_ca_path)
+    return conf
+
+
+def producer_config(settings: Settings, client_id: str | None = None) -> dict[str, Any]:
+    """Durable, ordered, murmur2-partitioned producer with a short linger."""
+    return {
+        **common_config(settings, client_id),
+        "partitioner": "murmur2_random",
+        "acks": "all",
+        "enable.idempotence": True,
+        "linger.ms": 2 if settings.broker_profile is BrokerProfile.EMBEDDED else 5,
+        "message.timeout.ms": 30000,
+    }
+
+
+def consumer_config(settings: Settings, group_id: str, client_id: str | None = None) -> dict[str, Any]:
+    """Consumer with manual commits, reading from the start of unknown partitions."""
+    tuning = EMBEDDED_CONSUMER if settings.broker_profile is BrokerProfile.EMBEDDED else KAFKA_CONSUMER
+    return {
+        **common_config(settings, client_id),
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": False,
+        **tuning,
+    }
+
+
+def admin_config(settings: Settings, client_id: str | None = None) -> dict[str, Any]:
+    """Admin client configuration."""
+    return common_config(settings, client_id)

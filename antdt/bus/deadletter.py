@@ -1,0 +1,77 @@
+"""The dead-letter topic: where records that cannot be used go, with provenance.
+
+A record that does not decode or does not validate is never dropped silently
+and never stops a service: it is copied, key, value and original headers, to
+``<prefix>.deadletter`` with headers saying where it came from and why it
+failed, and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from confluent_kafka import Producer
+
+log = logging.getLogger(__name__)
+
+HEADER_TOPIC = "antdt.source.topic"
+HEADER_PARTITION = "antdt.source.partition"
+HEADER_OFFSET = "antdt.source.offset"
+HEADER_ERROR = "antdt.error"
+HEADER_ERROR_TYPE = "antdt.error.type"
+HEADER_SERVICE = "antdt.service"
+HEADER_FAILED_AT = "antdt.failed.at"
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """A consumed record as the dead-letter topic needs it (from any client library)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+    @classmethod
+    def from_confluent(cls, message) -> SourceRecord:
+        """Adapt a ``confluent_kafka.Message``."""
+        return cls(
+            message.topic(), message.partition(), message.offset(),
+            message.key(), message.value(), tuple(message.headers() or ()),
+        )
+
+
+class DeadLetter:
+    """Publishes failed records to the dead-letter topic and counts them."""
+
+    def __init__(self, producer: Producer, topic: str, service: str):
+        self._producer = producer
+        self.topic = topic
+        self.service = service
+        self.count = 0
+
+    def send(self, record: SourceRecord, error: BaseException | str) -> None:
+        """Copy ``record`` to the dead-letter topic with provenance headers."""
+        message = str(error) if isinstance(error, BaseException) else error
+        kind = type(error).__name__ if isinstance(error, BaseException) else "Error"
+        headers = [
+            *record.headers,
+            (HEADER_TOPIC, record.topic.encode()),
+            (HEADER_PARTITION, str(record.partition).encode()),
+            (HEADER_OFFSET, str(record.offset).encode()),
+            (HEADER_ERROR, message.encode()[:4096]),
+            (HEADER_ERROR_TYPE, kind.encode()),
+            (HEADER_SERVICE, self.service.encode()),
+            (HEADER_FAILED_AT, datetime.now(timezone.utc).isoformat().encode()),
+        ]
+        self._producer.produce(self.topic, key=record.key, value=record.value, headers=headers)
+        self._producer.poll(0)
+        self.count += 1
+        log.warning(
+            "dead-lettered %s[%d]@%d: %s", record.topic, record.partition, record.offset, message,
+            extra={"service": self.service},
+        )

@@ -1,0 +1,104 @@
+"""Reading and decoding, with bad records routed to the dead-letter topic.
+
+:class:`KeyedReader` reads one key's records from the one partition that key
+hashes to, by manual assignment (no consumer group, so no join delay: the
+embedded broker holds a JoinGroup for half the session timeout). Workers use
+it for their own assignments and commands.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message, TopicPartition
+
+from antdt.bus.clients import make_admin, make_consumer
+from antdt.bus.admin import partition_counts
+from antdt.bus.deadletter import DeadLetter, SourceRecord
+from antdt.bus.murmur2 import partition_for
+from antdt.errors import AntdtError, BusError
+from antdt.schemas.codec import Codec
+from antdt.schemas.models import AvroModel
+from antdt.settings import Settings
+
+log = logging.getLogger(__name__)
+
+BEGINNING = OFFSET_BEGINNING
+END = OFFSET_END
+
+
+def decode_or_deadletter(message: Message, codec: Codec, deadletter: DeadLetter | None) -> AvroModel | None:
+    """The decoded value of ``message``, or None after dead-lettering it."""
+    try:
+        if message.value() is None:
+            raise AntdtError("record has no value")
+        return codec.decode(message.value(), message.topic())
+    except AntdtError as exc:
+        if deadletter is None:
+            log.warning("undecodable record %s[%d]@%d: %s", message.topic(), message.partition(), message.offset(), exc)
+        else:
+            deadletter.send(SourceRecord.from_confluent(message), exc)
+        return None
+
+
+def poll_batch(consumer: Consumer, max_records: int, timeout_s: float) -> list[Message]:
+    """Up to ``max_records`` data messages; transport errors are logged, fatal ones raised."""
+    messages = consumer.consume(max_records, timeout_s)
+    good = []
+    for message in messages:
+        error = message.error()
+        if error is None:
+            good.append(message)
+        elif error.fatal():
+            raise BusError(f"fatal consumer error: {error.str()}")
+        elif error.code() != KafkaError._PARTITION_EOF:
+            log.warning("consumer error: %s", error.str())
+    return good
+
+
+class KeyedReader:
+    """Reads the records of one key from its partition, decoded, without a group."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        topic: str,
+        key: str,
+        codec: Codec,
+        start: int = END,
+        deadletter: DeadLetter | None = None,
+        partitions: int | None = None,
+    ):
+        self.topic = topic
+        self.key = key.encode()
+        self._codec = codec
+        self._deadletter = deadletter
+        count = partitions or partition_counts(make_admin(settings), [topic])[topic]
+        self.partition = partition_for(self.key, count)
+        self._consumer = make_consumer(settings)
+        self._consumer.assign([TopicPartition(topic, self.partition, start)])
+
+    def poll(self, timeout_s: float = 0.1, max_records: int = 500) -> list[AvroModel]:
+        """Decoded records for this key that arrived since the last poll."""
+        decoded = []
+        for message in poll_batch(self._consumer, max_records, timeout_s):
+            if message.key() != self.key:
+                continue
+            value = decode_or_deadletter(message, self._codec, self._deadletter)
+            if value is not None:
+                decoded.append(value)
+        return decoded
+
+    def __iter__(self) -> Iterator[AvroModel]:
+        while True:
+            yield from self.poll(timeout_s=0.5)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> KeyedReader:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -1,0 +1,80 @@
+"""The ``antdt`` command line.
+
+Every expected failure prints one line (``antdt: error: ...``) and exits
+non-zero: a bad argument exits 2, a bad setting or an unavailable broker
+exits 1. Only bugs keep their traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from antdt import __version__
+from antdt.cli import broker_cmd, demo_cmd, topics_cmd
+from antdt.errors import AntdtError
+
+# typer >= 0.29 vendors click; its argument errors live here.
+from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+
+app = typer.Typer(
+    name="antdt",
+    help="Straggler and leader mitigation for distributed training, on Kafka.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"antdt {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Straggler and leader mitigation for distributed training, on Kafka."""
+
+
+app.command("broker")(broker_cmd.broker)
+app.command("topics")(topics_cmd.topics)
+app.command("demo")(demo_cmd.demo)
+
+
+def fail(message: str, code: int) -> int:
+    """Print a one-line error to stderr and return the exit code."""
+    first_line = " ".join(message.strip().split())
+    print(f"antdt: error: {first_line}", file=sys.stderr)
+    return code
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns (and exits with) the exit code."""
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=argv, prog_name="antdt", standalone_mode=False)
+        code = result if isinstance(result, int) else 0
+    except typer.Exit as exc:
+        code = exc.exit_code
+    except NoArgsIsHelpError as exc:
+        typer.echo(exc.format_message())
+        code = 0
+    except UsageError as exc:
+        code = fail(f"{exc.format_message()} (see 'antdt --help')", 2)
+    except ClickException as exc:
+        code = fail(exc.format_message(), 1)
+    except (typer.Abort, KeyboardInterrupt):
+        code = fail("interrupted", 130)
+    except AntdtError as exc:
+        code = fail(str(exc), 1)
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    run()

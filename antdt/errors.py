@@ -1,0 +1,33 @@
+"""One exception root for everything antdt raises on purpose.
+
+Callers (the CLI above all) catch :class:`AntdtError` and print its message as
+one line; anything else is a bug and keeps its traceback.
+"""
+
+
+class AntdtError(Exception):
+    """Root of every error antdt raises deliberately. The message is one line."""
+
+
+class ConfigError(AntdtError):
+    """A setting is missing or has a bad value; the message names the variable."""
+
+
+class BrokerError(AntdtError):
+    """The embedded broker could not be found, started or reached."""
+
+
+class BusError(AntdtError):
+    """A Kafka client operation failed (topic creation, delivery, metadata)."""
+
+
+class SchemaError(AntdtError):
+    """An Avro schema is missing, malformed, or disagrees with its model."""
+
+
+class CodecError(AntdtError):
+    """Bytes could not be decoded into a message, or a message could not be encoded."""
+
+
+class UnknownSchemaError(CodecError):
+    """The writer schema named by a message's fingerprint or id is not known here."""

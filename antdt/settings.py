@@ -1,0 +1,133 @@
+"""The one settings object, read from ``ANTDT_*`` environment variables.
+
+Every service, the agent and the CLI take their configuration from
+:class:`Settings`. Security settings are passed through to the Kafka clients
+(see :mod:`antdt.bus.config`). A bad value never surfaces as a pydantic
+traceback: :func:`load_settings` turns it into a one-line :class:`ConfigError`
+that names the environment variable.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from antdt.errors import ConfigError
+
+ENV_PREFIX = "ANTDT_"
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class SecurityProtocol(str, Enum):
+    """Kafka ``security.protocol`` values."""
+
+    PLAINTEXT = "PLAINTEXT"
+    SSL = "SSL"
+    SASL_PLAINTEXT = "SASL_PLAINTEXT"
+    SASL_SSL = "SASL_SSL"
+
+
+class SaslMechanism(str, Enum):
+    """SASL mechanisms both librdkafka and aiokafka (Faust) speak."""
+
+    PLAIN = "PLAIN"
+    SCRAM_SHA_256 = "SCRAM-SHA-256"
+    SCRAM_SHA_512 = "SCRAM-SHA-512"
+
+
+class BrokerProfile(str, Enum):
+    """Which broker the clients are tuned for.
+
+    ``kafka`` keeps librdkafka's and Faust's production defaults. ``embedded``
+    applies the short session timeouts and fetch waits measured against the
+    embedded Tansu broker (see DESIGN.md), where group joins are otherwise
+    held for half the session timeout.
+    """
+
+    KAFKA = "kafka"
+    EMBEDDED = "embedded"
+
+
+class Settings(BaseSettings):
+    """antdt configuration. Each field is read from ``ANTDT_<FIELD NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    bootstrap_servers: str = Field("localhost:9092", min_length=1, description="Kafka bootstrap servers, host:port[,host:port]")
+    broker_profile: BrokerProfile = Field(BrokerProfile.KAFKA, description="client tuning: kafka or embedded")
+    security_protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    tls_ca_path: Path | None = Field(None, description="CA bundle to verify the brokers' certificates")
+    schema_registry_url: str | None = Field(None, description="Confluent schema registry; unset = Avro single-object encoding")
+    job_id: str = Field("default", pattern=_NAME_PATTERN, max_length=128)
+    topic_prefix: str = Field("antdt", pattern=_NAME_PATTERN, max_length=64)
+    report_interval_s: float = Field(1.0, gt=0, le=3600)
+    signing_key: SecretStr | None = Field(None, description="HMAC-SHA256 key for command signatures")
+    client_id: str = Field("antdt", pattern=_NAME_PATTERN, max_length=128)
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _check_bootstrap(cls, value: str) -> str:
+        for server in value.split(","):
+            host, sep, port = server.strip().rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"expected host:port[,host:port], got {server.strip()!r}")
+        return value
+
+    @field_validator("tls_ca_path")
+    @classmethod
+    def _check_ca_path(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"no such file: {value}")
+        return value
+
+    @field_validator("schema_registry_url")
+    @classmethod
+    def _check_registry_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://", "mock://")):
+            raise ValueError(f"expected an http(s):// URL, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_sasl(self) -> Settings:
+        uses_sasl = self.security_protocol in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL)
+        if uses_sasl and (self.sasl_mechanism is None or not self.sasl_username or self.sasl_password is None):
+            raise ValueError(
+                f"security_protocol {self.security_protocol.value} needs sasl_mechanism, sasl_username and sasl_password"
+            )
+        return self
+
+    def topic(self, component: str, name: str) -> str:
+        """Full topic name ``<prefix>.<component>.<name>``."""
+        return f"{self.topic_prefix}.{component}.{name}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read settings from the environment (and ``overrides``), or raise a one-line ConfigError."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc)) from None
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line naming the first offending ``ANTDT_*`` variable and what is wrong with it."""
+    error = exc.errors()[0]
+    field = str(error["loc"][0]) if error["loc"] else ""
+    variable = f"{ENV_PREFIX}{field.upper()}" if field else "ANTDT settings"
+    message = error["msg"].removeprefix("Value error, ")
+    shown = error.get("input")
+    suffix = "" if not field or isinstance(shown, dict) or _is_secret(field) else f" (got {shown!r})"
+    more = len(exc.errors()) - 1
+    tail = f" [and {more} more]" if more else ""
+    return f"{variable}: {message}{suffix}{tail}"
+
+
+def _is_secret(field: str) -> bool:
+    return field in ("sasl_password", "signing_key")

@@ -1,0 +1,1 @@
+"""The antdt services: monitor (detection), controller (policies), sharder (data)."""

@@ -1,0 +1,1 @@
+"""Controller: turns verdicts into signed, fenced mitigation commands (issue 6)."""

@@ -1,0 +1,1 @@
+"""Monitor: a Faust app that detects and classifies stragglers and leaders (issue 5)."""

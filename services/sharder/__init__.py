@@ -1,0 +1,1 @@
+"""Sharder: stateful dynamic data sharding with an event-sourced log (issue 3)."""

@@ -1,0 +1,111 @@
+"""Client factories, topic creation, keyed readers and graceful shutdown on a real broker."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from antdt.bus.admin import ensure_topics
+from antdt.bus.clients import consuming, flush_or_raise, make_admin, make_producer, producing
+from antdt.bus.config import consumer_config, producer_config
+from antdt.bus.readers import BEGINNING, KeyedReader, poll_batch
+from antdt.errors import BusError
+from antdt.schemas.codec import SingleObjectCodec
+from antdt.schemas.examples import worker_metrics
+from antdt.settings import BrokerProfile, load_settings
+from antdt.topics import TOPICS, topic_spec
+
+
+def test_producer_defaults_are_durable_and_murmur2():
+    conf = producer_config(load_settings())
+    assert conf["partitioner"] == "murmur2_random"
+    assert conf["acks"] == "all"
+    assert conf["enable.idempotence"] is True
+    assert conf["linger.ms"] <= 5
+
+
+def test_embedded_profile_shortens_sessions_and_fetch_waits():
+    embedded = consumer_config(load_settings(broker_profile=BrokerProfile.EMBEDDED), "g")
+    kafka = consumer_config(load_settings(), "g")
+    assert embedded["session.timeout.ms"] == 2000
+    assert embedded["heartbeat.interval.ms"] == 200
+    assert embedded["fetch.wait.max.ms"] <= 50
+    assert "session.timeout.ms" not in kafka
+
+
+def test_security_settings_reach_the_client(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    settings = load_settings(
+        security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-256", sasl_username="u", sasl_password="p", tls_ca_path=ca,
+    )
+    conf = producer_config(settings)
+    assert (conf["security.protocol"], conf["sasl.mechanism"], conf["sasl.username"], conf["sasl.password"]) == (
+        "SASL_SSL", "SCRAM-SHA-256", "u", "p",
+    )
+    assert conf["ssl.ca.location"] == str(ca)
+
+
+def test_ensure_topics_creates_every_registry_topic_idempotently(settings):
+    first = ensure_topics(make_admin(settings), settings)
+    second = ensure_topics(make_admin(settings), settings)
+    assert first == second
+    assert first == {spec.full_name(settings.topic_prefix): spec.partitions for spec in TOPICS}
+
+
+def test_keyed_reader_sees_only_its_key_in_order(settings, topics):
+    topic = topic_spec("controller", "commands").full_name(settings.topic_prefix)
+    codec = SingleObjectCodec()
+    mine, other = "job-a/worker-1", "job-a/worker-2"
+    with producing(settings) as producer:
+        for seq in range(20):
+            for key in (mine, other):
+                producer.produce(topic, key=key.encode(), value=codec.encode(worker_metrics(seq=seq)))
+    with KeyedReader(settings, topic, mine, codec, start=BEGINNING) as reader:
+        seen = []
+        for _ in range(50):
+            seen += [m.seq for m in reader.poll(0.2)]
+            if len(seen) >= 20:
+                break
+    assert seen == list(range(20))
+
+
+def test_keyed_reader_from_end_skips_history(settings, topics):
+    topic = topic_spec("shard", "assignments").full_name(settings.topic_prefix)
+    codec = SingleObjectCodec()
+    key = "job-b/worker-0"
+    with producing(settings) as producer:
+        producer.produce(topic, key=key.encode(), value=codec.encode(worker_metrics(seq=1)))
+    with KeyedReader(settings, topic, key, codec) as reader:
+        reader.poll(0.5)  # assignment established at the end
+        with producing(settings) as producer:
+            producer.produce(topic, key=key.encode(), value=codec.encode(worker_metrics(seq=2)))
+        seen = []
+        for _ in range(50):
+            seen += [m.seq for m in reader.poll(0.2)]
+            if seen:
+                break
+    assert seen == [2]
+
+
+def test_producing_flushes_everything_on_exit(settings, topics):
+    topic = topic_spec("worker", "metrics").full_name(settings.topic_prefix)
+    with producing(settings) as producer:
+        for i in range(2000):
+            producer.produce(topic, key=b"job", value=str(i).encode())
+    with consuming(settings) as consumer:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(topics[topic])])
+        values = set()
+        for _ in range(100):
+            values |= {m.value() for m in poll_batch(consumer, 1000, 0.2)}
+            if len(values) == 2000:
+                break
+    assert values == {str(i).encode() for i in range(2000)}
+
+
+def test_undeliverable_messages_are_reported_not_lost_silently(topic_prefix):
+    settings = load_settings(bootstrap_servers="127.0.0.1:1", topic_prefix=topic_prefix)
+    producer = make_producer(settings, **{"message.timeout.ms": 300})
+    producer.produce("anything", value=b"x")
+    with pytest.raises(BusError, match="undelivered"):
+        flush_or_raise(producer, timeout_s=0.2)

@@ -1,0 +1,35 @@
+"""Packaging: every package in the source tree is listed in pyproject.toml.
+
+The repository keeps the design card's layout (services/, worker/, schemas/
+at the top) mapped into the ``antdt`` namespace; a package missing from the
+list would work in an editable install and vanish from a wheel.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_source_package_is_declared():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    declared = set(config["packages"])
+    found = set()
+    for package, folder in config["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([package, *relative.parts]))
+    assert found == declared
+
+
+def test_layout_of_the_design_card():
+    for folder in ("services/monitor", "services/controller", "services/sharder", "worker", "schemas", "deploy", "tests", "bench"):
+        assert (ROOT / folder).is_dir(), folder
+
+
+def test_readme_opens_with_the_two_commands():
+    lines = [line for line in (ROOT / "README.md").read_text().splitlines() if line.strip()]
+    block = lines[lines.index("```sh") + 1 : lines.index("```")]
+    assert block == ["make demo", "make test"]
