@@ -73,7 +73,8 @@ def worker_lifecycle() -> WorkerLifecycle:
 def shard_progress() -> ShardProgress:
     return ShardProgress(
         job_id=JOB, worker_id=WORKER, incarnation="inc-5f2a", seq=31, kind=ProgressKind.FAILED, epoch=1,
-        shard_id=17, step=123, error="OSError: corrupt record", timestamp=utc_now(),
+        shard_id=17, step=123, error="OSError: corrupt record", attempt=1, quota=2, dataset=dataset_spec(),
+        timestamp=utc_now(),
     )
 
 
@@ -82,7 +83,7 @@ def shard_assignment() -> ShardAssignment:
     return ShardAssignment(
         job_id=JOB, worker_id=WORKER, seq=120, writer_epoch=2, epoch=1, status=AssignmentStatus.GRANTED,
         shards=[Shard(shard_id=17, start=17_000, length=1000, attempt=1), Shard(shard_id=18, start=18_000, length=1000, attempt=0)],
-        lease_expires=now + timedelta(seconds=30), quota=2, timestamp=now,
+        lease_expires=now + timedelta(seconds=30), quota=2, in_reply_to=30, version=120, timestamp=now,
     )
 
 
@@ -94,7 +95,7 @@ def shard_log_event() -> ShardLogEvent:
     return ShardLogEvent(
         job_id=JOB, seq=1, writer_epoch=2, transition=ShardTransition.DATASET_DEFINED, epoch=0,
         shard_id=None, worker_id=WORKER, attempt=0, lease_expires=utc_now(), quota=2, reason="job start",
-        dataset=dataset_spec(), timestamp=utc_now(),
+        dataset=dataset_spec(), version=None, shard_ids=[3, 4], timestamp=utc_now(),
     )
 
 
@@ -103,11 +104,11 @@ def shard_snapshot() -> ShardSnapshot:
     return ShardSnapshot(
         job_id=JOB, seq=120, writer_epoch=2, dataset=dataset_spec(), epoch=1, finished=False,
         shards=[
-            ShardStateEntry(shard_id=0, state=ShardState.DONE, worker_id="worker-0", attempt=0),
+            ShardStateEntry(shard_id=0, state=ShardState.DONE, worker_id="worker-0", attempt=0, done_seq=57),
             ShardStateEntry(shard_id=17, state=ShardState.DOING, worker_id=WORKER, lease_expires=now, started=True, attempt=1),
             ShardStateEntry(shard_id=99, state=ShardState.QUARANTINED, attempt=3, reason="failed 3 times"),
         ],
-        quotas={WORKER: 1}, timestamp=now,
+        quotas={WORKER: 1}, epoch_opened_seq=40, log_offset=1234, timestamp=now,
     )
 
 

@@ -61,6 +61,12 @@ class ProgressKind(str, Enum):
     STARTED = "STARTED"
     DONE = "DONE"
     FAILED = "FAILED"
+    CHECKPOINT = "CHECKPOINT"
+    REWIND = "REWIND"
+
+
+#: Progress kinds that are about one shard (and so must name it).
+SHARD_PROGRESS_KINDS = frozenset({ProgressKind.STARTED, ProgressKind.DONE, ProgressKind.FAILED})
 
 
 class AssignmentStatus(str, Enum):
@@ -83,6 +89,9 @@ class ShardTransition(str, Enum):
     QUOTA_SET = "QUOTA_SET"
     EPOCH_CLOSED = "EPOCH_CLOSED"
     WRITER_ELECTED = "WRITER_ELECTED"
+    LEASE_RENEWED = "LEASE_RENEWED"
+    CHECKPOINT = "CHECKPOINT"
+    REWOUND = "REWOUND"
 
 
 class ShardState(str, Enum):
@@ -231,6 +240,23 @@ class WorkerLifecycle(AvroModel):
 # ---------------------------------------------------------------- sharding
 
 
+class DatasetSpec(AvroRecord):
+    avro_name: ClassVar[str] = "antdt.DatasetSpec"
+
+    name: Name
+    size: Positive64
+    shard_size: Positive64
+    epochs: Positive32
+    shuffle_seed: Long
+    max_attempts: Positive32
+    lease_s: Annotated[float, AvroType("double"), Field(gt=0, allow_inf_nan=False)]
+
+    @property
+    def shard_count(self) -> int:
+        """Number of shards per epoch (the last one may be short)."""
+        return -(-self.size // self.shard_size)
+
+
 class ShardProgress(AvroModel):
     avro_name: ClassVar[str] = "antdt.ShardProgress"
 
@@ -243,12 +269,18 @@ class ShardProgress(AvroModel):
     shard_id: Count64 | None = None
     step: Count64 | None = None
     error: str | None = None
+    attempt: Count32 | None = None
+    quota: Count32 | None = None
+    dataset: DatasetSpec | None = None
+    version: Count64 | None = None
     timestamp: Timestamp
 
     @model_validator(mode="after")
-    def _shard_named(self) -> ShardProgress:
-        if (self.kind is ProgressKind.REQUESTED) != (self.shard_id is None):
-            raise ValueError("shard_id must be null for REQUESTED and set for STARTED, DONE, FAILED")
+    def _fields_match_kind(self) -> ShardProgress:
+        if (self.kind in SHARD_PROGRESS_KINDS) != (self.shard_id is not None):
+            raise ValueError("shard_id must be set for STARTED, DONE, FAILED and only for them")
+        if (self.kind is ProgressKind.REWIND) != (self.version is not None):
+            raise ValueError("version must be set for REWIND and only for it")
         return self
 
 
@@ -273,6 +305,8 @@ class ShardAssignment(AvroModel):
     shards: list[Shard]
     lease_expires: Timestamp | None = None
     quota: Count32
+    in_reply_to: Count64 | None = None
+    version: Count64 | None = None
     timestamp: Timestamp
 
     @model_validator(mode="after")
@@ -282,23 +316,6 @@ class ShardAssignment(AvroModel):
         if self.status is not AssignmentStatus.GRANTED and self.shards:
             raise ValueError(f"a {self.status.value} assignment must not list shards")
         return self
-
-
-class DatasetSpec(AvroRecord):
-    avro_name: ClassVar[str] = "antdt.DatasetSpec"
-
-    name: Name
-    size: Positive64
-    shard_size: Positive64
-    epochs: Positive32
-    shuffle_seed: Long
-    max_attempts: Positive32
-    lease_s: Annotated[float, AvroType("double"), Field(gt=0, allow_inf_nan=False)]
-
-    @property
-    def shard_count(self) -> int:
-        """Number of shards per epoch (the last one may be short)."""
-        return -(-self.size // self.shard_size)
 
 
 class ShardLogEvent(AvroModel):
@@ -316,6 +333,8 @@ class ShardLogEvent(AvroModel):
     quota: Count32 | None = None
     reason: str | None = None
     dataset: DatasetSpec | None = None
+    version: Count64 | None = None
+    shard_ids: list[Count64] = Field(default_factory=list)
     timestamp: Timestamp
 
     @model_validator(mode="after")
@@ -334,6 +353,7 @@ class ShardStateEntry(AvroRecord):
     lease_expires: Timestamp | None = None
     started: bool = False
     attempt: Count32
+    done_seq: Count64 | None = None
     reason: str | None = None
 
 
@@ -348,6 +368,8 @@ class ShardSnapshot(AvroModel):
     finished: bool
     shards: list[ShardStateEntry]
     quotas: dict[str, Count32] = Field(default_factory=dict)
+    epoch_opened_seq: Count64 = 0
+    log_offset: Count64 | None = None
     timestamp: Timestamp
 
 

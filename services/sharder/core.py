@@ -1,0 +1,316 @@
+"""The sharder's decisions: from a worker's report (or the clock) to log events.
+
+Pure: no I/O, time is a parameter. Every decision is expressed as
+:class:`ShardLogEvent` s that are applied to the :class:`JobState` at once
+(through the same fold a recovering sharder runs) and returned for the
+caller to append to the log. Nothing here trusts its input to arrive once or
+in time: reports name the grant they are about (epoch, shard, attempt), so a
+duplicate, late or stale report changes nothing.
+
+What each report does (the state machine is in :mod:`state`):
+
+* REQUESTED: optionally defines the dataset (first request) and the worker's
+  quota, then grants TODO shards, lowest grant rank first, until the worker
+  holds its quota. Answers GRANTED (everything it holds), WAIT (nothing free
+  now, but shards are in flight elsewhere), EPOCH_END (the worker's epoch is
+  over) or FINISHED.
+* STARTED / DONE / FAILED: accepted only from the holder of that attempt
+  (DONE also from the last holder of a reclaimed shard nobody took since).
+  DONE is idempotent. FAILED returns the shard to TODO, or quarantines it
+  once it has had ``max_attempts`` tries.
+* Any report renews the worker's leases when less than half remains.
+* CHECKPOINT: issues a version (the seq of a CHECKPOINT event) to store with
+  a model checkpoint. REWIND: see :meth:`ShardCore.rewind`.
+* The clock: leases that ran out go back to TODO. A worker that left: all its
+  shards go back to TODO.
+* After each change, if nothing is TODO or DOING, the epoch closes and the
+  next opens (or the job is finished).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from antdt.errors import AntdtError
+from antdt.schemas.models import (
+    AssignmentStatus,
+    ProgressKind,
+    Shard,
+    ShardAssignment,
+    ShardLogEvent,
+    ShardProgress,
+    ShardState,
+    ShardTransition as T,
+)
+from antdt.services.sharder.state import JobState, from_ms, to_ms
+
+
+class ProgressRejected(AntdtError):
+    """A report that can never be valid for this job (it goes to the dead-letter topic)."""
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """Sharder policy knobs that are not part of the dataset definition."""
+
+    default_quota: int = 2
+    max_quota: int = 64
+
+
+@dataclass
+class Outcome:
+    """The events a report caused (already applied) and the answer to send, if any."""
+
+    events: list[ShardLogEvent] = field(default_factory=list)
+    assignment: ShardAssignment | None = None
+
+
+class ShardCore:
+    """Decides transitions for one job and applies them to its state."""
+
+    def __init__(self, state: JobState, config: CoreConfig | None = None):
+        self.state = state
+        self.config = config or CoreConfig()
+
+    # ------------------------------------------------------------ event creation
+
+    def _emit(self, events: list[ShardLogEvent], transition: T, now_ms: int, **fields) -> ShardLogEvent:
+        state = self.state
+        if state.writer_epoch < 1:
+            raise RuntimeError("elect a writer (ShardCore.elect) before making decisions")
+        event = ShardLogEvent.model_construct(
+            job_id=state.job_id, seq=state.last_seq + 1, writer_epoch=state.writer_epoch, transition=transition,
+            epoch=fields.pop("epoch", state.epoch), shard_id=fields.pop("shard_id", None),
+            worker_id=fields.pop("worker_id", None), attempt=fields.pop("attempt", None),
+            lease_expires=from_ms(fields.pop("lease_ms", None)), quota=fields.pop("quota", None),
+            reason=fields.pop("reason", None), dataset=fields.pop("dataset", None),
+            version=fields.pop("version", None), shard_ids=fields.pop("shard_ids", []), timestamp=from_ms(now_ms),
+        )
+        assert not fields, f"unknown event fields {sorted(fields)}"
+        applied = state.apply(event)
+        assert applied, "the core's own event was rejected by the fold"
+        events.append(event)
+        return event
+
+    def elect(self, writer_epoch: int, now_ms: int, writer: str) -> ShardLogEvent:
+        """Take over the job's log with a higher writer epoch (fencing older writers)."""
+        if writer_epoch <= self.state.writer_epoch:
+            raise ValueError(f"writer epoch {writer_epoch} does not exceed {self.state.writer_epoch}")
+        event = ShardLogEvent.model_construct(
+            job_id=self.state.job_id, seq=self.state.last_seq + 1, writer_epoch=writer_epoch,
+            transition=T.WRITER_ELECTED, epoch=self.state.epoch, shard_id=None, worker_id=None, attempt=None,
+            lease_expires=None, quota=None, reason=f"writer {writer}", dataset=None, version=None, shard_ids=[],
+            timestamp=from_ms(now_ms),
+        )
+        self.state.apply(event)
+        return event
+
+    # ------------------------------------------------------------ reports
+
+    def on_progress(self, report: ShardProgress, now_ms: int) -> Outcome:
+        """Apply one worker report; return the events and the answer."""
+        out = Outcome()
+        state = self.state
+        if report.dataset is not None:
+            self._define_dataset(report, now_ms, out)
+        if state.dataset is None:
+            if report.kind is ProgressKind.REQUESTED:
+                out.assignment = self._answer(report, AssignmentStatus.WAIT, now_ms)
+            return out
+        self._renew_leases(report.worker_id, now_ms, out)
+        handler = {
+            ProgressKind.REQUESTED: self._requested,
+            ProgressKind.STARTED: self._started,
+            ProgressKind.DONE: self._done,
+            ProgressKind.FAILED: self._failed,
+            ProgressKind.CHECKPOINT: self._checkpoint,
+        }.get(report.kind)
+        if handler is None:
+            raise ProgressRejected("REWIND needs the log; the service handles it through ShardCore.rewind")
+        handler(report, now_ms, out)
+        return out
+
+    def _define_dataset(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
+        if self.state.dataset is None:
+            self._emit(out.events, T.DATASET_DEFINED, now_ms, dataset=report.dataset, worker_id=report.worker_id, epoch=0)
+            self._emit(out.events, T.EPOCH_OPENED, now_ms, epoch=0)
+        elif report.dataset != self.state.dataset:
+            raise ProgressRejected(
+                f"job {self.state.job_id} is sharded as {self.state.dataset!r}; {report.worker_id} sent {report.dataset!r}"
+            )
+
+    def _requested(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
+        state = self.state
+        worker = report.worker_id
+        if report.quota is not None and report.quota != state.quotas.get(worker):
+            quota = min(report.quota, self.config.max_quota)
+            self._emit(out.events, T.QUOTA_SET, now_ms, worker_id=worker, quota=quota)
+        if state.finished:
+            out.assignment = self._answer(report, AssignmentStatus.FINISHED, now_ms)
+            return
+        if report.epoch < state.epoch:
+            out.assignment = self._answer(report, AssignmentStatus.EPOCH_END, now_ms, epoch=report.epoch)
+            return
+        if report.epoch == state.epoch:
+            self._grant_up_to_quota(worker, now_ms, out)
+        out.assignment = self.assignment_for(worker, now_ms, in_reply_to=report.seq)
+
+    def _grant_up_to_quota(self, worker: str, now_ms: int, out: Outcome) -> None:
+        state = self.state
+        quota = state.quotas.get(worker, self.config.default_quota)
+        lease_ms = now_ms + int(state.dataset.lease_s * 1000)
+        while len(state.held.get(worker, ())) < quota:
+            shard_id = state.next_todo()
+            if shard_id is None:
+                return
+            attempt = state.slots[shard_id].attempt
+            self._emit(out.events, T.GRANTED, now_ms, shard_id=shard_id, worker_id=worker, attempt=attempt, lease_ms=lease_ms)
+
+    def _holds(self, report: ShardProgress) -> bool:
+        """Is the report about the grant the worker holds now?"""
+        state = self.state
+        if report.epoch != state.epoch or report.shard_id >= len(state.slots):
+            return False
+        slot = state.slots[report.shard_id]
+        same_attempt = report.attempt is None or report.attempt == slot.attempt
+        return slot.state is ShardState.DOING and slot.worker == report.worker_id and same_attempt
+
+    def _started(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
+        if self._holds(report) and not self.state.slots[report.shard_id].started:
+            lease_ms = now_ms + int(self.state.dataset.lease_s * 1000)
+            self._emit(out.events, T.STARTED, now_ms, shard_id=report.shard_id, worker_id=report.worker_id,
+                       attempt=self.state.slots[report.shard_id].attempt, lease_ms=lease_ms)
+
+    def _done(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
+        if self._holds(report) or self._late_done_from_last_holder(report):
+            slot = self.state.slots[report.shard_id]
+            self._emit(out.events, T.DONE, now_ms, shard_id=report.shard_id, worker_id=report.worker_id, attempt=slot.attempt)
+            self._close_epoch_if_complete(now_ms, out)
+
+    def _late_done_from_last_holder(self, report: ShardProgress) -> bool:
+        """A reclaimed shard nobody took since: its last holder's DONE is still good work."""
+        state = self.state
+        if report.epoch != state.epoch or report.shard_id >= len(state.slots):
+            return False
+        slot = state.slots[report.shard_id]
+        previous_attempt = report.attempt is None or report.attempt == slot.attempt - 1
+        return slot.state is ShardState.TODO and slot.worker == report.worker_id and previous_attempt
+
+    def _failed(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
+        if not self._holds(report):
+            return
+        slot = self.state.slots[report.shard_id]
+        attempt = slot.attempt + 1
+        reason = (report.error or "failed")[:1000]
+        if attempt >= self.state.dataset.max_attempts:
+            self._emit(out.events, T.QUARANTINED, now_ms, shard_id=slot.shard_id, worker_id=report.worker_id,
+                       attempt=attempt, reason=f"failed {attempt} times; last: {reason}")
+            self._close_epoch_if_complete(now_ms, out)
+        else:
+            self._emit(out.events, T.FAILED, now_ms, shard_id=slot.shard_id, worker_id=report.worker_id,
+                       attempt=attempt, reason=reason)
+
+    def _checkpoint(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
+        event = self._emit(out.events, T.CHECKPOINT, now_ms, worker_id=report.worker_id,
+                           reason=f"checkpoint at step {report.step}" if report.step is not None else "checkpoint")
+        out.assignment = self.assignment_for(report.worker_id, now_ms, in_reply_to=report.seq, version=event.seq)
+
+    def _renew_leases(self, worker: str, now_ms: int, out: Outcome) -> None:
+        held = self.state.held.get(worker)
+        if not held:
+            return
+        lease_ms = int(self.state.dataset.lease_s * 1000)
+        soonest = min(self.state.slots[i].lease_ms or 0 for i in held)
+        if soonest - now_ms < lease_ms // 2:
+            self._emit(out.events, T.LEASE_RENEWED, now_ms, worker_id=worker, lease_ms=now_ms + lease_ms)
+
+    # ------------------------------------------------------------ the clock and departures
+
+    def expire_leases(self, now_ms: int) -> list[ShardLogEvent]:
+        """Reclaim every shard whose lease ran out."""
+        out = Outcome()
+        state = self.state
+        expired = [
+            state.slots[i] for shards in state.held.values() for i in shards
+            if state.slots[i].lease_ms is not None and state.slots[i].lease_ms <= now_ms
+        ]
+        for slot in sorted(expired, key=lambda s: s.shard_id):
+            self._emit(out.events, T.LEASE_EXPIRED, now_ms, shard_id=slot.shard_id, worker_id=slot.worker,
+                       attempt=slot.attempt + 1, reason="lease expired")
+        return out.events
+
+    def worker_left(self, worker: str, now_ms: int, reason: str = "worker left") -> list[ShardLogEvent]:
+        """Return every shard the worker holds to TODO."""
+        out = Outcome()
+        if self.state.held.get(worker):
+            self._emit(out.events, T.RELEASED, now_ms, worker_id=worker, reason=reason)
+        return out.events
+
+    def rewind(self, report: ShardProgress, now_ms: int, target: JobState | None = None) -> Outcome:
+        """Restore the shard state to version ``report.version`` (a model checkpoint's).
+
+        Within the current epoch (version at or after the epoch opened) the
+        core needs nothing more: every shard DONE after the version and every
+        DOING shard goes back to TODO. Across an epoch boundary the caller
+        passes ``target``, the fold of the log up to the version; the event
+        then carries the target epoch and the shards DONE in it.
+        """
+        state = self.state
+        version = report.version
+        if version > state.last_seq or version < 1:
+            raise ProgressRejected(f"version {version} does not exist (log is at {state.last_seq})")
+        out = Outcome()
+        if version >= state.epoch_opened_seq:
+            self._emit(out.events, T.REWOUND, now_ms, version=version, worker_id=report.worker_id)
+        else:
+            if target is None or target.last_seq != version or target.dataset is None:
+                raise ValueError("a rewind across an epoch boundary needs the state folded up to the version")
+            done = [s.shard_id for s in target.slots if s.state is ShardState.DONE]
+            attempt = 1 + max((s.attempt for s in state.slots), default=0)
+            self._emit(out.events, T.REWOUND, now_ms, version=version, worker_id=report.worker_id,
+                       epoch=target.epoch, shard_ids=done, attempt=attempt)
+        self._close_epoch_if_complete(now_ms, out)
+        out.assignment = self.assignment_for(report.worker_id, now_ms, in_reply_to=report.seq, version=out.events[0].seq)
+        return out
+
+    def _close_epoch_if_complete(self, now_ms: int, out: Outcome) -> None:
+        state = self.state
+        while not state.finished and state.todo_count == 0 and state.doing_count == 0:
+            closing = state.epoch
+            self._emit(out.events, T.EPOCH_CLOSED, now_ms, epoch=closing)
+            if closing + 1 < state.dataset.epochs:
+                self._emit(out.events, T.EPOCH_OPENED, now_ms, epoch=closing + 1)
+
+    # ------------------------------------------------------------ answers
+
+    def assignment_for(self, worker: str, now_ms: int, in_reply_to: int | None = None, version: int | None = None) -> ShardAssignment:
+        """What the worker holds now, as an assignment."""
+        state = self.state
+        slots = state.held_by(worker)
+        if slots:
+            status = AssignmentStatus.GRANTED
+        elif state.finished:
+            status = AssignmentStatus.FINISHED
+        else:
+            status = AssignmentStatus.WAIT
+        lease = min((s.lease_ms for s in slots if s.lease_ms is not None), default=None)
+        return ShardAssignment.model_construct(
+            job_id=state.job_id, worker_id=worker, seq=state.last_seq, writer_epoch=state.writer_epoch,
+            epoch=state.epoch, status=status,
+            shards=[Shard.model_construct(shard_id=s.shard_id, start=s.start, length=s.length, attempt=s.attempt) for s in slots],
+            lease_expires=from_ms(lease), quota=state.quotas.get(worker, self.config.default_quota),
+            in_reply_to=in_reply_to, version=version, timestamp=from_ms(now_ms),
+        )
+
+    def _answer(self, report: ShardProgress, status: AssignmentStatus, now_ms: int, epoch: int | None = None) -> ShardAssignment:
+        state = self.state
+        return ShardAssignment.model_construct(
+            job_id=state.job_id, worker_id=report.worker_id, seq=state.last_seq, writer_epoch=state.writer_epoch,
+            epoch=state.epoch if epoch is None else epoch, status=status, shards=[], lease_expires=None,
+            quota=state.quotas.get(report.worker_id, self.config.default_quota), in_reply_to=report.seq, version=None,
+            timestamp=from_ms(now_ms),
+        )
+
+
+__all__ = ["CoreConfig", "Outcome", "ProgressRejected", "ShardCore", "to_ms"]

@@ -1,0 +1,336 @@
+"""The shard state of one job, and the fold that builds it from the log.
+
+State is *only* ever changed by :meth:`JobState.apply` of a
+:class:`ShardLogEvent`: the live sharder applies the events it has just
+written, a recovering sharder applies the events it reads back, and both run
+this same code, so the live state and the fold of the log cannot differ.
+
+Shard state machine (per shard, per epoch)::
+
+               GRANTED(worker, lease, attempt)          DONE
+      TODO ─────────────────────────────────▶ DOING ───────────▶ DONE
+       ▲                                      │ │ │
+       │ FAILED (attempt+1 < max_attempts)    │ │ │ STARTED / LEASE_RENEWED:
+       ├──────────────────────────────────────┘ │ │ stays DOING, lease extended
+       │ LEASE_EXPIRED / RELEASED (worker left)  │ │
+       ├────────────────────────────────────────┘ │ FAILED (attempt+1 >= max_attempts)
+       │                                          └──────────────▶ QUARANTINED
+       │ REWOUND: DONE after the version ─────── back to TODO
+       │
+       └── a late DONE from the last holder of a reclaimed, not yet re-granted
+           shard is accepted: TODO ─▶ DONE (nobody else trained it)
+
+* ``attempt`` counts returns to TODO, so (epoch, shard, attempt) names one
+  grant; a report about an older attempt is ignored, which makes duplicate
+  and late deliveries harmless.
+* Epoch end: when no shard is TODO or DOING, EPOCH_CLOSED is written and,
+  unless it was the last epoch, EPOCH_OPENED for the next one: every shard
+  back to TODO (quarantine included: a new epoch gives a shard a new chance).
+
+Log discipline (fencing): each event carries the writer's epoch and a per-job
+sequence number. An event is applied when its writer epoch equals the
+current one and its seq is the next; WRITER_ELECTED with a higher epoch is
+always applied and makes its writer current. Events from a lower writer epoch
+(a fenced zombie) and repeated seqs are ignored and counted.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import astuple, dataclass, field
+from datetime import datetime, timezone
+
+from antdt.schemas.models import (
+    DatasetSpec,
+    ShardLogEvent,
+    ShardSnapshot,
+    ShardState,
+    ShardStateEntry,
+    ShardTransition as T,
+)
+from antdt.services.sharder.dataset import grant_ranks, split
+
+_UTC = timezone.utc
+
+
+def to_ms(value: datetime | None) -> int | None:
+    return None if value is None else int(value.timestamp() * 1000)
+
+
+def from_ms(value: int | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value / 1000, _UTC)
+
+
+@dataclass(slots=True)
+class Slot:
+    """Mutable state of one shard in the current epoch."""
+
+    shard_id: int
+    start: int
+    length: int
+    state: ShardState = ShardState.TODO
+    worker: str | None = None
+    lease_ms: int | None = None
+    started: bool = False
+    attempt: int = 0
+    done_seq: int | None = None
+    reason: str | None = None
+
+
+@dataclass
+class FoldStats:
+    """What the fold skipped, for audits and metrics."""
+
+    stale_writer: int = 0
+    duplicate_seq: int = 0
+    seq_gaps: int = 0
+
+
+@dataclass
+class JobState:
+    """Everything the sharder knows about one job; change it only through apply()."""
+
+    job_id: str
+    dataset: DatasetSpec | None = None
+    epoch: int = 0
+    finished: bool = False
+    writer_epoch: int = 0
+    last_seq: int = 0
+    epoch_opened_seq: int = 0
+    slots: list[Slot] = field(default_factory=list)
+    held: dict[str, set[int]] = field(default_factory=dict)
+    quotas: dict[str, int] = field(default_factory=dict)
+    todo_count: int = 0
+    stats: FoldStats = field(default_factory=FoldStats)
+    _ranks: list[int] = field(default_factory=list, repr=False)
+    _todo_heap: list[tuple[int, int]] = field(default_factory=list, repr=False)
+
+    # ------------------------------------------------------------ the fold
+
+    def apply(self, event: ShardLogEvent) -> bool:
+        """Fold one event in; False if fencing or sequencing rejected it."""
+        if not self._accept(event):
+            return False
+        handler = _HANDLERS[event.transition]
+        handler(self, event)
+        self.last_seq = event.seq
+        return True
+
+    def _accept(self, event: ShardLogEvent) -> bool:
+        if event.writer_epoch > self.writer_epoch and event.transition is T.WRITER_ELECTED:
+            self.writer_epoch = event.writer_epoch
+            return True
+        if event.writer_epoch != self.writer_epoch:
+            self.stats.stale_writer += 1
+            return False
+        if event.seq <= self.last_seq:
+            self.stats.duplicate_seq += 1
+            return False
+        if event.seq != self.last_seq + 1:
+            self.stats.seq_gaps += 1  # lost events: applied anyway, reported by the audit
+        return True
+
+    # ------------------------------------------------------------ queries
+
+    @property
+    def doing_count(self) -> int:
+        return sum(len(shards) for shards in self.held.values())
+
+    def next_todo(self) -> int | None:
+        """The TODO shard to grant next (lowest rank), or None."""
+        heap = self._todo_heap
+        while heap:
+            _, shard_id = heap[0]
+            if self.slots[shard_id].state is ShardState.TODO:
+                return shard_id
+            heapq.heappop(heap)
+        return None
+
+    def held_by(self, worker: str) -> list[Slot]:
+        return [self.slots[i] for i in sorted(self.held.get(worker, ()))]
+
+    def logical_view(self) -> tuple:
+        """Everything that defines the state, for equality checks (no caches, no counters)."""
+        return (
+            self.job_id, self.dataset, self.epoch, self.finished, self.writer_epoch, self.last_seq,
+            self.epoch_opened_seq, tuple(astuple(s) for s in self.slots),
+            {w: frozenset(s) for w, s in self.held.items() if s}, dict(self.quotas),
+        )
+
+    # ------------------------------------------------------------ mutations used by handlers
+
+    def _set_todo(self, slot: Slot, attempt: int) -> None:
+        if slot.state is ShardState.DOING:
+            self.held[slot.worker].discard(slot.shard_id)
+        if slot.state is not ShardState.TODO:
+            self.todo_count += 1
+            heapq.heappush(self._todo_heap, (self._ranks[slot.shard_id], slot.shard_id))
+        slot.state, slot.attempt, slot.lease_ms, slot.started = ShardState.TODO, attempt, None, False
+        slot.done_seq = None
+
+    def _leave_todo(self, slot: Slot) -> None:
+        if slot.state is ShardState.TODO:
+            self.todo_count -= 1
+        elif slot.state is ShardState.DOING:
+            self.held[slot.worker].discard(slot.shard_id)
+
+    def _open_epoch(self, epoch: int, seq: int, done: set[int] = frozenset(), attempt: int = 0) -> None:
+        self.epoch, self.epoch_opened_seq, self.finished = epoch, seq, False
+        self._ranks = grant_ranks(self.dataset, epoch)
+        self.held = {}
+        self.slots = [Slot(r.shard_id, r.start, r.length, attempt=attempt) for r in split(self.dataset)]
+        for shard_id in done:
+            self.slots[shard_id].state, self.slots[shard_id].done_seq = ShardState.DONE, seq
+        self._todo_heap = [(self._ranks[s.shard_id], s.shard_id) for s in self.slots if s.state is ShardState.TODO]
+        heapq.heapify(self._todo_heap)
+        self.todo_count = len(self._todo_heap)
+
+    # ------------------------------------------------------------ snapshots
+
+    def to_snapshot(self, now: datetime, log_offset: int | None = None) -> ShardSnapshot:
+        entries = [
+            ShardStateEntry.model_construct(
+                shard_id=s.shard_id, state=s.state, worker_id=s.worker, lease_expires=from_ms(s.lease_ms),
+                started=s.started, attempt=s.attempt, done_seq=s.done_seq, reason=s.reason,
+            )
+            for s in self.slots
+        ]
+        return ShardSnapshot(
+            job_id=self.job_id, seq=self.last_seq, writer_epoch=self.writer_epoch, dataset=self.dataset,
+            epoch=self.epoch, finished=self.finished, shards=entries, quotas=dict(self.quotas),
+            epoch_opened_seq=self.epoch_opened_seq, log_offset=log_offset, timestamp=now,
+        )
+
+    @classmethod
+    def from_snapshot(cls, snapshot: ShardSnapshot) -> JobState:
+        state = cls(snapshot.job_id, dataset=snapshot.dataset, writer_epoch=snapshot.writer_epoch)
+        state._open_epoch(snapshot.epoch, snapshot.epoch_opened_seq)
+        state.finished, state.last_seq, state.quotas = snapshot.finished, snapshot.seq, dict(snapshot.quotas)
+        for entry in snapshot.shards:
+            slot = state.slots[entry.shard_id]
+            if entry.state is not ShardState.TODO:
+                state._leave_todo(slot)
+            slot.state, slot.worker, slot.lease_ms = entry.state, entry.worker_id, to_ms(entry.lease_expires)
+            slot.started, slot.attempt, slot.done_seq, slot.reason = entry.started, entry.attempt, entry.done_seq, entry.reason
+            if entry.state is ShardState.DOING:
+                state.held.setdefault(entry.worker_id, set()).add(entry.shard_id)
+        return state
+
+
+# ---------------------------------------------------------------- event handlers
+
+
+def _writer_elected(state: JobState, event: ShardLogEvent) -> None:
+    """The writer epoch was taken in _accept; nothing else changes."""
+
+
+def _dataset_defined(state: JobState, event: ShardLogEvent) -> None:
+    state.dataset = event.dataset
+
+
+def _epoch_opened(state: JobState, event: ShardLogEvent) -> None:
+    state._open_epoch(event.epoch, event.seq)
+
+
+def _granted(state: JobState, event: ShardLogEvent) -> None:
+    slot = state.slots[event.shard_id]
+    state._leave_todo(slot)
+    slot.state, slot.worker, slot.lease_ms = ShardState.DOING, event.worker_id, to_ms(event.lease_expires)
+    slot.started, slot.attempt, slot.reason = False, event.attempt, None
+    state.held.setdefault(event.worker_id, set()).add(event.shard_id)
+
+
+def _started(state: JobState, event: ShardLogEvent) -> None:
+    slot = state.slots[event.shard_id]
+    slot.started = True
+    if event.lease_expires is not None:
+        slot.lease_ms = to_ms(event.lease_expires)
+
+
+def _done(state: JobState, event: ShardLogEvent) -> None:
+    slot = state.slots[event.shard_id]
+    state._leave_todo(slot)
+    slot.state, slot.worker, slot.done_seq = ShardState.DONE, event.worker_id, event.seq
+    slot.lease_ms, slot.started = None, False
+
+
+def _failed(state: JobState, event: ShardLogEvent) -> None:
+    slot = state.slots[event.shard_id]
+    state._set_todo(slot, event.attempt)
+    slot.reason = event.reason
+
+
+def _quarantined(state: JobState, event: ShardLogEvent) -> None:
+    slot = state.slots[event.shard_id]
+    state._leave_todo(slot)
+    slot.state, slot.attempt, slot.reason, slot.lease_ms, slot.started = (
+        ShardState.QUARANTINED, event.attempt, event.reason, None, False,
+    )
+
+
+def _lease_expired(state: JobState, event: ShardLogEvent) -> None:
+    state._set_todo(state.slots[event.shard_id], event.attempt)
+
+
+def _released(state: JobState, event: ShardLogEvent) -> None:
+    for shard_id in sorted(state.held.get(event.worker_id, ())):
+        slot = state.slots[shard_id]
+        state._set_todo(slot, slot.attempt + 1)
+
+
+def _lease_renewed(state: JobState, event: ShardLogEvent) -> None:
+    lease_ms = to_ms(event.lease_expires)
+    for shard_id in state.held.get(event.worker_id, ()):
+        state.slots[shard_id].lease_ms = lease_ms
+
+
+def _quota_set(state: JobState, event: ShardLogEvent) -> None:
+    state.quotas[event.worker_id] = event.quota
+
+
+def _epoch_closed(state: JobState, event: ShardLogEvent) -> None:
+    if event.epoch >= state.dataset.epochs - 1:
+        state.finished = True
+
+
+def _checkpoint(state: JobState, event: ShardLogEvent) -> None:
+    """A version was handed out; the state itself does not change."""
+
+
+def _rewound(state: JobState, event: ShardLogEvent) -> None:
+    if event.version >= state.epoch_opened_seq and event.epoch == state.epoch:
+        for slot in state.slots:
+            redo = slot.state is ShardState.DOING or (slot.state is ShardState.DONE and slot.done_seq > event.version)
+            if redo:
+                state._set_todo(slot, slot.attempt + 1)
+        state.finished = False
+        return
+    state._open_epoch(event.epoch, event.seq, done=set(event.shard_ids), attempt=event.attempt or 0)
+
+
+_HANDLERS = {
+    T.WRITER_ELECTED: _writer_elected,
+    T.DATASET_DEFINED: _dataset_defined,
+    T.EPOCH_OPENED: _epoch_opened,
+    T.GRANTED: _granted,
+    T.STARTED: _started,
+    T.DONE: _done,
+    T.FAILED: _failed,
+    T.QUARANTINED: _quarantined,
+    T.LEASE_EXPIRED: _lease_expired,
+    T.RELEASED: _released,
+    T.LEASE_RENEWED: _lease_renewed,
+    T.QUOTA_SET: _quota_set,
+    T.EPOCH_CLOSED: _epoch_closed,
+    T.CHECKPOINT: _checkpoint,
+    T.REWOUND: _rewound,
+}
+
+
+def fold(job_id: str, events, state: JobState | None = None) -> JobState:
+    """Apply ``events`` in order to ``state`` (or to an empty state)."""
+    state = state or JobState(job_id)
+    for event in events:
+        if event.job_id == job_id:
+            state.apply(event)
+    return state

@@ -1,0 +1,220 @@
+"""The sharder core, transition by transition (no Kafka)."""
+
+from __future__ import annotations
+
+import pytest
+
+from antdt.schemas.models import AssignmentStatus, ProgressKind as K, ShardState, ShardTransition as T
+from antdt.services.sharder.core import ProgressRejected, ShardCore
+from antdt.services.sharder.dataset import grant_ranks, split
+from antdt.services.sharder.state import JobState, fold
+from tests.services.sharder.helpers import JOB, dataset, new_core, report
+
+
+def transitions(events):
+    return [e.transition for e in events]
+
+
+def test_split_covers_every_sample_once():
+    spec = dataset(size=1050, shard_size=100)
+    shards = split(spec)
+    assert len(shards) == 11 and shards[-1].length == 50
+    assert sum(s.length for s in shards) == 1050
+    assert [s.start for s in shards] == [i * 100 for i in range(11)]
+
+
+def test_grant_order_is_a_deterministic_shuffle_per_epoch():
+    spec = dataset()
+    assert grant_ranks(spec, 0) == grant_ranks(spec, 0)
+    assert sorted(grant_ranks(spec, 0)) == list(range(10))
+    assert grant_ranks(spec, 0) != grant_ranks(spec, 1)
+
+
+def test_decisions_need_an_elected_writer():
+    core = ShardCore(JobState(JOB))
+    with pytest.raises(RuntimeError, match="elect"):
+        core.on_progress(report(K.REQUESTED, "w", 0, dataset=dataset()), 0)
+
+
+def test_request_without_dataset_waits():
+    core, _ = new_core()
+    answer = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment
+    assert answer.status is AssignmentStatus.WAIT and not answer.shards
+
+
+def test_first_request_defines_dataset_and_grants_up_to_quota():
+    core, log = new_core()
+    outcome = core.on_progress(report(K.REQUESTED, "w1", 0, dataset=dataset(), quota=3), 0)
+    assert transitions(outcome.events) == [T.DATASET_DEFINED, T.EPOCH_OPENED, T.QUOTA_SET, T.GRANTED, T.GRANTED, T.GRANTED]
+    answer = outcome.assignment
+    assert answer.status is AssignmentStatus.GRANTED and len(answer.shards) == 3 and answer.quota == 3
+    ranks = grant_ranks(dataset(), 0)
+    assert sorted(ranks[s.shard_id] for s in answer.shards) == [0, 1, 2]
+
+
+def test_repeated_request_is_idempotent():
+    core, _ = new_core(dataset())
+    first = core.on_progress(report(K.REQUESTED, "w1", 0), 0)
+    again = core.on_progress(report(K.REQUESTED, "w1", 0), 0)
+    assert again.events == [] and again.assignment.shards == first.assignment.shards
+
+
+def test_a_different_dataset_is_rejected():
+    core, _ = new_core(dataset())
+    with pytest.raises(ProgressRejected, match="is sharded as"):
+        core.on_progress(report(K.REQUESTED, "w1", 0, dataset=dataset(size=999)), 0)
+
+
+def test_done_is_idempotent_and_only_from_the_holder():
+    core, _ = new_core(dataset())
+    shard = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards[0]
+    assert core.on_progress(report(K.DONE, "w2", 0, shard_id=shard.shard_id), 0).events == []
+    done = core.on_progress(report(K.DONE, "w1", 0, shard_id=shard.shard_id, attempt=shard.attempt), 0)
+    assert transitions(done.events) == [T.DONE]
+    assert core.on_progress(report(K.DONE, "w1", 0, shard_id=shard.shard_id, attempt=shard.attempt), 0).events == []
+
+
+def test_failure_retries_then_quarantines():
+    core, _ = new_core(dataset(max_attempts=2), quota=1)
+    shard = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards[0]
+    failed = core.on_progress(report(K.FAILED, "w1", 0, shard_id=shard.shard_id, attempt=0, error="bad"), 0)
+    assert transitions(failed.events) == [T.FAILED]
+    regrant = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards[0]
+    assert regrant.shard_id == shard.shard_id and regrant.attempt == 1  # retried shards go first
+    stale = core.on_progress(report(K.FAILED, "w1", 0, shard_id=shard.shard_id, attempt=0, error="dup"), 0)
+    assert stale.events == []  # a duplicate of the first failure changes nothing
+    final = core.on_progress(report(K.FAILED, "w1", 0, shard_id=shard.shard_id, attempt=1, error="bad again"), 0)
+    assert transitions(final.events) == [T.QUARANTINED]
+    slot = core.state.slots[shard.shard_id]
+    assert slot.state is ShardState.QUARANTINED and "failed 2 times; last: bad again" in slot.reason
+
+
+def test_lease_expiry_reclaims_and_a_late_done_is_still_accepted():
+    core, _ = new_core(dataset(lease_s=1.0), quota=1)
+    shard = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards[0]
+    assert core.expire_leases(999) == []
+    expired = core.expire_leases(1000)
+    assert transitions(expired) == [T.LEASE_EXPIRED]
+    assert core.state.slots[shard.shard_id].state is ShardState.TODO
+    late = core.on_progress(report(K.DONE, "w1", 0, shard_id=shard.shard_id, attempt=0), 1500)
+    assert transitions(late.events) == [T.DONE]
+
+
+def test_late_done_is_ignored_once_someone_else_holds_the_shard():
+    core, _ = new_core(dataset(lease_s=1.0), quota=1)
+    shard = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards[0]
+    core.expire_leases(1000)
+    taken = core.on_progress(report(K.REQUESTED, "w2", 0), 1000).assignment.shards[0]
+    assert taken.shard_id == shard.shard_id
+    assert core.on_progress(report(K.DONE, "w1", 0, shard_id=shard.shard_id, attempt=0), 1100).events == []
+    assert core.state.slots[shard.shard_id].worker == "w2"
+
+
+def test_progress_renews_leases_at_half_time():
+    core, _ = new_core(dataset(lease_s=10.0), quota=1)
+    core.on_progress(report(K.REQUESTED, "w1", 0), 0)
+    assert core.on_progress(report(K.REQUESTED, "w1", 0), 4000).events == []
+    renewed = core.on_progress(report(K.REQUESTED, "w1", 0), 6000)
+    assert transitions(renewed.events) == [T.LEASE_RENEWED]
+    assert core.expire_leases(15000) == []
+
+
+def test_worker_left_releases_all_its_shards():
+    core, _ = new_core(dataset(), quota=3)
+    held = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards
+    events = core.worker_left("w1", 10)
+    assert transitions(events) == [T.RELEASED]
+    assert all(core.state.slots[s.shard_id].state is ShardState.TODO for s in held)
+    assert core.worker_left("w1", 20) == []
+
+
+def test_epochs_close_and_open_until_finished():
+    core, _ = new_core(dataset(size=300, shard_size=100, epochs=2), quota=3)
+    for epoch in range(2):
+        shards = core.on_progress(report(K.REQUESTED, "w1", epoch), 0).assignment.shards
+        events = []
+        for shard in shards:
+            events += core.on_progress(report(K.DONE, "w1", epoch, shard_id=shard.shard_id, attempt=shard.attempt), 0).events
+        expected = [T.DONE] * 3 + [T.EPOCH_CLOSED] + ([T.EPOCH_OPENED] if epoch == 0 else [])
+        assert transitions(events) == expected
+    assert core.state.finished
+    assert core.on_progress(report(K.REQUESTED, "w1", 1), 0).assignment.status is AssignmentStatus.FINISHED
+
+
+def test_request_from_a_finished_epoch_gets_epoch_end_and_a_busy_epoch_gets_wait():
+    core, _ = new_core(dataset(size=200, shard_size=100, epochs=3), quota=1)
+    a = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards[0]
+    b = core.on_progress(report(K.REQUESTED, "w2", 0), 0).assignment.shards[0]
+    core.on_progress(report(K.DONE, "w1", 0, shard_id=a.shard_id), 0)
+    assert core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.status is AssignmentStatus.WAIT
+    core.on_progress(report(K.DONE, "w2", 0, shard_id=b.shard_id), 0)
+    answer = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment
+    assert answer.status is AssignmentStatus.EPOCH_END and answer.epoch == 0
+
+
+def test_checkpoint_issues_the_seq_as_version():
+    core, log = new_core(dataset())
+    outcome = core.on_progress(report(K.CHECKPOINT, "w1", 0, step=40), 0)
+    assert transitions(outcome.events) == [T.CHECKPOINT]
+    assert outcome.assignment.version == outcome.events[0].seq == core.state.last_seq
+
+
+def test_rewind_within_the_epoch_returns_later_work_to_todo():
+    core, log = new_core(dataset(), quota=2)
+    first = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards
+    core.on_progress(report(K.DONE, "w1", 0, shard_id=first[0].shard_id), 0)
+    version = core.on_progress(report(K.CHECKPOINT, "w1", 0), 0).assignment.version
+    core.on_progress(report(K.DONE, "w1", 0, shard_id=first[1].shard_id), 0)
+    outcome = core.rewind(report(K.REWIND, "w1", 0, version=version), 0)
+    assert transitions(outcome.events) == [T.REWOUND]
+    assert core.state.slots[first[0].shard_id].state is ShardState.DONE
+    assert core.state.slots[first[1].shard_id].state is ShardState.TODO
+    assert core.state.slots[first[1].shard_id].attempt == first[1].attempt + 1
+
+
+def test_rewind_across_epochs_uses_the_folded_target():
+    core, log = new_core(dataset(size=200, shard_size=100, epochs=2), quota=2)
+    shards = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards
+    log += core.on_progress(report(K.DONE, "w1", 0, shard_id=shards[0].shard_id), 0).events
+    checkpoint = core.on_progress(report(K.CHECKPOINT, "w1", 0), 0)
+    log += checkpoint.events
+    log += core.on_progress(report(K.DONE, "w1", 0, shard_id=shards[1].shard_id), 0).events
+    assert core.state.epoch == 1
+    version = checkpoint.assignment.version
+    target = fold(JOB, [e for e in log if e.seq <= version])
+    outcome = core.rewind(report(K.REWIND, "w1", 1, version=version), 0, target)
+    assert core.state.epoch == 0
+    assert [s.state for s in core.state.slots] == [ShardState.DONE if s.shard_id == shards[0].shard_id else ShardState.TODO for s in core.state.slots]
+    assert fold(JOB, log + outcome.events).logical_view() == core.state.logical_view()
+
+
+def test_rewind_to_an_unknown_version_is_rejected():
+    core, _ = new_core(dataset())
+    with pytest.raises(ProgressRejected, match="does not exist"):
+        core.rewind(report(K.REWIND, "w1", 0, version=10_000), 0)
+
+
+def test_fencing_ignores_a_stale_writer():
+    core, log = new_core(dataset(), quota=1)
+    zombie = ShardCore(fold(JOB, log))  # a copy of the state, then a new writer takes over
+    log.append(core.elect(2, 0, "new"))
+    zombie_events = zombie.on_progress(report(K.REQUESTED, "w9", 0), 0).events
+    live_events = core.on_progress(report(K.REQUESTED, "w1", 0), 0).events
+    state = fold(JOB, log + zombie_events + live_events)
+    assert state.stats.stale_writer == len(zombie_events) > 0
+    assert "w9" not in state.held and state.logical_view() == core.state.logical_view()
+
+
+def test_snapshot_round_trip_preserves_the_state():
+    core, log = new_core(dataset(), quota=3)
+    shards = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards
+    core.on_progress(report(K.DONE, "w1", 0, shard_id=shards[0].shard_id), 0)
+    core.on_progress(report(K.FAILED, "w1", 0, shard_id=shards[1].shard_id, error="x"), 0)
+    from antdt.schemas.codec import SingleObjectCodec
+    from antdt.schemas.types import utc_now
+
+    codec = SingleObjectCodec()
+    snapshot = codec.decode(codec.encode(core.state.to_snapshot(utc_now(), log_offset=41)))
+    restored = JobState.from_snapshot(snapshot)
+    assert restored.logical_view() == core.state.logical_view()
+    assert restored.next_todo() == core.state.next_todo() and restored.todo_count == core.state.todo_count
