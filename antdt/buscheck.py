@@ -17,7 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import consuming, make_admin, producing
 from antdt.bus.deadletter import DeadLetter
-from antdt.bus.readers import decode_or_deadletter, poll_batch
+from antdt.bus.readers import assign_now, decode_or_deadletter, poll_batch
 from antdt.errors import BusError
 from antdt.schemas.codec import make_codec
 from antdt.schemas.examples import all_examples
@@ -79,7 +79,7 @@ def _warm_up(producer, consumer, examples, counts, run_id: bytes, timeout_s: flo
     DESIGN.md: the embedded broker's high watermark cannot tell when a reader
     is live, so the reader proves it by reading markers it wrote itself.
     """
-    consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in examples for p in range(counts[t])])
+    assign_now(consumer, [TopicPartition(t, p, OFFSET_BEGINNING) for t in examples for p in range(counts[t])])
     marker = run_id + b"-marker"
     for topic in examples:
         producer.produce(topic, key=marker, value=b"")

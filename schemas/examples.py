@@ -102,7 +102,7 @@ def shard_log_event() -> ShardLogEvent:
 def shard_snapshot() -> ShardSnapshot:
     now = utc_now()
     return ShardSnapshot(
-        job_id=JOB, seq=120, writer_epoch=2, dataset=dataset_spec(), epoch=1, finished=False,
+        job_id=JOB, seq=120, writer_epoch=2, writer="writer sharder-1", dataset=dataset_spec(), epoch=1, finished=False,
         shards=[
             ShardStateEntry(shard_id=0, state=ShardState.DONE, worker_id="worker-0", attempt=0, done_seq=57),
             ShardStateEntry(shard_id=17, state=ShardState.DOING, worker_id=WORKER, lease_expires=now, started=True, attempt=1),

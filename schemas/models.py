@@ -363,6 +363,7 @@ class ShardSnapshot(AvroModel):
     job_id: Name
     seq: Count64
     writer_epoch: Count64
+    writer: str | None = None
     dataset: DatasetSpec
     epoch: Count32
     finished: bool

@@ -29,11 +29,16 @@ def make_producer(settings: Settings, client_id: str | None = None, **overrides:
 
 
 def make_consumer(
-    settings: Settings, group_id: str | None = None, client_id: str | None = None, **overrides: Any
+    settings: Settings, group_id: str | None = None, client_id: str | None = None, low_latency: bool = False,
+    **overrides: Any,
 ) -> Consumer:
-    """A consumer with manual commits; without a group id it gets a private one (for assign())."""
+    """A consumer with manual commits; without a group id it gets a private one (for assign()).
+
+    ``low_latency`` is for request/reply paths: on the embedded broker it
+    shortens the fetch wait, which bounds latency there.
+    """
     group = group_id or f"{settings.topic_prefix}.reader.{uuid.uuid4().hex[:12]}"
-    return Consumer({**consumer_config(settings, group, client_id), **overrides})
+    return Consumer({**consumer_config(settings, group, client_id, low_latency), **overrides})
 
 
 def make_admin(settings: Settings, client_id: str | None = None, **overrides: Any) -> AdminClient:

@@ -42,9 +42,31 @@ def decode_or_deadletter(message: Message, codec: Codec, deadletter: DeadLetter 
         return None
 
 
+def assign_now(consumer: Consumer, partitions: list[TopicPartition], timeout_s: float = 10.0) -> None:
+    """Assign partitions so that fetching starts at once.
+
+    librdkafka retries an offset lookup after 500 ms when the partition
+    leader's connection is not up yet, which is always the case for a fresh
+    consumer; a metadata request first brings the connection up (~50 ms).
+    """
+    for topic in sorted({tp.topic for tp in partitions}):
+        consumer.list_topics(topic, timeout=timeout_s)
+    consumer.assign(partitions)
+
+
 def poll_batch(consumer: Consumer, max_records: int, timeout_s: float) -> list[Message]:
-    """Up to ``max_records`` data messages; transport errors are logged, fatal ones raised."""
-    messages = consumer.consume(max_records, timeout_s)
+    """Up to ``max_records`` data messages, returning as soon as any are available.
+
+    ``Consumer.consume(n, t)`` holds what it has until it has ``n`` records or
+    ``t`` passed, which would add up to ``t`` of latency to every request
+    path; here the wait ends with the first record and the rest of the batch
+    is whatever is already fetched. Transport errors are logged, fatal ones
+    raised.
+    """
+    first = consumer.poll(timeout_s)
+    if first is None:
+        return []
+    messages = [first, *consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
     good = []
     for message in messages:
         error = message.error()
@@ -69,6 +91,7 @@ class KeyedReader:
         start: int = END,
         deadletter: DeadLetter | None = None,
         partitions: int | None = None,
+        low_latency: bool = True,
     ):
         self.topic = topic
         self.key = key.encode()
@@ -76,8 +99,8 @@ class KeyedReader:
         self._deadletter = deadletter
         count = partitions or partition_counts(make_admin(settings), [topic])[topic]
         self.partition = partition_for(self.key, count)
-        self._consumer = make_consumer(settings)
-        self._consumer.assign([TopicPartition(topic, self.partition, start)])
+        self._consumer = make_consumer(settings, low_latency=low_latency)
+        assign_now(self._consumer, [TopicPartition(topic, self.partition, start)])
 
     def poll(self, timeout_s: float = 0.1, max_records: int = 500) -> list[AvroModel]:
         """Decoded records for this key that arrived since the last poll."""

@@ -94,17 +94,27 @@ class ShardCore:
         return event
 
     def elect(self, writer_epoch: int, now_ms: int, writer: str) -> ShardLogEvent:
-        """Take over the job's log with a higher writer epoch (fencing older writers)."""
+        """Take over the job with a higher writer epoch, applying the election at once.
+
+        For a state that is not backed by a shared log (tests, benchmarks). The
+        service instead appends :meth:`election_event` and applies it when it
+        reads it back, so that anything a zombie wrote before it is folded in
+        the same order as every other reader folds it.
+        """
+        event = self.election_event(writer_epoch, now_ms, writer)
+        self.state.apply(event)
+        return event
+
+    def election_event(self, writer_epoch: int, now_ms: int, writer: str) -> ShardLogEvent:
+        """The WRITER_ELECTED event that fences every writer with a lower epoch (not applied)."""
         if writer_epoch <= self.state.writer_epoch:
             raise ValueError(f"writer epoch {writer_epoch} does not exceed {self.state.writer_epoch}")
-        event = ShardLogEvent.model_construct(
+        return ShardLogEvent.model_construct(
             job_id=self.state.job_id, seq=self.state.last_seq + 1, writer_epoch=writer_epoch,
             transition=T.WRITER_ELECTED, epoch=self.state.epoch, shard_id=None, worker_id=None, attempt=None,
             lease_expires=None, quota=None, reason=f"writer {writer}", dataset=None, version=None, shard_ids=[],
             timestamp=from_ms(now_ms),
         )
-        self.state.apply(event)
-        return event
 
     # ------------------------------------------------------------ reports
 

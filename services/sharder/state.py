@@ -30,7 +30,8 @@ Shard state machine (per shard, per epoch)::
 Log discipline (fencing): each event carries the writer's epoch and a per-job
 sequence number. An event is applied when its writer epoch equals the
 current one and its seq is the next; WRITER_ELECTED with a higher epoch is
-always applied and makes its writer current. Events from a lower writer epoch
+always applied and makes its writer current (a second election for the same
+epoch, a rival that lost the race, is not). Events from a lower writer epoch
 (a fenced zombie) and repeated seqs are ignored and counted.
 """
 
@@ -95,6 +96,7 @@ class JobState:
     epoch: int = 0
     finished: bool = False
     writer_epoch: int = 0
+    writer: str | None = None
     last_seq: int = 0
     epoch_opened_seq: int = 0
     slots: list[Slot] = field(default_factory=list)
@@ -120,8 +122,8 @@ class JobState:
         if event.writer_epoch > self.writer_epoch and event.transition is T.WRITER_ELECTED:
             self.writer_epoch = event.writer_epoch
             return True
-        if event.writer_epoch != self.writer_epoch:
-            self.stats.stale_writer += 1
+        if event.writer_epoch != self.writer_epoch or event.transition is T.WRITER_ELECTED:
+            self.stats.stale_writer += 1  # older writer, or a rival that lost an election race
             return False
         if event.seq <= self.last_seq:
             self.stats.duplicate_seq += 1
@@ -152,7 +154,7 @@ class JobState:
     def logical_view(self) -> tuple:
         """Everything that defines the state, for equality checks (no caches, no counters)."""
         return (
-            self.job_id, self.dataset, self.epoch, self.finished, self.writer_epoch, self.last_seq,
+            self.job_id, self.dataset, self.epoch, self.finished, self.writer_epoch, self.writer, self.last_seq,
             self.epoch_opened_seq, tuple(astuple(s) for s in self.slots),
             {w: frozenset(s) for w, s in self.held.items() if s}, dict(self.quotas),
         )
@@ -196,14 +198,14 @@ class JobState:
             for s in self.slots
         ]
         return ShardSnapshot(
-            job_id=self.job_id, seq=self.last_seq, writer_epoch=self.writer_epoch, dataset=self.dataset,
+            job_id=self.job_id, seq=self.last_seq, writer_epoch=self.writer_epoch, writer=self.writer, dataset=self.dataset,
             epoch=self.epoch, finished=self.finished, shards=entries, quotas=dict(self.quotas),
             epoch_opened_seq=self.epoch_opened_seq, log_offset=log_offset, timestamp=now,
         )
 
     @classmethod
     def from_snapshot(cls, snapshot: ShardSnapshot) -> JobState:
-        state = cls(snapshot.job_id, dataset=snapshot.dataset, writer_epoch=snapshot.writer_epoch)
+        state = cls(snapshot.job_id, dataset=snapshot.dataset, writer_epoch=snapshot.writer_epoch, writer=snapshot.writer)
         state._open_epoch(snapshot.epoch, snapshot.epoch_opened_seq)
         state.finished, state.last_seq, state.quotas = snapshot.finished, snapshot.seq, dict(snapshot.quotas)
         for entry in snapshot.shards:
@@ -221,7 +223,8 @@ class JobState:
 
 
 def _writer_elected(state: JobState, event: ShardLogEvent) -> None:
-    """The writer epoch was taken in _accept; nothing else changes."""
+    """The epoch was taken in _accept; remember who holds it (the first election of an epoch wins)."""
+    state.writer = event.reason
 
 
 def _dataset_defined(state: JobState, event: ShardLogEvent) -> None:

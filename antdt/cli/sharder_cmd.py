@@ -1,0 +1,35 @@
+"""``antdt sharder``: run the sharding service until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from antdt.observability import HealthServer
+from antdt.services.sharder.service import SharderConfig, SharderService
+from antdt.settings import load_settings
+from antdt.shutdown import stop_on_signals
+
+
+def sharder(
+    default_quota: int = typer.Option(2, min=1, max=64, help="Shards a worker may hold when it names no quota."),
+    snapshot_every: int = typer.Option(10_000, min=1, help="Snapshot a job every N log events..."),
+    snapshot_seconds: float = typer.Option(30.0, min=0.1, help="...or every T seconds, whichever comes first."),
+    http_port: int = typer.Option(9402, min=0, max=65535, help="Port for /healthz, /readyz, /metrics (0: none)."),
+    log_level: str = typer.Option("INFO", help="Logging level."),
+) -> None:
+    """Serve data shards to workers from an event-sourced, replayable log."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = load_settings()
+    config = SharderConfig(default_quota=default_quota, snapshot_every_events=snapshot_every, snapshot_every_s=snapshot_seconds)
+    service = SharderService(settings, config)
+    health = HealthServer(http_port, service.ready.is_set).start() if http_port else None
+    try:
+        with stop_on_signals() as stop:
+            service.start()
+            typer.echo(f"sharder {service.writer_id} serving on {settings.bootstrap_servers} (prefix {settings.topic_prefix})")
+            service.run(stop)
+    finally:
+        if health:
+            health.stop()

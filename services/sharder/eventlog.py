@@ -1,0 +1,133 @@
+"""The sharder's Kafka side of event sourcing: append to the log, read it back.
+
+* :class:`LogWriter` appends a job's events to ``shard.log`` (keyed by job, so
+  one job's events are totally ordered in one partition) and learns the
+  offset of each from the delivery reports; snapshots record the offset they
+  cover so recovery can seek straight past it.
+* :func:`read_job_log` reads one job's events from an offset up to a marker
+  it writes first (never trusting the high watermark, which the embedded
+  broker reports wrong).
+* :func:`latest_snapshot` finds the newest snapshot of a job the same way,
+  decoding only the winner.
+
+Every log record carries its writer epoch in a header, so a sharder can
+notice that a newer writer took over without decoding anything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, Producer, TopicPartition
+
+from antdt.bus.clients import consuming, make_admin
+from antdt.bus.admin import partition_counts
+from antdt.bus.markers import marker_id, write_marker
+from antdt.bus.murmur2 import partition_for
+from antdt.bus.readers import assign_now, poll_batch
+from antdt.errors import BusError
+from antdt.schemas.codec import Codec
+from antdt.schemas.models import ShardLogEvent, ShardSnapshot
+from antdt.settings import Settings
+from antdt.topics import topic_spec
+
+WRITER_HEADER = "antdt.writer-epoch"
+READ_TIMEOUT_S = 60.0
+
+
+def log_topic(settings: Settings) -> str:
+    return topic_spec("shard", "log").full_name(settings.topic_prefix)
+
+
+def snapshot_topic(settings: Settings) -> str:
+    return topic_spec("shard", "snapshots").full_name(settings.topic_prefix)
+
+
+def writer_epoch_of(message: Message) -> int | None:
+    """The writer epoch header of a log record, if any."""
+    for name, value in message.headers() or ():
+        if name == WRITER_HEADER:
+            return int(value)
+    return None
+
+
+class LogWriter:
+    """Appends events to the shard log; remembers the last offset written per job."""
+
+    def __init__(self, producer: Producer, topic: str, codec: Codec):
+        self._producer = producer
+        self._topic = topic
+        self._codec = codec
+        self._errors: list[str] = []
+        self.last_offset: dict[str, int] = {}
+
+    def append(self, events: list[ShardLogEvent]) -> None:
+        for event in events:
+            self._producer.produce(
+                self._topic, key=event.job_id.encode(), value=self._codec.encode(event, self._topic),
+                headers=[(WRITER_HEADER, str(event.writer_epoch).encode())], on_delivery=self._delivered,
+            )
+
+    def _delivered(self, error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            self._errors.append(error.str())
+            return
+        job = message.key().decode()
+        self.last_offset[job] = max(self.last_offset.get(job, -1), message.offset())
+
+    def flush(self, timeout_s: float = 10.0) -> None:
+        """Wait until everything appended is durable; BusError if any of it failed."""
+        remaining = self._producer.flush(timeout_s)
+        if remaining or self._errors:
+            errors, self._errors = self._errors, []
+            raise BusError(f"shard log append failed: {remaining} undelivered, errors: {errors[:3]}")
+
+
+_PARTITION_COUNTS: dict[tuple[str, str], int] = {}
+
+
+def job_partition(settings: Settings, topic: str, job_id: str) -> int:
+    """The partition a job's records live in (partition counts are looked up once per topic)."""
+    cache_key = (settings.bootstrap_servers, topic)
+    if cache_key not in _PARTITION_COUNTS:
+        _PARTITION_COUNTS[cache_key] = partition_counts(make_admin(settings), [topic])[topic]
+    return partition_for(job_id, _PARTITION_COUNTS[cache_key])
+
+
+def read_until_marker(
+    settings: Settings, topic: str, key: bytes, start: int, producer: Producer, timeout_s: float = READ_TIMEOUT_S,
+) -> Iterator[Message]:
+    """Every record with ``key`` in its partition from ``start`` up to a fresh marker."""
+    partition = job_partition(settings, topic, key.decode())
+    marker = write_marker(producer, topic, key)
+    deadline = time.monotonic() + timeout_s
+    with consuming(settings, client_id="antdt-sharder-recovery") as consumer:
+        assign_now(consumer, [TopicPartition(topic, partition, start)])
+        while time.monotonic() < deadline:
+            for message in poll_batch(consumer, 10_000, 0.05):
+                if message.key() != key:
+                    continue
+                found = marker_id(message)
+                if found == marker:
+                    return
+                if found is None:
+                    yield message
+    raise BusError(f"did not reach the marker in {topic}[{partition}] within {timeout_s:.0f} s")
+
+
+def read_job_log(
+    settings: Settings, job_id: str, codec: Codec, producer: Producer, start: int = OFFSET_BEGINNING,
+) -> Iterator[tuple[int, ShardLogEvent]]:
+    """``(offset, event)`` for every event of the job from ``start`` to now."""
+    topic = log_topic(settings)
+    for message in read_until_marker(settings, topic, job_id.encode(), start, producer):
+        yield message.offset(), codec.decode(message.value(), topic)
+
+
+def latest_snapshot(settings: Settings, job_id: str, codec: Codec, producer: Producer) -> ShardSnapshot | None:
+    """The newest snapshot of the job, or None (only the winner is decoded)."""
+    newest = None
+    for message in read_until_marker(settings, snapshot_topic(settings), job_id.encode(), OFFSET_BEGINNING, producer):
+        newest = message
+    return None if newest is None else codec.decode(newest.value())

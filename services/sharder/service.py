@@ -1,0 +1,279 @@
+"""``antdt sharder``: the stateful dynamic data sharding service.
+
+One loop, one thread. Each cycle it
+
+1. consumes a batch of worker reports (``shard.progress``) and lifecycle
+   events (``worker.lifecycle``; LEFT releases a worker's shards) in a
+   consumer group, so several instances split the jobs between them;
+2. for a job seen for the first time, recovers it (snapshot + log) and takes
+   it over with a higher writer epoch (:mod:`recovery`);
+3. lets the pure core decide, and reclaims expired leases;
+4. appends the resulting events to ``shard.log`` and waits until they are
+   durable, and only then publishes the assignments (keyed
+   ``<job>/<worker>``; each worker reads its own partition). A grant is
+   never visible before it is in the log, so a crash cannot hand out a shard
+   the recovered state does not know about;
+5. snapshots a job every N events or T seconds, and commits the input
+   offsets. Input is at-least-once: a redelivered report is harmless because
+   reports name the grant they are about (see :mod:`core`).
+
+A record that does not decode, is not a report, or that the core rejects
+(e.g. a dataset that contradicts the job's) goes to the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaException, Message
+
+from antdt.bus.admin import ensure_topics
+from antdt.bus.clients import make_admin, make_consumer, make_producer
+from antdt.bus.deadletter import DeadLetter, SourceRecord
+from antdt.bus.readers import decode_or_deadletter, poll_batch
+from antdt.errors import AntdtError
+from antdt.schemas.codec import Codec, make_codec
+from antdt.schemas.models import LifecycleEvent, ProgressKind, ShardAssignment, ShardLogEvent, ShardProgress, WorkerLifecycle
+from antdt.services.sharder import metrics
+from antdt.services.sharder.core import CoreConfig, ProgressRejected, ShardCore
+from antdt.services.sharder.eventlog import LogWriter, log_topic, read_job_log, snapshot_topic
+from antdt.services.sharder.recovery import take_over
+from antdt.services.sharder.state import JobState, from_ms
+from antdt.settings import Settings
+from antdt.topics import topic_spec, worker_key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SharderConfig:
+    """Service knobs (the dataset itself comes from the workers)."""
+
+    default_quota: int = 2
+    snapshot_every_events: int = 10_000
+    snapshot_every_s: float = 30.0
+    lease_check_every_s: float = 0.2
+    batch_size: int = 2000
+    poll_timeout_s: float = 0.05
+    use_snapshots: bool = True
+
+
+@dataclass
+class JobRuntime:
+    """A job this instance writes for."""
+
+    core: ShardCore
+    events_since_snapshot: int = 0
+    last_snapshot_at: float = field(default_factory=time.monotonic)
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class SharderService:
+    """Consumes reports, decides, logs, answers. See the module docstring."""
+
+    def __init__(self, settings: Settings, config: SharderConfig | None = None, writer_id: str | None = None):
+        self.settings = settings
+        self.config = config or SharderConfig()
+        self.writer_id = writer_id or f"sharder-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.codec: Codec = make_codec(settings.schema_registry_url)
+        self.jobs: dict[str, JobRuntime] = {}
+        self.ready = threading.Event()
+        self._core_config = CoreConfig(default_quota=self.config.default_quota)
+        self._producer = make_producer(settings, client_id=self.writer_id, **{"linger.ms": 0})
+        self._log = LogWriter(self._producer, log_topic(settings), self.codec)
+        self._deadletter = DeadLetter(self._producer, topic_spec("", "deadletter").full_name(settings.topic_prefix), "sharder")
+        self._progress_topic = topic_spec("shard", "progress").full_name(settings.topic_prefix)
+        self._lifecycle_topic = topic_spec("worker", "lifecycle").full_name(settings.topic_prefix)
+        self._assignments_topic = topic_spec("shard", "assignments").full_name(settings.topic_prefix)
+        self._consumer = None
+        self._last_lease_check = 0.0
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> SharderService:
+        """Create the topics and join the consumer group."""
+        ensure_topics(make_admin(self.settings), self.settings)
+        self._consumer = make_consumer(
+            self.settings, group_id=f"{self.settings.topic_prefix}.sharder", client_id=self.writer_id, low_latency=True
+        )
+        self._consumer.subscribe([self._progress_topic, self._lifecycle_topic], on_revoke=self._on_revoke)
+        self.ready.set()
+        return self
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve until ``stop`` is set, then close cleanly."""
+        if self._consumer is None:
+            self.start()
+        try:
+            while not stop.is_set():
+                self.step()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.ready.clear()
+        remaining = self._producer.flush(10)
+        if remaining:
+            log.warning("shutdown: %d message(s) undelivered", remaining)
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def _on_revoke(self, consumer, partitions) -> None:
+        """Partitions moved to another instance: it takes their jobs over, we stop writing for them."""
+        lost = {p.partition for p in partitions if p.topic == self._progress_topic}
+        for job_id in [j for j in self.jobs if self._partition_of(j) in lost]:
+            del self.jobs[job_id]
+        metrics.JOBS.set(len(self.jobs))
+
+    def _partition_of(self, job_id: str) -> int:
+        from antdt.bus.murmur2 import partition_for
+
+        return partition_for(job_id, topic_spec("shard", "progress").partitions)
+
+    # ------------------------------------------------------------ one cycle
+
+    def step(self) -> int:
+        """Process one batch of input; returns how many records it consumed."""
+        messages = poll_batch(self._consumer, self.config.batch_size, self.config.poll_timeout_s)
+        started = time.perf_counter()
+        now_ms = wall_ms()
+        events: list[ShardLogEvent] = []
+        answers: list[ShardAssignment] = []
+        for message in messages:
+            self._handle(message, now_ms, events, answers)
+        if time.monotonic() - self._last_lease_check >= self.config.lease_check_every_s:
+            self._last_lease_check = time.monotonic()
+            for runtime in self.jobs.values():
+                events += runtime.core.expire_leases(now_ms)
+        self._commit(events, answers, now_ms, bool(messages))
+        if messages or events:
+            metrics.BATCH_SECONDS.observe(time.perf_counter() - started)
+        return len(messages)
+
+    def _handle(self, message: Message, now_ms: int, events: list, answers: list) -> None:
+        value = decode_or_deadletter(message, self.codec, self._deadletter)
+        if value is None:
+            metrics.DEADLETTERED.inc()
+            return
+        try:
+            if isinstance(value, ShardProgress):
+                self._on_report(value, now_ms, events, answers)
+            elif isinstance(value, WorkerLifecycle):
+                self._on_lifecycle(value, now_ms, events)
+            else:
+                raise ProgressRejected(f"{type(value).__name__} does not belong on {message.topic()}")
+        except ProgressRejected as exc:
+            self._deadletter.send(SourceRecord.from_confluent(message), exc)
+            metrics.DEADLETTERED.inc()
+
+    def _on_report(self, report: ShardProgress, now_ms: int, events: list, answers: list) -> None:
+        metrics.REPORTS.labels(report.kind.value).inc()
+        runtime = self._job(report.job_id, now_ms, events)
+        if report.kind is ProgressKind.REWIND:
+            outcome = runtime.core.rewind(report, now_ms, self._target_for_rewind(runtime, report, events))
+        else:
+            outcome = runtime.core.on_progress(report, now_ms)
+        events += outcome.events
+        runtime.events_since_snapshot += len(outcome.events)
+        if outcome.assignment is not None:
+            answers.append(outcome.assignment)
+
+    def _on_lifecycle(self, event: WorkerLifecycle, now_ms: int, events: list) -> None:
+        if event.event is not LifecycleEvent.LEFT or event.job_id not in self.jobs:
+            return
+        runtime = self.jobs[event.job_id]
+        released = runtime.core.worker_left(event.worker_id, now_ms, event.reason or "worker left")
+        events += released
+        runtime.events_since_snapshot += len(released)
+
+    def _job(self, job_id: str, now_ms: int, pending: list) -> JobRuntime:
+        """The job's runtime, recovering and taking it over on first sight."""
+        runtime = self.jobs.get(job_id)
+        if runtime is not None:
+            return runtime
+        self._flush_log(pending)  # recovery reads the log: everything decided so far must be in it
+        with metrics.RECOVERY_SECONDS.time():
+            core, recovered = take_over(
+                self.settings, job_id, self.codec, self._producer, self._log, self.writer_id,
+                self._core_config, now_ms, self.config.use_snapshots,
+            )
+        log.info(
+            "took over job %s as writer epoch %d (%d events replayed, snapshot: %s, %.3f s)",
+            job_id, core.state.writer_epoch, recovered.events_replayed, recovered.from_snapshot, recovered.seconds,
+        )
+        runtime = self.jobs[job_id] = JobRuntime(core)
+        metrics.JOBS.set(len(self.jobs))
+        return runtime
+
+    def _target_for_rewind(self, runtime: JobRuntime, report: ShardProgress, pending: list) -> JobState | None:
+        """The fold of the log up to the version, when a rewind crosses an epoch boundary."""
+        state = runtime.core.state
+        if report.version is None or report.version >= state.epoch_opened_seq or report.version > state.last_seq:
+            return None
+        self._flush_log(pending)
+        target = JobState(state.job_id)
+        for _, event in read_job_log(self.settings, state.job_id, self.codec, self._producer):
+            if event.seq > report.version and event.writer_epoch >= target.writer_epoch:
+                break
+            target.apply(event)
+        return target
+
+    def _flush_log(self, pending: list) -> None:
+        if pending:
+            self._log.append(pending)
+            self._count_events(pending)
+            pending.clear()
+        self._log.flush()
+
+    # ------------------------------------------------------------ output
+
+    def _commit(self, events: list, answers: list, now_ms: int, consumed: bool) -> None:
+        self._flush_log(events)
+        for answer in answers:
+            self._producer.produce(
+                self._assignments_topic, key=worker_key(answer.job_id, answer.worker_id).encode(),
+                value=self.codec.encode(answer, self._assignments_topic),
+            )
+            metrics.ASSIGNMENTS.labels(answer.status.value).inc()
+        self._producer.poll(0)
+        self._snapshot_due(now_ms)
+        if consumed:
+            try:
+                self._consumer.commit(asynchronous=True)
+            except KafkaException as exc:  # nothing to commit, or a rebalance in progress
+                log.debug("commit skipped: %s", exc)
+
+    def _count_events(self, events: list) -> None:
+        for event in events:
+            metrics.EVENTS.labels(event.transition.value).inc()
+
+    def _snapshot_due(self, now_ms: int) -> None:
+        now = time.monotonic()
+        for job_id, runtime in self.jobs.items():
+            by_count = runtime.events_since_snapshot >= self.config.snapshot_every_events
+            by_time = runtime.events_since_snapshot and now - runtime.last_snapshot_at >= self.config.snapshot_every_s
+            if (by_count or by_time) and runtime.core.state.dataset is not None:
+                self.snapshot(job_id, now_ms)
+
+    def snapshot(self, job_id: str, now_ms: int) -> None:
+        """Write a snapshot of the job covering everything appended so far."""
+        runtime = self.jobs[job_id]
+        snapshot = runtime.core.state.to_snapshot(from_ms(now_ms), log_offset=self._log.last_offset.get(job_id))
+        topic = snapshot_topic(self.settings)
+        self._producer.produce(topic, key=job_id.encode(), value=self.codec.encode(snapshot, topic))
+        runtime.events_since_snapshot, runtime.last_snapshot_at = 0, time.monotonic()
+        metrics.SNAPSHOTS.inc()
+
+
+class SharderError(AntdtError):
+    """The sharder cannot serve (lost its broker, lost an election it needs)."""

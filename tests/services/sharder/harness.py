@@ -1,0 +1,131 @@
+"""Running the sharder and simulated workers against the real embedded broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from contextlib import contextmanager
+
+from antdt.bus.clients import make_producer
+from antdt.schemas.codec import SingleObjectCodec
+from antdt.schemas.models import AssignmentStatus, DatasetSpec, ShardTransition as T
+from antdt.services.sharder.eventlog import read_job_log
+from antdt.services.sharder.service import SharderConfig, SharderService
+from antdt.services.sharder.state import JobState
+from antdt.settings import Settings
+from antdt.worker.shard_client import NoAnswer, ShardClient
+
+
+@contextmanager
+def running_sharder(settings: Settings, config: SharderConfig | None = None, writer_id: str | None = None):
+    """A SharderService on a background thread, stopped (and flushed) on exit."""
+    service = SharderService(settings, config, writer_id).start()
+    stop = threading.Event()
+    thread = threading.Thread(target=service.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield service
+    finally:
+        stop.set()
+        thread.join(15)
+
+
+@contextmanager
+def sharder_process(settings: Settings, *extra: str):
+    """``antdt sharder`` as its own process, the way it is deployed."""
+    env = {
+        **os.environ, "ANTDT_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "ANTDT_BROKER_PROFILE": "embedded",
+        "ANTDT_TOPIC_PREFIX": settings.topic_prefix, "PYTHONUNBUFFERED": "1",
+    }
+    command = [sys.executable, "-m", "antdt.cli.main", "sharder", "--http-port", "0", "--log-level", "WARNING", *extra]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def work_until_finished(client: ShardClient, deadline_s: float = 120.0, on_shard=None) -> int:
+    """Request, 'train', report DONE until the job is finished; tolerant of sharder outages."""
+    epoch, finished_shards = 0, 0
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            answer = client.request(epoch, quota=2, timeout_s=2.0)
+        except NoAnswer:
+            continue  # the sharder is down or taking over; ask again
+        if answer.status is AssignmentStatus.FINISHED:
+            return finished_shards
+        if answer.status is AssignmentStatus.EPOCH_END:
+            epoch += 1
+            continue
+        if answer.status is AssignmentStatus.WAIT:
+            if answer.epoch > epoch:
+                epoch = answer.epoch
+            time.sleep(0.01)
+            continue
+        for shard in answer.shards:
+            if on_shard is not None:
+                on_shard(client.worker_id, shard)
+            client.done(answer.epoch, shard.shard_id, shard.attempt)
+            finished_shards += 1
+    raise AssertionError(f"{client.worker_id} did not finish within {deadline_s:.0f} s")
+
+
+def run_workers(settings: Settings, job_id: str, spec: DatasetSpec, count: int, on_shard=None) -> dict[str, int]:
+    """``count`` worker threads until the job is finished; shards each reported done."""
+    results: dict[str, int] = {}
+    errors: list[BaseException] = []
+
+    def worker(name: str) -> None:
+        try:
+            with ShardClient(settings, job_id, name, spec) as client:
+                results[name] = work_until_finished(client, on_shard=on_shard)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def job_log(settings: Settings, job_id: str) -> list:
+    producer = make_producer(settings)
+    try:
+        return [event for _, event in read_job_log(settings, job_id, SingleObjectCodec(), producer)]
+    finally:
+        producer.flush(5)
+
+
+def accepted_done_counts(job_id: str, events) -> tuple[Counter, JobState]:
+    """DONE events the fold accepts, per (epoch, shard), and the folded state."""
+    state = JobState(job_id)
+    counts: Counter = Counter()
+    for event in events:
+        if state.apply(event) and event.transition is T.DONE:
+            counts[(event.epoch, event.shard_id)] += 1
+    return counts, state
+
+
+def assert_exactly_once(job_id: str, spec: DatasetSpec, events) -> JobState:
+    counts, state = accepted_done_counts(job_id, events)
+    expected = {(epoch, shard): 1 for epoch in range(spec.epochs) for shard in range(spec.shard_count)}
+    assert dict(counts) == expected, f"DONE counts differ: {sorted(set(counts.items()) ^ set(expected.items()))[:10]}"
+    assert state.finished
+    return state

@@ -1,0 +1,164 @@
+"""The sharder service on the real embedded broker: serving, redelivery, recovery, fencing."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from antdt.bus.clients import consuming, make_producer
+from antdt.bus.deadletter import HEADER_ERROR
+from antdt.bus.readers import assign_now, poll_batch
+from antdt.schemas.codec import SingleObjectCodec
+from antdt.schemas.models import AssignmentStatus, DatasetSpec, ProgressKind as K, ShardTransition as T
+from antdt.services.sharder.core import CoreConfig
+from antdt.services.sharder.eventlog import LogWriter, log_topic
+from antdt.services.sharder.recovery import recover_job, take_over
+from antdt.services.sharder.service import SharderConfig
+from antdt.services.sharder.state import fold
+from antdt.topics import topic_spec
+from antdt.worker.shard_client import ShardClient
+from tests.services.sharder.harness import (
+    accepted_done_counts,
+    assert_exactly_once,
+    job_log,
+    run_workers,
+    running_sharder,
+    sharder_process,
+)
+
+
+def spec(size=2000, shard_size=50, epochs=2, lease_s=30.0) -> DatasetSpec:
+    return DatasetSpec(name="it", size=size, shard_size=shard_size, epochs=epochs, shuffle_seed=3, max_attempts=5, lease_s=lease_s)
+
+
+def test_workers_train_every_sample_exactly_once(settings, topics):
+    dataset = spec()
+    with running_sharder(settings, SharderConfig(snapshot_every_events=100)):
+        done = run_workers(settings, "job-a", dataset, count=4)
+    assert sum(done.values()) == dataset.shard_count * dataset.epochs
+    events = job_log(settings, "job-a")
+    state = assert_exactly_once("job-a", dataset, events)
+    assert state.stats.stale_writer == state.stats.duplicate_seq == state.stats.seq_gaps == 0
+
+
+def test_several_jobs_are_served_at_once(settings, topics):
+    datasets = {"job-x": spec(size=600, epochs=1), "job-y": spec(size=900, shard_size=30, epochs=2)}
+    with running_sharder(settings):
+        threads = [threading.Thread(target=run_workers, args=(settings, job, ds, 2)) for job, ds in datasets.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    for job, dataset in datasets.items():
+        assert_exactly_once(job, dataset, job_log(settings, job))
+
+
+def test_redelivered_reports_change_nothing(settings, topics):
+    dataset = spec(size=200, epochs=1)
+    with running_sharder(settings), ShardClient(settings, "job-r", "w0", dataset) as client:
+        answer = client.request(0, quota=2)
+        shard = answer.shards[0]
+        for _ in range(3):  # at-least-once delivery: the same report several times
+            client.done(0, shard.shard_id, shard.attempt)
+        client.request(0, quota=2)  # answered only after the DONEs were processed
+        for _ in range(3):
+            again = client.request(0, quota=2)
+            assert again.shards == client.request(0, quota=2).shards
+    counts, _ = accepted_done_counts("job-r", job_log(settings, "job-r"))
+    assert counts[(0, shard.shard_id)] == 1
+    granted = [e for e in job_log(settings, "job-r") if e.transition is T.GRANTED]
+    assert len(granted) == len({(e.shard_id, e.attempt) for e in granted}) == 3
+
+
+def test_bad_input_goes_to_the_dead_letter_topic_and_service_keeps_serving(settings, topics):
+    dataset = spec(size=100, epochs=1)
+    progress = topic_spec("shard", "progress").full_name(settings.topic_prefix)
+    deadletter = topic_spec("", "deadletter").full_name(settings.topic_prefix)
+    with running_sharder(settings), ShardClient(settings, "job-d", "w0", dataset) as client:
+        assert client.request(0).status is AssignmentStatus.GRANTED  # w0 defines the dataset
+        producer = make_producer(settings)
+        producer.produce(progress, key=b"job-d", value=b"\x00garbage")
+        producer.flush(5)
+        other = ShardClient(settings, "job-d", "w1", spec(size=999, epochs=1))
+        other.send(K.REQUESTED, 0, dataset=other.dataset)  # contradicts the job's dataset
+        assert client.request(0).status is AssignmentStatus.GRANTED
+        other.close()
+    with consuming(settings) as consumer:
+        assign_now(consumer, [TopicPartition(deadletter, 0, OFFSET_BEGINNING)])
+        errors = []
+        for _ in range(50):
+            errors += [dict(m.headers())[HEADER_ERROR].decode() for m in poll_batch(consumer, 10, 0.1)]
+            if len(errors) >= 2:
+                break
+    assert any("Confluent" in e or "marker" in e for e in errors)
+    assert any("is sharded as" in e for e in errors)
+
+
+def test_checkpoint_and_rewind_across_an_epoch(settings, topics):
+    dataset = spec(size=100, shard_size=50, epochs=2)
+    with running_sharder(settings), ShardClient(settings, "job-c", "w0", dataset) as client:
+        first = client.request(0, quota=1).shards[0]
+        client.done(0, first.shard_id, first.attempt)
+        version = client.checkpoint(0, step=10)
+        second = client.request(0, quota=1).shards[0]
+        client.done(0, second.shard_id, second.attempt)
+        assert client.request(1, quota=1).epoch == 1  # epoch 0 closed, epoch 1 granted
+        answer = client.rewind(1, version)
+        assert answer.version is not None and answer.epoch == 0
+        regrant = client.request(0, quota=1)
+        assert [s.shard_id for s in regrant.shards] == [second.shard_id]
+    state = fold("job-c", job_log(settings, "job-c"))
+    assert state.epoch == 0 and state.slots[first.shard_id].state.value == "DONE"
+
+
+def test_fencing_a_stale_writer(settings, topics):
+    """A second sharder takes the job over; what the first writes afterwards is ignored."""
+    dataset = spec(size=500, epochs=1)
+    codec = SingleObjectCodec()
+    with running_sharder(settings, writer_id="old") as old, ShardClient(settings, "job-f", "w0", dataset) as client:
+        client.request(0, quota=1)
+        producer = make_producer(settings, **{"linger.ms": 0})
+        new_core, _ = take_over(settings, "job-f", codec, producer, LogWriter(producer, log_topic(settings), codec),
+                                "new", CoreConfig(), int(time.time() * 1000))
+        assert new_core.state.writer_epoch == 2
+        zombie_answer = client.request(0, quota=3)  # the old sharder still answers...
+        assert zombie_answer.writer_epoch == 1
+    events = job_log(settings, "job-f")
+    state = fold("job-f", events)
+    assert state.stats.stale_writer > 0  # ...but its events are ignored by every reader
+    assert state.logical_view() == new_core.state.logical_view()
+    assert state.writer == "writer new"
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_kill_9_mid_epoch_then_a_new_sharder_finishes_with_exactly_once(settings, topics):
+    dataset = spec(size=3000, shard_size=30, epochs=2)
+    progress = {"shards": 0}
+    killed = threading.Event()
+
+    def count(worker, shard):
+        progress["shards"] += 1
+        time.sleep(0.002)
+
+    with sharder_process(settings, "--snapshot-every", "50") as first:
+        workers = threading.Thread(target=run_workers, args=(settings, "job-k", dataset, 3, count))
+        workers.start()
+        while progress["shards"] < dataset.shard_count // 2 and workers.is_alive():
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        killed.set()
+    assert progress["shards"] < dataset.shard_count * dataset.epochs  # it really died mid-job
+    with sharder_process(settings, "--snapshot-every", "50"):
+        workers.join(180)
+    assert not workers.is_alive()
+    events = job_log(settings, "job-k")
+    state = assert_exactly_once("job-k", dataset, events)
+    assert state.writer_epoch >= 2
+    recovered = recover_job(settings, "job-k", SingleObjectCodec(), make_producer(settings))
+    assert recovered.from_snapshot and recovered.state.logical_view() == state.logical_view()
