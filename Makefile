@@ -16,6 +16,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/codec_bench.py
 	$(BIN)/python bench/broker_start_bench.py
+	$(BIN)/python bench/sharder_bench.py
 
 venv: $(STAMP)
 

@@ -42,6 +42,7 @@ from antdt.schemas.models import (
     ShardProgress,
     ShardState,
     ShardTransition as T,
+    trusted,
 )
 from antdt.services.sharder.state import JobState, from_ms, to_ms
 
@@ -79,8 +80,8 @@ class ShardCore:
         state = self.state
         if state.writer_epoch < 1:
             raise RuntimeError("elect a writer (ShardCore.elect) before making decisions")
-        event = ShardLogEvent.model_construct(
-            job_id=state.job_id, seq=state.last_seq + 1, writer_epoch=state.writer_epoch, transition=transition,
+        event = trusted(
+            ShardLogEvent, job_id=state.job_id, seq=state.last_seq + 1, writer_epoch=state.writer_epoch, transition=transition,
             epoch=fields.pop("epoch", state.epoch), shard_id=fields.pop("shard_id", None),
             worker_id=fields.pop("worker_id", None), attempt=fields.pop("attempt", None),
             lease_expires=from_ms(fields.pop("lease_ms", None)), quota=fields.pop("quota", None),
@@ -109,8 +110,8 @@ class ShardCore:
         """The WRITER_ELECTED event that fences every writer with a lower epoch (not applied)."""
         if writer_epoch <= self.state.writer_epoch:
             raise ValueError(f"writer epoch {writer_epoch} does not exceed {self.state.writer_epoch}")
-        return ShardLogEvent.model_construct(
-            job_id=self.state.job_id, seq=self.state.last_seq + 1, writer_epoch=writer_epoch,
+        return trusted(
+            ShardLogEvent, job_id=self.state.job_id, seq=self.state.last_seq + 1, writer_epoch=writer_epoch,
             transition=T.WRITER_ELECTED, epoch=self.state.epoch, shard_id=None, worker_id=None, attempt=None,
             lease_expires=None, quota=None, reason=f"writer {writer}", dataset=None, version=None, shard_ids=[],
             timestamp=from_ms(now_ms),
@@ -305,18 +306,18 @@ class ShardCore:
         else:
             status = AssignmentStatus.WAIT
         lease = min((s.lease_ms for s in slots if s.lease_ms is not None), default=None)
-        return ShardAssignment.model_construct(
-            job_id=state.job_id, worker_id=worker, seq=state.last_seq, writer_epoch=state.writer_epoch,
+        return trusted(
+            ShardAssignment, job_id=state.job_id, worker_id=worker, seq=state.last_seq, writer_epoch=state.writer_epoch,
             epoch=state.epoch, status=status,
-            shards=[Shard.model_construct(shard_id=s.shard_id, start=s.start, length=s.length, attempt=s.attempt) for s in slots],
+            shards=[trusted(Shard, shard_id=s.shard_id, start=s.start, length=s.length, attempt=s.attempt) for s in slots],
             lease_expires=from_ms(lease), quota=state.quotas.get(worker, self.config.default_quota),
             in_reply_to=in_reply_to, version=version, timestamp=from_ms(now_ms),
         )
 
     def _answer(self, report: ShardProgress, status: AssignmentStatus, now_ms: int, epoch: int | None = None) -> ShardAssignment:
         state = self.state
-        return ShardAssignment.model_construct(
-            job_id=state.job_id, worker_id=report.worker_id, seq=state.last_seq, writer_epoch=state.writer_epoch,
+        return trusted(
+            ShardAssignment, job_id=state.job_id, worker_id=report.worker_id, seq=state.last_seq, writer_epoch=state.writer_epoch,
             epoch=state.epoch if epoch is None else epoch, status=status, shards=[], lease_expires=None,
             quota=state.quotas.get(report.worker_id, self.config.default_quota), in_reply_to=report.seq, version=None,
             timestamp=from_ms(now_ms),

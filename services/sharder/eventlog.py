@@ -67,6 +67,7 @@ class LogWriter:
             self._producer.produce(
                 self._topic, key=event.job_id.encode(), value=self._codec.encode(event, self._topic),
                 headers=[(WRITER_HEADER, str(event.writer_epoch).encode())], on_delivery=self._delivered,
+                timestamp=int(event.timestamp.timestamp() * 1000),  # replay by time sees transition times
             )
 
     def _delivered(self, error: KafkaError | None, message: Message) -> None:

@@ -7,6 +7,7 @@ EVENTS = Counter("antdt_sharder_log_events_total", "Shard log events appended", 
 DEADLETTERED = Counter("antdt_sharder_deadlettered_total", "Input records sent to the dead-letter topic")
 ASSIGNMENTS = Counter("antdt_sharder_assignments_total", "Assignments published", ["status"])
 SNAPSHOTS = Counter("antdt_sharder_snapshots_total", "Snapshots written")
+SNAPSHOT_FAILURES = Counter("antdt_sharder_snapshot_failures_total", "Snapshots that could not be written")
 JOBS = Gauge("antdt_sharder_jobs", "Jobs this instance is the writer of")
 RECOVERY_SECONDS = Histogram("antdt_sharder_recovery_seconds", "Time to recover a job and take it over")
 BATCH_SECONDS = Histogram(

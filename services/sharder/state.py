@@ -48,6 +48,7 @@ from antdt.schemas.models import (
     ShardState,
     ShardStateEntry,
     ShardTransition as T,
+    trusted,
 )
 from antdt.services.sharder.dataset import grant_ranks, split
 
@@ -58,8 +59,16 @@ def to_ms(value: datetime | None) -> int | None:
     return None if value is None else int(value.timestamp() * 1000)
 
 
+_LAST_FROM_MS: list = [None, None]
+
+
 def from_ms(value: int | None) -> datetime | None:
-    return None if value is None else datetime.fromtimestamp(value / 1000, _UTC)
+    """Milliseconds to an aware datetime; a batch converts the same 'now' many times, so the last one is kept."""
+    if value is None:
+        return None
+    if _LAST_FROM_MS[0] != value:
+        _LAST_FROM_MS[0], _LAST_FROM_MS[1] = value, datetime.fromtimestamp(value / 1000, _UTC)
+    return _LAST_FROM_MS[1]
 
 
 @dataclass(slots=True)
@@ -191,8 +200,8 @@ class JobState:
 
     def to_snapshot(self, now: datetime, log_offset: int | None = None) -> ShardSnapshot:
         entries = [
-            ShardStateEntry.model_construct(
-                shard_id=s.shard_id, state=s.state, worker_id=s.worker, lease_expires=from_ms(s.lease_ms),
+            trusted(
+                ShardStateEntry, shard_id=s.shard_id, state=s.state, worker_id=s.worker, lease_expires=from_ms(s.lease_ms),
                 started=s.started, attempt=s.attempt, done_seq=s.done_seq, reason=s.reason,
             )
             for s in self.slots
@@ -306,6 +315,8 @@ def _rewound(state: JobState, event: ShardLogEvent) -> None:
             redo = slot.state is ShardState.DOING or (slot.state is ShardState.DONE and slot.done_seq > event.version)
             if redo:
                 state._set_todo(slot, slot.attempt + 1)
+            if slot.state is ShardState.TODO:
+                slot.worker = None  # work from before the rewind is not in the model: no late DONE for it
         state.finished = False
         return
     state._open_epoch(event.epoch, event.seq, done=set(event.shard_ids), attempt=event.attempt or 0)

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from antdt.bus.clients import make_producer
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import AssignmentStatus, DatasetSpec, ShardTransition as T
+from antdt.services.sharder.audit import audit_log
 from antdt.services.sharder.eventlog import read_job_log
 from antdt.services.sharder.service import SharderConfig, SharderService
 from antdt.services.sharder.state import JobState
@@ -124,6 +125,10 @@ def accepted_done_counts(job_id: str, events) -> tuple[Counter, JobState]:
 
 
 def assert_exactly_once(job_id: str, spec: DatasetSpec, events) -> JobState:
+    """Both the fold and the independent audit agree: every sample exactly once per epoch."""
+    report = audit_log(events, job_id)
+    assert report.ok and report.finished, report.violations
+    assert [e.samples_done_once for e in report.epochs] == [spec.size] * spec.epochs
     counts, state = accepted_done_counts(job_id, events)
     expected = {(epoch, shard): 1 for epoch in range(spec.epochs) for shard in range(spec.shard_count)}
     assert dict(counts) == expected, f"DONE counts differ: {sorted(set(counts.items()) ^ set(expected.items()))[:10]}"

@@ -1,0 +1,133 @@
+"""``antdt replay`` and ``antdt audit``: read a job's shard log back, and check it.
+
+``replay`` lists the transitions of a job (optionally in a window of record
+time); ``audit`` folds the whole log with the independent auditor
+(:mod:`antdt.services.sharder.audit`) and exits 1 on any violation, so it can
+gate a pipeline. Both can export what they read as an Avro container file.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import orjson
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from antdt.errors import AntdtError
+from antdt.schemas.codec import make_codec, to_json
+from antdt.schemas.models import ShardLogEvent
+from antdt.services.sharder.audit import AuditReport, audit_log
+from antdt.services.sharder.eventlog import log_topic
+from antdt.services.sharder.replay import export_avro, replay_events
+from antdt.settings import Settings, load_settings
+
+JOB_HELP = "Training job id."
+OUT_HELP = "Also write the events read to this Avro container file."
+
+
+def parse_time(value: str | None, option: str) -> datetime | None:
+    """An ISO-8601 date and time (naive means UTC), or a one-line usage error naming the option."""
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(f"expected an ISO-8601 date and time such as 2026-05-01T12:00:00Z, got {value!r}",
+                                 param_hint=f"'{option}'") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def read_log(settings: Settings, job: str, start: datetime | None = None, end: datetime | None = None) -> list[tuple[int, datetime, ShardLogEvent]]:
+    """The job's events in the window, in log order."""
+    return list(replay_events(settings, job, make_codec(settings.schema_registry_url), start, end))
+
+
+def export(rows: list[tuple[int, datetime, ShardLogEvent]], out: Path | None) -> None:
+    """Write the events to ``out`` if asked; the note goes to stderr so JSON output stays clean."""
+    if out is not None:
+        count = export_avro((event for _, _, event in rows), out)
+        typer.echo(f"wrote {count} events to {out}", err=True)
+
+
+def replay(
+    job: str = typer.Option(..., "--job", help=JOB_HELP),
+    from_: str | None = typer.Option(None, "--from", help="Only events recorded at or after this ISO-8601 time."),
+    to: str | None = typer.Option(None, "--to", help="Only events recorded at or before this ISO-8601 time."),
+    json_: bool = typer.Option(False, "--json", help="One JSON object per event and line."),
+    out: Path | None = typer.Option(None, "--out", dir_okay=False, help=OUT_HELP),
+) -> None:
+    """List a job's shard transitions from the log, in log order."""
+    start, end = parse_time(from_, "--from"), parse_time(to, "--to")
+    if start and end and start > end:
+        raise typer.BadParameter(f"{from_} is after --to {to}", param_hint="'--from'")
+    rows = read_log(load_settings(), job, start, end)
+    export(rows, out)
+    if json_:
+        for _, _, event in rows:
+            typer.echo(to_json(event).decode())
+        return
+    table = Table("seq", "time", "writer epoch", "transition", "epoch", "shard", "worker", "attempt", "reason")
+    for _, when, e in rows:
+        table.add_row(str(e.seq), when.isoformat(timespec="milliseconds"), str(e.writer_epoch), e.transition.value,
+                      str(e.epoch), _text(e.shard_id), _text(e.worker_id), _text(e.attempt), _text(e.reason))
+    Console().print(table)
+
+
+def audit(
+    job: str = typer.Option(..., "--job", help=JOB_HELP),
+    epoch: int | None = typer.Option(None, "--epoch", min=0, help="Report only this data epoch."),
+    json_: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    out: Path | None = typer.Option(None, "--out", dir_okay=False, help=OUT_HELP),
+    allow_quarantine: bool = typer.Option(False, "--allow-quarantine", help="Quarantined shards are not violations."),
+) -> None:
+    """Prove from the log that every sample was trained exactly once per epoch; exit 1 if not."""
+    settings = load_settings()
+    rows = read_log(settings, job)
+    if not rows:
+        raise AntdtError(f"no events for job {job} in {log_topic(settings)}")
+    export(rows, out)
+    report = audit_log((event for _, _, event in rows), job_id=job, allow_quarantine=allow_quarantine)
+    if epoch is not None:
+        report = _one_epoch(report, epoch)
+    if json_:
+        typer.echo(orjson.dumps(report.to_dict()).decode())
+    else:
+        print_report(report)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _one_epoch(report: AuditReport, epoch: int) -> AuditReport:
+    try:
+        return report.for_epoch(epoch)
+    except KeyError:
+        opened = ", ".join(str(e.epoch) for e in report.epochs) or "none"
+        raise typer.BadParameter(f"epoch {epoch} was never opened (opened: {opened})", param_hint="'--epoch'") from None
+
+
+def print_report(report: AuditReport) -> None:
+    """The report as people read it: one row per epoch, the log's health, then the verdict."""
+    console = Console()
+    table = Table("epoch", "status", "passes", "done once", "duplicates", "gaps", "quarantined",
+                  "reclaimed", "retries", "not holder", title=f"audit of job {report.job_id}")
+    for e in report.epochs:
+        table.add_row(str(e.epoch), e.status.value, str(e.passes), f"{e.samples_done_once}/{e.samples}",
+                      str(len(e.duplicate_done)), str(e.gap_samples), str(len(e.quarantined)),
+                      str(e.reclaimed), str(e.retries), str(len(e.not_holder_done)))
+    console.print(table)
+    console.print(
+        f"events {report.events} (applied {report.applied}, fenced {report.fenced}, duplicate seqs "
+        f"{report.duplicate_seqs}, seq gaps {len(report.seq_gaps)}), rewinds {report.rewinds}, "
+        f"finished: {'yes' if report.finished else 'no'}"
+    )
+    for violation in report.violations:
+        console.print(f"[red]violation:[/red] {escape(violation)}", highlight=False)
+    console.print("[green]audit passed[/green]" if report.ok else f"[red]audit FAILED: {len(report.violations)} violation(s)[/red]")
+
+
+def _text(value: object) -> str:
+    return "" if value is None else str(value)

@@ -1,0 +1,298 @@
+"""The independent audit of a shard log (no Kafka): logs are made by ShardCore, then tampered with."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from antdt.schemas.models import ProgressKind as K, ShardLogEvent, ShardTransition as T
+from antdt.services.sharder.audit import EpochStatus, audit_log, shard_ranges
+from antdt.services.sharder.core import ShardCore
+from antdt.services.sharder.dataset import split
+from antdt.services.sharder.state import fold
+from tests.services.sharder.helpers import JOB, dataset, new_core, report
+from tests.services.sharder.test_core_properties import WORKERS, ShardingMachine
+
+
+def finish(core: ShardCore, log: list, workers=("w1", "w2"), now: int = 0) -> list:
+    """The workers request and complete shards until the job is finished."""
+    for _ in range(1000):
+        if core.state.finished:
+            return log
+        for worker in workers:
+            answer = send(core, log, report(K.REQUESTED, worker, core.state.epoch, now), now)
+            for shard in answer.shards:
+                send(core, log, report(K.DONE, worker, answer.epoch, now, shard_id=shard.shard_id, attempt=shard.attempt), now)
+    raise AssertionError("the job never finished")
+
+
+def send(core: ShardCore, log: list, message, now: int = 0):
+    """Deliver a report, keeping the events it caused in ``log``; returns the answer."""
+    outcome = core.on_progress(message, now)
+    log += outcome.events
+    return outcome.assignment
+
+
+def renumbered(events: list[ShardLogEvent]) -> list[ShardLogEvent]:
+    """The events with gap-free seqs again, after one was added or removed."""
+    return [event.model_copy(update={"seq": seq}) for seq, event in enumerate(events, 1)]
+
+
+def first(log: list[ShardLogEvent], transition: T, **fields) -> int:
+    """Index of the first event of a kind matching ``fields``."""
+    return next(i for i, e in enumerate(log) if e.transition is transition and all(getattr(e, k) == v for k, v in fields.items()))
+
+
+def clean_job(epochs: int = 2) -> list[ShardLogEvent]:
+    core, log = new_core(dataset(size=1050, shard_size=100, epochs=epochs), quota=2)
+    return finish(core, log)
+
+
+# ---------------------------------------------------------------- clean logs
+
+
+def test_a_clean_run_with_churn_passes_and_counts_what_happened():
+    core, log = new_core(dataset(size=1050, shard_size=100, epochs=2, lease_s=1.0), quota=2)
+    a, _ = send(core, log, report(K.REQUESTED, "w1", 0)).shards
+    log += core.expire_leases(1000)  # both of w1's leases run out
+    send(core, log, report(K.DONE, "w1", 0, shard_id=a.shard_id, attempt=a.attempt), 1100)  # late, still good
+    c = send(core, log, report(K.REQUESTED, "w2", 0), 1200).shards[0]
+    send(core, log, report(K.FAILED, "w2", 0, shard_id=c.shard_id, attempt=c.attempt, error="oom"), 1200)
+    send(core, log, report(K.REQUESTED, "w3", 0), 1300)
+    log += core.worker_left("w3", 1300)
+    log = finish(core, log, now=1400)
+
+    result = audit_log(log)
+    assert result.ok, result.violations
+    assert result.finished and result.job_id == JOB and result.fenced == result.duplicate_seqs == 0
+    assert [e.status for e in result.epochs] == [EpochStatus.COMPLETE] * 2
+    first_epoch = result.epochs[0]
+    assert first_epoch.samples_done_once == first_epoch.samples == 1050 and first_epoch.shards_done == 11
+    assert (first_epoch.leases_expired, first_epoch.retries, first_epoch.released) == (2, 1, 2)
+    assert first_epoch.reclaimed == 4 and not first_epoch.gaps and not first_epoch.duplicate_done
+    assert result.epochs[1].reclaimed == result.epochs[1].retries == 0
+
+
+def test_shards_are_computed_independently_and_agree_with_the_sharder():
+    for size, shard_size in [(1, 1), (1050, 100), (1000, 100), (7, 3)]:
+        spec = dataset(size=size, shard_size=shard_size)
+        assert shard_ranges(spec) == [(s.start, s.length) for s in split(spec)]
+
+
+def test_a_running_job_is_in_progress_not_a_gap():
+    core, log = new_core(dataset(epochs=2), quota=2)
+    shards = send(core, log, report(K.REQUESTED, "w1", 0)).shards
+    send(core, log, report(K.DONE, "w1", 0, shard_id=shards[0].shard_id))
+    result = audit_log(log)
+    assert result.ok and not result.finished
+    [epoch] = result.epochs
+    assert epoch.status is EpochStatus.IN_PROGRESS and epoch.samples_done_once == 100 and epoch.samples_pending == 900
+    assert epoch.gaps == []
+
+
+def test_the_report_is_json_and_can_be_narrowed_to_one_epoch():
+    result = audit_log(clean_job())
+    data = orjson.loads(orjson.dumps(result.to_dict()))
+    assert data["ok"] is True and data["dataset"]["size"] == 1050 and [e["epoch"] for e in data["epochs"]] == [0, 1]
+    assert [e.epoch for e in result.for_epoch(1).epochs] == [1]
+    with pytest.raises(KeyError):
+        result.for_epoch(5)
+
+
+# ---------------------------------------------------------------- tampered logs
+
+
+def test_a_duplicate_done_is_detected():
+    log = clean_job()
+    done = log[first(log, T.DONE, epoch=0)]
+    tampered = renumbered([*log[: first(log, T.EPOCH_CLOSED, epoch=0)], done.model_copy(update={"worker_id": "w2"}),
+                           *log[first(log, T.EPOCH_CLOSED, epoch=0):]])
+    result = audit_log(tampered)
+    assert not result.ok
+    assert result.epochs[0].duplicate_done == [done.shard_id]
+    length = shard_ranges(dataset(size=1050, shard_size=100))[done.shard_id][1]
+    assert result.epochs[0].samples_done_once == 1050 - length
+    assert any(f"shard {done.shard_id} DONE twice" in v for v in result.violations)
+    assert result.epochs[1].violations == []
+
+
+def test_a_done_by_a_worker_that_did_not_hold_the_shard_is_detected():
+    log = clean_job()
+    index = first(log, T.DONE, epoch=1)
+    log[index] = log[index].model_copy(update={"worker_id": "intruder"})
+    result = audit_log(log)
+    assert result.epochs[1].not_holder_done == [log[index].shard_id] and result.epochs[0].not_holder_done == []
+    [violation] = result.violations
+    assert violation.startswith("epoch 1: ") and "credited to intruder, who did not hold it (held by w" in violation
+
+
+def test_an_epoch_closed_with_a_shard_never_done_is_a_gap():
+    log = clean_job()
+    dropped = log[first(log, T.DONE, epoch=0, shard_id=3)]
+    result = audit_log(renumbered([e for e in log if e is not dropped]))
+    assert result.epochs[0].gaps == [(300, 400)] and result.epochs[0].gap_samples == 100
+    assert result.epochs[0].samples_done_once == 950
+    assert any("closed with 100 samples neither DONE nor QUARANTINED: [300, 400)" in v for v in result.violations)
+
+
+def test_lost_and_repeated_seqs():
+    log = clean_job()
+    lost = renumbered(log)[:20] + renumbered(log)[21:]
+    result = audit_log(lost)
+    assert result.seq_gaps == [(21, 21)] and any("seqs 21..21 are missing" in v for v in result.violations)
+
+    redelivered = log[:30] + [log[25]] + log[30:]
+    result = audit_log(redelivered)
+    assert result.ok and result.duplicate_seqs == 1  # an identical redelivery is harmless
+
+    conflicting = log[:30] + [log[25].model_copy(update={"reason": "other"})] + log[30:]
+    result = audit_log(conflicting)
+    assert result.duplicate_seqs == 1 and any("seq 26: two different events" in v for v in result.violations)
+
+
+def test_a_fenced_writer_is_ignored_and_counted():
+    core, log = new_core(dataset(size=300, shard_size=100, epochs=1), quota=1)
+    zombie = ShardCore(fold(JOB, log))
+    log.append(core.elect(2, 0, "new"))
+    zombie_events = zombie.on_progress(report(K.REQUESTED, "w9", 0), 0).events
+    shard = zombie_events[-1].shard_id
+    zombie_events += zombie.on_progress(report(K.DONE, "w9", 0, shard_id=shard), 0).events
+    log = finish(core, log + zombie_events)
+    result = audit_log(log)
+    assert result.ok, result.violations
+    assert result.fenced == len(zombie_events) > 1 and result.writer_epoch == 2
+    assert result.epochs[0].samples_done_once == 300 and not result.epochs[0].duplicate_done
+
+
+def test_an_event_from_a_writer_that_was_never_elected_is_a_violation():
+    log = clean_job()
+    index = first(log, T.DONE)
+    log.insert(index, log[index].model_copy(update={"writer_epoch": 7}))
+    result = audit_log(log)
+    assert result.fenced == 1 and any("writer epoch 7, which was never elected" in v for v in result.violations)
+
+
+def test_quarantine_is_a_violation_unless_allowed():
+    core, log = new_core(dataset(size=300, shard_size=100, epochs=1, max_attempts=1), quota=1)
+    shard = send(core, log, report(K.REQUESTED, "w1", 0)).shards[0]
+    send(core, log, report(K.FAILED, "w1", 0, shard_id=shard.shard_id, attempt=0, error="bad record"))
+    log = finish(core, log)
+    strict, lenient = audit_log(log), audit_log(log, allow_quarantine=True)
+    assert strict.finished and strict.epochs[0].quarantined == {shard.shard_id: "failed 1 times; last: bad record"}
+    assert not strict.ok and "1 shard(s) quarantined" in strict.violations[0]
+    assert lenient.ok and lenient.epochs[0].gaps == [] and lenient.epochs[0].samples_done_once == 200
+
+
+def test_a_rewind_within_the_epoch_credits_only_the_surviving_dones():
+    core, log = new_core(dataset(size=300, shard_size=100, epochs=1), quota=2)
+    first_, second = send(core, log, report(K.REQUESTED, "w1", 0)).shards
+    send(core, log, report(K.DONE, "w1", 0, shard_id=first_.shard_id))
+    checkpoint = send(core, log, report(K.CHECKPOINT, "w1", 0))
+    send(core, log, report(K.DONE, "w1", 0, shard_id=second.shard_id))
+    log += core.rewind(report(K.REWIND, "w1", 0, version=checkpoint.version), 0).events
+    log = finish(core, log)  # the second shard is done again: not a duplicate
+    assert sum(e.transition is T.DONE and e.shard_id == second.shard_id for e in log) == 2
+    result = audit_log(log)
+    assert result.ok, result.violations
+    assert result.rewinds == 1 and result.epochs[0].rewinds == 1 and result.epochs[0].passes == 1
+    assert result.epochs[0].samples_done_once == 300
+
+
+def test_a_rewind_across_epochs_restarts_the_epoch_and_reports_its_last_pass():
+    core, log = new_core(dataset(size=200, shard_size=100, epochs=2), quota=2)
+    shards = send(core, log, report(K.REQUESTED, "w1", 0)).shards
+    send(core, log, report(K.DONE, "w1", 0, shard_id=shards[0].shard_id))
+    checkpoint = send(core, log, report(K.CHECKPOINT, "w1", 0))
+    send(core, log, report(K.DONE, "w1", 0, shard_id=shards[1].shard_id))
+    send(core, log, report(K.REQUESTED, "w1", 1))  # epoch 1 under way
+    version = checkpoint.version
+    log += core.rewind(report(K.REWIND, "w1", 1, version=version), 0, fold(JOB, [e for e in log if e.seq <= version])).events
+
+    midway = audit_log(log)
+    assert midway.ok and not midway.finished
+    assert [(e.epoch, e.status, e.passes) for e in midway.epochs] == [
+        (0, EpochStatus.IN_PROGRESS, 2), (1, EpochStatus.REWOUND, 1)
+    ]
+    assert midway.epochs[0].samples_done_once == 100  # restored as DONE by the rewind
+
+    result = audit_log(finish(core, log))
+    assert result.ok, result.violations
+    assert [(e.epoch, e.status, e.passes, e.samples_done_once) for e in result.epochs] == [
+        (0, EpochStatus.COMPLETE, 2, 200), (1, EpochStatus.COMPLETE, 2, 200)
+    ]
+    assert result.rewinds == 1 and result.finished
+
+
+def test_a_done_for_work_voided_by_a_rewind_is_not_credited():
+    """A DONE after a rewind, for a shard nobody was granted since, is a DONE the model does not contain."""
+    core, log = new_core(dataset(size=300, shard_size=100, epochs=1), quota=2)
+    checkpoint = send(core, log, report(K.CHECKPOINT, "w1", 0))
+    shard = send(core, log, report(K.REQUESTED, "w1", 0)).shards[0]
+    send(core, log, report(K.DONE, "w1", 0, shard_id=shard.shard_id))
+    done = log[-1]
+    log += core.rewind(report(K.REWIND, "w1", 0, version=checkpoint.version), 0).events
+    log.append(done.model_copy(update={"seq": log[-1].seq + 1}))  # the old DONE, credited again
+    result = audit_log(log)
+    assert any(f"shard {shard.shard_id} DONE credited to w1, who did not hold it (todo)" in v for v in result.violations)
+
+
+# ---------------------------------------------------------------- property
+
+
+class AuditedShardingMachine(ShardingMachine):
+    """The core's random interleavings, plus checkpoints and rewinds; the audit must pass every run.
+
+    Stale and duplicate deliveries are drawn from the whole history, rewinds
+    included: a report about work a rewind voided must not be credited (see
+    ``test_a_done_for_work_voided_by_a_rewind_is_not_credited``).
+    """
+
+    checkpoints: tuple[int, ...] = ()  # versions issued so far
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def checkpoint(self, worker):
+        version = self.deliver(report(K.CHECKPOINT, worker, self.core.state.epoch, self.now)).version
+        self.checkpoints = (*self.checkpoints, version)
+
+    @rule()
+    def finish_the_epoch(self):
+        """Everyone works until the epoch ends, so that later rewinds can cross epochs."""
+        epoch = self.core.state.epoch
+        for _ in range(1000):
+            if self.core.state.finished or self.core.state.epoch != epoch:
+                return
+            for worker in WORKERS:
+                answer = self.deliver(report(K.REQUESTED, worker, epoch, self.now))
+                for shard in answer.shards:
+                    self.deliver(report(K.DONE, worker, epoch, self.now, shard_id=shard.shard_id, attempt=shard.attempt))
+        raise AssertionError(f"epoch {epoch} never ended")
+
+    @precondition(lambda self: self.checkpoints)
+    @rule(data=st.data())
+    def rewind(self, data):
+        version = data.draw(st.sampled_from(self.checkpoints))
+        state = self.core.state
+        target = fold(JOB, [e for e in self.log if e.seq <= version]) if version < state.epoch_opened_seq else None
+        self.record(self.core.rewind(report(K.REWIND, "w0", state.epoch, self.now, version=version), self.now, target).events)
+
+    def teardown(self):
+        if not hasattr(self, "core"):
+            return
+        assert audit_log(self.log).ok, "the audit flags a run in progress"
+        self.drain()
+        result = audit_log(self.log)
+        assert result.ok, result.violations
+        assert result.finished and result.fenced == result.duplicate_seqs == 0
+        assert result.rewinds == sum(e.transition is T.REWOUND for e in self.log)
+        assert [e.epoch for e in result.epochs] == list(range(self.spec.epochs))
+        for epoch in result.epochs:
+            assert epoch.status is EpochStatus.COMPLETE and epoch.samples_done_once == self.spec.size
+
+
+AuditedShardingMachine.TestCase.settings = settings(
+    max_examples=120, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestAuditedSharding = AuditedShardingMachine.TestCase
