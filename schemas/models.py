@@ -271,6 +271,13 @@ class DatasetSpec(AvroRecord):
         """Number of shards per epoch (the last one may be short)."""
         return -(-self.size // self.shard_size)
 
+    @classmethod
+    def with_shard_count(cls, name: str, size: int, shards: int, **fields) -> DatasetSpec:
+        """A spec given the number of shards instead of their size (as close to ``shards`` as sizes allow)."""
+        if not 1 <= shards <= size:
+            raise ValueError(f"shards must be between 1 and the dataset size ({size}), got {shards}")
+        return cls(name=name, size=size, shard_size=-(-size // shards), **fields)
+
 
 class ShardProgress(AvroModel):
     avro_name: ClassVar[str] = "antdt.ShardProgress"

@@ -23,6 +23,15 @@ def test_split_covers_every_sample_once():
     assert [s.start for s in shards] == [i * 100 for i in range(11)]
 
 
+def test_a_dataset_can_be_given_by_shard_count():
+    from antdt.schemas.models import DatasetSpec
+
+    spec = DatasetSpec.with_shard_count("c", size=1000, shards=7, epochs=1, shuffle_seed=0, max_attempts=3, lease_s=5)
+    assert spec.shard_count == 7 and sum(s.length for s in split(spec)) == 1000
+    with pytest.raises(ValueError, match="between 1 and the dataset size"):
+        DatasetSpec.with_shard_count("c", size=10, shards=11, epochs=1, shuffle_seed=0, max_attempts=3, lease_s=5)
+
+
 def test_grant_order_is_a_deterministic_shuffle_per_epoch():
     spec = dataset()
     assert grant_ranks(spec, 0) == grant_ranks(spec, 0)

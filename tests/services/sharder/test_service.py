@@ -162,3 +162,38 @@ def test_kill_9_mid_epoch_then_a_new_sharder_finishes_with_exactly_once(settings
     assert state.writer_epoch >= 2
     recovered = recover_job(settings, "job-k", SingleObjectCodec(), make_producer(settings))
     assert recovered.from_snapshot and recovered.state.logical_view() == state.logical_view()
+
+
+def test_a_vanished_worker_loses_its_shards_by_lease_expiry(settings, topics):
+    """A worker that dies without a word: its leases run out and the others finish its shards."""
+    dataset = spec(size=400, epochs=1, lease_s=1.0)
+    with running_sharder(settings, SharderConfig(lease_check_every_s=0.05)):
+        with ShardClient(settings, "job-v", "ghost", dataset) as ghost:
+            held = ghost.request(0, quota=3).shards  # ...and never heard from again
+        run_workers(settings, "job-v", dataset, count=2)
+    events = job_log(settings, "job-v")
+    assert_exactly_once("job-v", dataset, events)
+    expired = {e.shard_id for e in events if e.transition is T.LEASE_EXPIRED}
+    assert {s.shard_id for s in held} <= expired
+
+
+def test_a_worker_that_leaves_releases_its_shards_at_once(settings, topics):
+    from antdt.schemas.models import LifecycleEvent, WorkerLifecycle
+    from antdt.schemas.types import utc_now
+
+    dataset = spec(size=400, epochs=1, lease_s=600.0)
+    lifecycle = topic_spec("worker", "lifecycle").full_name(settings.topic_prefix)
+    with running_sharder(settings):
+        with ShardClient(settings, "job-l", "leaver", dataset) as leaver:
+            held = leaver.request(0, quota=3).shards
+            left = WorkerLifecycle(job_id="job-l", worker_id="leaver", incarnation=leaver.incarnation, event=LifecycleEvent.LEFT,
+                                   timestamp=utc_now(), host="h", pid=1, exit_code=0, reason="evicted")
+            producer = make_producer(settings)
+            producer.produce(lifecycle, key=b"job-l", value=SingleObjectCodec().encode(left))
+            producer.flush(5)
+        run_workers(settings, "job-l", dataset, count=2)  # would wait 600 s for the leases otherwise
+    events = job_log(settings, "job-l")
+    assert_exactly_once("job-l", dataset, events)
+    released = [e for e in events if e.transition is T.RELEASED]
+    assert [(e.worker_id, e.reason) for e in released] == [("leaver", "evicted")]
+    assert not {e.shard_id for e in events if e.transition is T.LEASE_EXPIRED} & {s.shard_id for s in held}
