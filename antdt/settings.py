@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     report_interval_s: float = Field(1.0, gt=0, le=3600)
     signing_key: SecretStr | None = Field(None, description="HMAC-SHA256 key for command signatures")
     client_id: str = Field("antdt", pattern=_NAME_PATTERN, max_length=128)
+    worker_id: str | None = Field(None, pattern=_NAME_PATTERN, max_length=128, description="agent identity; default rank-<RANK>")
+    node_id: str | None = Field(None, max_length=256, description="node the agent runs on; default the host name")
+    heartbeat_interval_s: float = Field(5.0, gt=0, le=3600)
+    slowdown: str | None = Field(None, description="straggler injection: a factor, or episodes start-end:factor,...")
+    slowdown_mode: str = Field("sleep", pattern=r"^(sleep|cpu)$", description="sleep, or cpu (busy competitor processes)")
 
     @field_validator("bootstrap_servers")
     @classmethod

@@ -1,1 +1,29 @@
-"""The agent a training script embeds: metrics, data shards, commands (issue 4)."""
+"""The agent a training script embeds: metrics, data shards, commands.
+
+``from antdt.worker import Agent, ShardedDataset`` is all a script needs;
+:mod:`antdt.worker.ddp` adds per-worker batch sizes under DDP and
+:mod:`antdt.worker.checkpoint` saves the shard-state version with the model.
+Names are imported lazily, so services that only need the shard client do
+not pay for importing torch.
+"""
+
+from importlib import import_module
+
+_EXPORTS = {
+    "Agent": "antdt.worker.agent",
+    "AgentSpec": "antdt.worker.agent",
+    "AgentState": "antdt.worker.agent",
+    "WorkerExit": "antdt.worker.agent",
+    "EXIT_RESTART": "antdt.worker.agent",
+    "EXIT_EVICTED": "antdt.worker.agent",
+    "ShardedDataset": "antdt.worker.dataset",
+    "ShardClient": "antdt.worker.shard_client",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'antdt.worker' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

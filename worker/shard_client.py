@@ -95,6 +95,10 @@ class ShardClient:
         """Restore the job's shard state to ``version`` (after restoring the model checkpoint)."""
         return self.wait_answer(self.send(ProgressKind.REWIND, epoch, version=version), timeout_s)
 
+    def flush(self, timeout_s: float = 10.0) -> None:
+        """Wait until every report sent so far is on the bus (before a checkpoint version is asked)."""
+        self._producer.flush(timeout_s)
+
     # ------------------------------------------------------------ receiving
 
     def wait_answer(self, seq: int, timeout_s: float = 10.0) -> ShardAssignment:

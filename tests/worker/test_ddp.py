@@ -1,0 +1,236 @@
+"""Different local batch sizes under DDP give the update of one process on the whole batch.
+
+The equivalence tests spawn real gloo process groups (2 and 3 ranks), train a
+small float64 model for a few SGD steps with local batch sizes that change at
+agreed steps (one rank pausing with batch 0 and NaN in its stale gradients),
+and compare every rank's final parameters with single-process training on the
+concatenated batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from antdt.worker.ddp import BatchSizePlan, DistributedError, WeightedGradientAverager, agreed_checkpoint_version, world_size
+
+STEPS = 6
+FEATURES = 4
+RARE = 1.5  # samples with x[0] above this reach the rare head
+
+# Per world size: the initial local sizes and the changes, {effective step: sizes}.
+PLANS = {
+    2: ([3, 5], {2: [6, 2], 4: [0, 8]}),
+    3: ([3, 5, 8], {2: [5, 0, 11], 3: [5, 0, 11], 4: [8, 5, 3]}),
+}
+
+
+class Net(torch.nn.Module):
+    """A small MLP plus a head that only rare samples reach, so some ranks (and some steps) have no gradient for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(FEATURES, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        self.rare = torch.nn.Linear(FEATURES, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.body(x)
+        mask = x[:, 0] > RARE
+        if mask.any():
+            out = out.clone()
+            out[mask] = out[mask] + self.rare(x[mask])
+        return out
+
+
+def new_model() -> tuple[Net, torch.optim.Optimizer]:
+    torch.manual_seed(1234)
+    model = Net().double()
+    # Weight decay and momentum make a zero gradient differ from a missing one: None must stay None.
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+
+
+def plan_for(world: int, rank: int) -> BatchSizePlan:
+    initial, changes = PLANS[world]
+    plan = BatchSizePlan(initial[rank])
+    for step, sizes in changes.items():
+        plan.schedule(step, sizes[rank])
+    return plan
+
+
+def batch(world: int, step: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The global batch of ``step`` (the same in every process) and each rank's local size."""
+    sizes = [plan_for(world, rank).size_for(step) for rank in range(world)]
+    generator = torch.Generator().manual_seed(100 * world + step)
+    x = torch.randn(sum(sizes), FEATURES, generator=generator, dtype=torch.float64)
+    y = torch.randn(sum(sizes), 1, generator=generator, dtype=torch.float64)
+    return x, y, sizes
+
+
+def train_step(model: Net, x: torch.Tensor, y: torch.Tensor) -> None:
+    torch.nn.functional.mse_loss(model(x), y).backward()  # the MEAN over the batch
+
+
+def reference(world: int) -> dict[str, torch.Tensor]:
+    """Single-process training on the concatenated batches."""
+    model, optimizer = new_model()
+    for step in range(STEPS):
+        x, y, _ = batch(world, step)
+        optimizer.zero_grad()
+        train_step(model, x, y)
+        optimizer.step()
+    return model.state_dict()
+
+
+def rank_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        timed = []
+
+        def timer_named(name):
+            @contextlib.contextmanager
+            def timer():
+                timed.append(name)
+                yield
+            return timer
+
+        averager = WeightedGradientAverager(sync_timer=timer_named("default"))
+        model, optimizer = new_model()
+        global_batches = []
+        for step in range(STEPS):
+            x, y, sizes = batch(world, step)
+            start = sum(sizes[:rank])
+            optimizer.zero_grad()
+            if sizes[rank]:
+                train_step(model, x[start:start + sizes[rank]], y[start:start + sizes[rank]])
+            else:  # paused: stale garbage in the gradients must not leak into the update
+                for param in model.parameters():
+                    param.grad = torch.full_like(param, math.nan)
+            this_call = timer_named("per call") if step % 2 else None
+            global_batches.append(averager.sync(model, sizes[rank], this_call))
+            optimizer.step()
+
+        flushed = []
+        version = agreed_checkpoint_version(lambda: flushed.append(1), lambda: 41 + rank)  # only rank 0 asks
+        try:
+            agreed_checkpoint_version(lambda: None, lambda: 1 // 0)
+            failure = None
+        except ZeroDivisionError:
+            failure = "asked and failed"
+        except DistributedError:
+            failure = "told"
+        torch.save(
+            {"state": model.state_dict(), "global_batches": global_batches, "timed": timed,
+             "version": version, "flushed": len(flushed), "failure": failure},
+            Path(out_dir) / f"rank{rank}.pt",
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_weighted_average_equals_single_process_on_the_whole_batch(world: int, tmp_path: Path):
+    mp.spawn(rank_main, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world, join=True)
+    expected = reference(world)
+    for rank in range(world):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        for name, value in expected.items():
+            torch.testing.assert_close(got["state"][name], value, atol=1e-10, rtol=0, msg=f"rank {rank} {name}")
+        assert got["global_batches"] == [sum(batch(world, step)[2]) for step in range(STEPS)]
+        assert got["timed"] == ["default", "per call"] * (STEPS // 2)
+        assert got["version"] == 41 and got["flushed"] == 1
+        assert got["failure"] == ("asked and failed" if rank == 0 else "told")
+
+
+def test_plans_exercise_what_they_claim():
+    """Guards the scenario itself: sizes change and some rank pauses with batch 0."""
+    for world in PLANS:
+        sizes = [batch(world, step)[2] for step in range(STEPS)]
+        assert len({tuple(s) for s in sizes}) > 2
+        assert any(0 in s for s in sizes)
+        rare = []  # per step, how many rare samples each rank holds
+        for step in range(STEPS):
+            x, _, local = batch(world, step)
+            hits = (x[:, 0] > RARE).tolist()
+            rare.append([sum(hits[sum(local[:rank]):sum(local[:rank + 1])]) for rank in range(world)])
+        assert any(not any(step) for step in rare), "a step where no rank has a gradient for the rare head"
+        assert any(step.count(0) == 1 for step in rare), "a step where some ranks have one and some not"
+
+
+# ------------------------------------------------------------------ one process
+
+
+def test_without_distributed_sync_is_a_no_op():
+    assert world_size() == 1
+    model, _ = new_model()
+    x, y, _ = batch(2, 0)
+    train_step(model, x, y)
+    before = {name: param.grad.clone() for name, param in model.named_parameters() if param.grad is not None}
+    identities = {name: id(param.grad) for name, param in model.named_parameters()}
+    assert WeightedGradientAverager().sync(model, 8) == 8
+    for name, param in model.named_parameters():
+        assert id(param.grad) == identities[name]
+        if name in before:
+            assert torch.equal(param.grad, before[name])
+
+
+def test_sync_refuses_a_bad_batch_size():
+    model, _ = new_model()
+    for bad in (-1, 2.0, True):
+        with pytest.raises(ValueError):
+            WeightedGradientAverager().sync(model, bad)
+
+
+def test_checkpoint_version_without_distributed_flushes_then_asks():
+    calls = []
+    assert agreed_checkpoint_version(lambda: calls.append("flush"), lambda: calls.append("ask") or 7) == 7
+    assert calls == ["flush", "ask"]
+
+
+# ------------------------------------------------------------------ BatchSizePlan
+
+
+def test_plan_switches_at_the_effective_step():
+    plan = BatchSizePlan(32)
+    plan.schedule(10, 24)
+    plan.schedule(5, 16)
+    assert [plan.size_for(step) for step in (0, 4, 5, 9, 10, 1000)] == [32, 32, 16, 16, 24, 24]
+    assert plan.changes == [(5, 16), (10, 24)]
+
+
+def test_plan_schedule_is_idempotent_and_the_last_word_wins():
+    plan = BatchSizePlan(8)
+    plan.schedule(3, 4)
+    plan.schedule(3, 4)
+    assert plan.changes == [(3, 4)]
+    plan.schedule(3, 0)
+    assert plan.size_for(3) == 0 and plan.changes == [(3, 0)]
+
+
+def test_plan_forget_before_keeps_later_answers():
+    plan = BatchSizePlan(8)
+    for step, size in [(2, 6), (4, 5), (9, 7)]:
+        plan.schedule(step, size)
+    plan.forget_before(5)
+    assert plan.initial == 5 and plan.changes == [(9, 7)]
+    assert [plan.size_for(step) for step in (5, 8, 9)] == [5, 5, 7]
+    plan.forget_before(1)
+    assert plan.changes == [(9, 7)]
+
+
+@pytest.mark.parametrize("step, size", [(-1, 4), (1, -4), (1.0, 4), (1, 4.0), (True, 4)])
+def test_plan_refuses_bad_values(step, size):
+    with pytest.raises(ValueError):
+        BatchSizePlan(8).schedule(step, size)
+    with pytest.raises(ValueError):
+        BatchSizePlan(-1)

@@ -1,0 +1,421 @@
+"""The Agent: what a training script embeds to take part in antdt.
+
+A training script adds about ten lines::
+
+    with Agent(job_id="resnet", worker_id=f"rank-{rank}") as agent:
+        data = agent.shards(train_set, DatasetSpec(...))        # dynamic sharding
+        loader = DataLoader(data, batch_size=agent.batch_size)
+        for batch in agent.iterate(loader):                      # times data waits
+            loss = model(batch).mean(); loss.backward()
+            averager.sync(model, len(batch), agent.sync_wait)    # DDP: times barriers
+            optimizer.step(); optimizer.zero_grad()
+            agent.step(samples=len(batch))                       # commands apply here
+
+What the agent does meanwhile, off the training thread: aggregates step
+timings into one ``WorkerMetrics`` per report interval, samples resources,
+sends heartbeats, listens for commands. :meth:`Agent.step` costs a few
+microseconds: it records one tuple and looks at an (almost always empty)
+inbox.
+
+States (the agent's state machine)::
+
+    CREATED --enter--> RUNNING --PAUSE--> PAUSED --RESUME--> RUNNING
+    RUNNING/PAUSED --exit, RESTART or EVICT--> STOPPED
+
+RESTART and EVICT end the process with a distinctive exit code
+(:data:`EXIT_RESTART`, :data:`EXIT_EVICTED`) after the registered
+``on_restart`` callbacks (checkpointing) ran, so an orchestrator knows to
+start the worker again elsewhere, or not at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import Enum
+
+from antdt.schemas.codec import make_codec
+from antdt.schemas.models import (
+    AckStatus,
+    CommandAck,
+    CommandAction,
+    LifecycleEvent,
+    MitigationCommand,
+    WorkerLifecycle,
+    WorkerMetrics,
+)
+from antdt.schemas.types import utc_now
+from antdt.settings import Settings, load_settings
+from antdt.topics import topic_spec
+from antdt.worker.commands import ACCEPT, CommandListener, CommandVerifier, Verdict
+from antdt.worker.emitter import EventEmitter
+from antdt.worker.steps import StepRecord, summarize
+
+log = logging.getLogger(__name__)
+
+#: Exit code asking the orchestrator to restart this worker (elsewhere).
+EXIT_RESTART = 75
+#: Exit code of a worker the controller evicted: do not restart it.
+EXIT_EVICTED = 76
+
+
+class AgentState(str, Enum):
+    CREATED = "CREATED"
+    RUNNING = "RUNNING"
+    PAUSED = "PAUSED"
+    STOPPED = "STOPPED"
+
+
+class WorkerExit(SystemExit):
+    """Raised from :meth:`Agent.step` to end the process on RESTART or EVICT."""
+
+    def __init__(self, code: int, reason: str):
+        super().__init__(code)
+        self.reason = reason
+
+
+@dataclass
+class AgentSpec:
+    """Who the agent is and how often it reports."""
+
+    job_id: str
+    worker_id: str
+    rank: int | None = None
+    host: str = field(default_factory=socket.gethostname)
+    node_id: str | None = None
+    report_interval_s: float = 1.0
+    heartbeat_interval_s: float = 5.0
+    device: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, job_id=None, worker_id=None, rank=None, node_id=None, device=None) -> AgentSpec:
+        """Fill what the script did not say from settings and the usual launcher variables (RANK, NODE_NAME)."""
+        if rank is None and os.environ.get("RANK", "").isdigit():
+            rank = int(os.environ["RANK"])
+        worker = worker_id or settings.worker_id or (f"rank-{rank}" if rank is not None else socket.gethostname())
+        node = node_id or settings.node_id or os.environ.get("NODE_NAME") or socket.gethostname()
+        return cls(job_id or settings.job_id, worker, rank, socket.gethostname(), node, settings.report_interval_s,
+                   settings.heartbeat_interval_s, device)
+
+
+class Agent:
+    """Instruments training, pulls shards, obeys commands. Use it as a context manager."""
+
+    def __init__(self, job_id: str | None = None, worker_id: str | None = None, rank: int | None = None,
+                 node_id: str | None = None, *, settings: Settings | None = None, batch_size: int = 32,
+                 shard_quota: int = 2, device: int | None = None, listen_for_commands: bool = True):
+        self.settings = settings or load_settings()
+        self.spec = AgentSpec.from_settings(self.settings, job_id, worker_id, rank, node_id, device)
+        self.incarnation = uuid.uuid4().hex
+        self.state = AgentState.CREATED
+        self.step_count = 0
+        self.batch_size = batch_size
+        self.shard_quota = shard_quota
+        self.exit_reason: str | None = None
+        self._listen = listen_for_commands
+        self._records: deque[StepRecord] = deque()
+        self._inbox: deque[MitigationCommand] = deque()
+        self._mark = time.perf_counter()
+        self._data_wait = 0.0
+        self._sync_wait = 0.0
+        self._resumed = threading.Event()
+        self._stop = threading.Event()
+        self._batch_size_callbacks: list[Callable[[int], None]] = []
+        self._quota_callbacks: list[Callable[[int], None]] = []
+        self._restart_callbacks: list[Callable[[], None]] = []
+        self._custom: dict[str, Callable[[MitigationCommand], None]] = {}
+        self._seq = 0
+        codec = make_codec(self.settings.schema_registry_url)
+        self._codec = codec
+        self._emitter = EventEmitter(self.settings, client_id=f"antdt-agent-{self.spec.worker_id}", codec=codec)
+        key = self.settings.signing_key.get_secret_value().encode() if self.settings.signing_key else None
+        self.verifier = CommandVerifier(self.spec.job_id, self.spec.worker_id, key)
+        self._listener: CommandListener | None = None
+        self._reporter = threading.Thread(target=self._report_loop, name="antdt-reporter", daemon=True)
+        self._sampler = None
+        self._injector = None
+        prefix = self.settings.topic_prefix
+        self._topics = {name: topic_spec(c, n).full_name(prefix) for name, (c, n) in {
+            "metrics": ("worker", "metrics"), "lifecycle": ("worker", "lifecycle"), "acks": ("worker", "acks")}.items()}
+
+    # ------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Agent:
+        self._sampler = _make_sampler(self.spec.device)
+        self._injector = _make_injector(self.settings)
+        self._emitter.start()
+        self._lifecycle(LifecycleEvent.JOINED)
+        if self._listen:
+            self._listener = CommandListener(self.settings, self.spec.job_id, self.spec.worker_id, self._codec,
+                                             self.verifier, self._on_verdict).start()
+        self.state = AgentState.RUNNING
+        self._mark = time.perf_counter()
+        self._reporter.start()
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if isinstance(exc, SystemExit):
+            code = exc.code if isinstance(exc.code, int) else 1
+        else:
+            code = 0 if exc is None else 1
+        reason = self.exit_reason or ("finished" if code == 0 else f"{exc_type.__name__}: {exc}"[:500])
+        self.state = AgentState.STOPPED
+        self._stop.set()
+        if self._reporter.is_alive():
+            self._reporter.join(5)
+        self._report()  # the last partial interval
+        self._lifecycle(LifecycleEvent.LEFT, exit_code=code, reason=reason)
+        if self._listener is not None:
+            self._listener.close()
+        if self._injector is not None:
+            self._injector.close()
+        if self._sampler is not None:
+            self._sampler.close()
+        self._emitter.close()
+
+    # ------------------------------------------------------------ the training thread
+
+    def step(self, samples: int | None = None) -> None:
+        """Mark the end of one training step; apply the commands that are due."""
+        now = time.perf_counter()
+        elapsed = now - self._mark
+        data, sync = self._data_wait, self._sync_wait
+        compute = elapsed - data - sync
+        self._records.append(StepRecord(self.step_count, compute, data, sync,
+                                        self.batch_size if samples is None else samples, self.batch_size))
+        self.step_count += 1
+        self._data_wait = self._sync_wait = 0.0
+        if self._injector is not None:
+            self._injector.after_compute(compute)
+        if self._inbox:
+            self._apply_due()
+        self._mark = time.perf_counter()  # injected delay, pauses and the agent's own work are not the next step's
+
+    @contextmanager
+    def data_wait(self) -> Iterator[None]:
+        """Time spent in here counts as waiting for data, not compute."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._data_wait += time.perf_counter() - started
+
+    @contextmanager
+    def sync_wait(self) -> Iterator[None]:
+        """Time spent in here counts as blocked at synchronisation (all-reduce, barrier)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync_wait += time.perf_counter() - started
+
+    def iterate(self, iterable: Iterable) -> Iterator:
+        """Yield from ``iterable``, booking the time to get each item as data wait."""
+        iterator = iter(iterable)
+        while True:
+            started = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self._data_wait += time.perf_counter() - started
+            yield item
+
+    def shards(self, source, dataset_spec, **options):
+        """A :class:`ShardedDataset` over ``source`` that pulls shards as this worker."""
+        from antdt.worker.dataset import ShardedDataset
+
+        dataset = ShardedDataset(source, dataset_spec, settings=self.settings, job_id=self.spec.job_id,
+                                 worker_id=self.spec.worker_id, quota=self.shard_quota, **options)
+        self.on_shard_quota(lambda quota: setattr(dataset, "quota", quota))
+        return dataset
+
+    # ------------------------------------------------------------ callbacks
+
+    def on_batch_size(self, callback: Callable[[int], None]) -> None:
+        """Called (on the training thread) with the new local batch size."""
+        self._batch_size_callbacks.append(callback)
+
+    def on_shard_quota(self, callback: Callable[[int], None]) -> None:
+        self._quota_callbacks.append(callback)
+
+    def on_restart(self, callback: Callable[[], None]) -> None:
+        """Called before the process exits for RESTART or EVICT: save a checkpoint here."""
+        self._restart_callbacks.append(callback)
+
+    def on_command(self, name: str, callback: Callable[[MitigationCommand], None]) -> None:
+        """Handle CUSTOM commands whose ``custom_action`` is ``name``."""
+        self._custom[name] = callback
+
+    # ------------------------------------------------------------ commands
+
+    def _on_verdict(self, command: MitigationCommand, verdict: Verdict) -> None:
+        """Listener thread: ack what is refused or scheduled, queue what is to be applied."""
+        if verdict is not ACCEPT:
+            self._ack(command, verdict.status, verdict.reason)
+            return
+        if command.effective_step is not None and command.effective_step > self.step_count:
+            self._ack(command, AckStatus.SCHEDULED, f"at step {command.effective_step}", command.effective_step)
+        self._inbox.append(command)
+        if command.action is CommandAction.RESUME:
+            self._resumed.set()
+
+    def _apply_due(self) -> None:
+        waiting = deque()
+        while self._inbox:
+            command = self._inbox.popleft()
+            if command.effective_step is not None and command.effective_step > self.step_count:
+                waiting.append(command)
+            else:
+                self._apply(command)
+        self._inbox.extend(waiting)
+        if self.state is AgentState.PAUSED:
+            self._wait_while_paused()
+
+    def _apply(self, command: MitigationCommand) -> None:
+        late = command.effective_step is not None and self.step_count > command.effective_step
+        note = f"late by {self.step_count - command.effective_step} steps" if late else None
+        try:
+            exit_code = self._perform(command)
+        except Exception as exc:  # a user callback failed: report it, keep training
+            self._ack(command, AckStatus.FAILED, f"{type(exc).__name__}: {exc}"[:500], self.step_count)
+            return
+        if exit_code is None:
+            self._ack(command, AckStatus.APPLIED, note, self.step_count)
+            return
+        self._ack(command, AckStatus.APPLIED, command.reason[:500], self.step_count)
+        for callback in self._restart_callbacks:
+            callback()
+        self.exit_reason = f"{command.action.value.lower()}: {command.reason}"[:500]
+        raise WorkerExit(exit_code, self.exit_reason)
+
+    def _perform(self, command: MitigationCommand) -> int | None:
+        """Carry out one command; an exit code means the process must end."""
+        action = command.action
+        if action is CommandAction.ADJUST_BATCH_SIZE:
+            self.batch_size = command.batch_size
+            for callback in self._batch_size_callbacks:
+                callback(command.batch_size)
+        elif action is CommandAction.SET_SHARD_QUOTA:
+            self.shard_quota = command.shard_quota
+            for callback in self._quota_callbacks:
+                callback(command.shard_quota)
+        elif action is CommandAction.PAUSE:
+            self.state = AgentState.PAUSED
+            self._resumed.clear()
+        elif action is CommandAction.RESUME:
+            self.state = AgentState.RUNNING
+        elif action is CommandAction.RESTART:
+            return EXIT_RESTART
+        elif action is CommandAction.EVICT:
+            return EXIT_EVICTED
+        elif action is CommandAction.CUSTOM:
+            handler = self._custom.get(command.custom_action)
+            if handler is None:
+                raise LookupError(f"no handler registered for custom action {command.custom_action!r}")
+            handler(command)
+        else:
+            raise LookupError(f"{action.value} is not an agent action")
+        return None
+
+    def _wait_while_paused(self) -> None:
+        """PAUSE: hold the training thread at this step boundary until RESUME (or exit).
+
+        Meant for workers that train independently (parameter-server style,
+        AntDT-ND). Under synchronous all-reduce a paused rank would hold every
+        other rank in its collective; there the controller shrinks the
+        worker's batch instead (AntDT-DD).
+        """
+        while self.state is AgentState.PAUSED and not self._stop.is_set():
+            self._resumed.wait(0.1)
+            if self._inbox:
+                self._apply_due()
+                return
+
+    # ------------------------------------------------------------ reporting
+
+    def _report_loop(self) -> None:
+        next_report = time.monotonic() + self.spec.report_interval_s
+        next_heartbeat = time.monotonic() + self.spec.heartbeat_interval_s
+        while not self._stop.wait(max(0.0, min(next_report, next_heartbeat) - time.monotonic())):
+            now = time.monotonic()
+            if now >= next_report:
+                self._report()
+                next_report += self.spec.report_interval_s
+            if now >= next_heartbeat:
+                self._lifecycle(LifecycleEvent.HEARTBEAT)
+                next_heartbeat += self.spec.heartbeat_interval_s
+
+    def _report(self) -> None:
+        """One WorkerMetrics for the steps since the last report."""
+        records = []
+        while self._records:
+            records.append(self._records.popleft())
+        summary = summarize(records)
+        now = utc_now()
+        window_start = getattr(self, "_window_start", None) or now
+        self._window_start = now
+        resources = self._sampler.sample() if self._sampler is not None else _zero_resources()
+        self._seq += 1
+        message = WorkerMetrics(
+            job_id=self.spec.job_id, worker_id=self.spec.worker_id, rank=self.spec.rank, node_id=self.spec.node_id,
+            seq=self._seq, incarnation=self.incarnation, window_start=window_start, window_end=now,
+            step_count=summary.step_count, first_step=summary.first_step, last_step=summary.last_step,
+            compute=summary.compute, data_wait_s=summary.data_wait_s, sync_wait_s=summary.sync_wait_s,
+            samples=summary.samples, local_batch_size=self.batch_size, resources=resources,
+        )
+        self._emitter.emit(self._topics["metrics"], self.spec.job_id, message)
+
+    def _lifecycle(self, event: LifecycleEvent, exit_code: int | None = None, reason: str | None = None) -> None:
+        message = WorkerLifecycle(
+            job_id=self.spec.job_id, worker_id=self.spec.worker_id, incarnation=self.incarnation, event=event,
+            timestamp=utc_now(), host=self.spec.host, node_id=self.spec.node_id, pid=os.getpid(), rank=self.spec.rank,
+            exit_code=exit_code, reason=reason,
+        )
+        self._emitter.emit(self._topics["lifecycle"], self.spec.job_id, message)
+
+    def _ack(self, command: MitigationCommand, status: AckStatus, reason: str | None, step: int | None = None) -> None:
+        ack = CommandAck(
+            command_id=command.command_id, job_id=self.spec.job_id, worker_id=self.spec.worker_id, status=status,
+            reason=reason, applied_step=step, controller_epoch=command.controller_epoch, timestamp=utc_now(),
+        )
+        self._emitter.emit(self._topics["acks"], self.spec.job_id, ack)
+
+    @property
+    def dropped_events(self) -> int:
+        """Events dropped because the bus was unreachable and the queue was full."""
+        return self._emitter.dropped
+
+
+def _make_sampler(device: int | None):
+    from antdt.worker.resources import ResourceSampler
+
+    sampler = ResourceSampler(device)
+    sampler.sample()  # prime the CPU counters
+    return sampler
+
+
+def _make_injector(settings: Settings):
+    if not settings.slowdown:
+        return None
+    from antdt.worker.injection import SlowdownSpec, StragglerInjector
+
+    injector = StragglerInjector(SlowdownSpec.parse(settings.slowdown), mode=settings.slowdown_mode)
+    injector.start()
+    return injector
+
+
+def _zero_resources():
+    from antdt.schemas.models import ResourceSnapshot
+
+    return ResourceSnapshot(process_cpu_percent=0, host_cpu_percent=0, cpu_steal_percent=0, load_1m=0, rss_bytes=0,
+                            host_memory_percent=0, io_read_bytes=0, io_write_bytes=0, net_sent_bytes=0, net_recv_bytes=0)

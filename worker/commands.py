@@ -1,0 +1,151 @@
+"""Mitigation commands on the worker side: verify, schedule, acknowledge.
+
+:class:`CommandVerifier` is pure. It decides, in this order, whether a command
+may be obeyed:
+
+1. it is for this job and this worker (else REJECTED "wrong target");
+2. with a signing key configured, it carries a valid HMAC (else REJECTED
+   "unsigned" / "bad signature") - checked before the epoch so a forged
+   command cannot raise the epoch the agent trusts;
+3. its controller epoch is not older than the highest seen (else REJECTED
+   "stale epoch": a fenced controller);
+4. it has not expired (else REJECTED "expired");
+5. its id was not seen before (else REJECTED "duplicate": a replay);
+6. it is not a dry run (else IGNORED: published for audit only).
+
+Every rejection is counted by reason. :class:`CommandListener` reads the
+worker's own partition of ``controller.commands`` (manual assignment, no
+group), verifies, and queues accepted commands for the training thread,
+which applies them at step boundaries (see :mod:`antdt.worker.agent`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from antdt.bus.admin import partition_counts
+from antdt.bus.clients import make_admin, make_consumer, make_producer
+from antdt.bus.markers import marker_id, write_marker
+from antdt.bus.murmur2 import partition_for
+from antdt.bus.readers import assign_now, poll_batch
+from antdt.errors import AntdtError, BusError
+from antdt.schemas.codec import Codec
+from antdt.schemas.models import AckStatus, MitigationCommand
+from antdt.settings import Settings
+from antdt.signing import verify
+from antdt.topics import topic_spec, worker_key
+
+log = logging.getLogger(__name__)
+
+REMEMBERED_IDS = 10_000
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of verification: obey (status None), or the ack to send and why."""
+
+    status: AckStatus | None
+    reason: str | None = None
+
+
+ACCEPT = Verdict(None)
+
+
+class CommandVerifier:
+    """Decides whether a command may be obeyed (see the module docstring for the order)."""
+
+    def __init__(self, job_id: str, worker_id: str, signing_key: bytes | None, clock=lambda: datetime.now(timezone.utc)):
+        self.job_id, self.worker_id, self.signing_key = job_id, worker_id, signing_key
+        self.clock = clock
+        self.highest_epoch = 0
+        self.rejected: Counter[str] = Counter()
+        self._seen: OrderedDict[str, None] = OrderedDict()
+
+    def check(self, command: MitigationCommand) -> Verdict:
+        verdict = self._check(command)
+        if verdict.status is AckStatus.REJECTED:
+            self.rejected[verdict.reason.split(":")[0]] += 1
+        return verdict
+
+    def _check(self, command: MitigationCommand) -> Verdict:
+        if command.job_id != self.job_id or command.target_worker != self.worker_id:
+            return Verdict(AckStatus.REJECTED, "wrong target")
+        if self.signing_key is not None:
+            if command.signature is None:
+                return Verdict(AckStatus.REJECTED, "unsigned")
+            if not verify(command, self.signing_key):
+                return Verdict(AckStatus.REJECTED, "bad signature")
+        if command.controller_epoch < self.highest_epoch:
+            return Verdict(AckStatus.REJECTED, f"stale epoch: {command.controller_epoch} < {self.highest_epoch}")
+        if command.expires_at <= self.clock():
+            return Verdict(AckStatus.REJECTED, "expired")
+        if command.command_id in self._seen:
+            return Verdict(AckStatus.REJECTED, "duplicate")
+        self._remember(command)
+        if command.dry_run:
+            return Verdict(AckStatus.IGNORED, "dry run")
+        return ACCEPT
+
+    def _remember(self, command: MitigationCommand) -> None:
+        self.highest_epoch = max(self.highest_epoch, command.controller_epoch)
+        self._seen[command.command_id] = None
+        while len(self._seen) > REMEMBERED_IDS:
+            self._seen.popitem(last=False)
+
+
+class CommandListener:
+    """Reads this worker's commands on a background thread and hands accepted ones over."""
+
+    def __init__(self, settings: Settings, job_id: str, worker_id: str, codec: Codec, verifier: CommandVerifier, on_verdict):
+        self._topic = topic_spec("controller", "commands").full_name(settings.topic_prefix)
+        self._key = worker_key(job_id, worker_id).encode()
+        self._codec = codec
+        self._verifier = verifier
+        self._on_verdict = on_verdict
+        self._settings = settings
+        self._consumer = make_consumer(settings, client_id=f"antdt-agent-{worker_id}", low_latency=True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="antdt-commands", daemon=True)
+        self.undecodable = 0
+
+    def start(self, timeout_s: float = 30.0) -> CommandListener:
+        """Position at the end of the partition (proven with a marker), then listen."""
+        partitions = partition_counts(make_admin(self._settings), [self._topic])[self._topic]
+        producer = make_producer(self._settings)
+        marker = write_marker(producer, self._topic, self._key)
+        assign_now(self._consumer, [TopicPartition(self._topic, partition_for(self._key, partitions), OFFSET_BEGINNING)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any(marker_id(m) == marker for m in poll_batch(self._consumer, 10_000, 0.05) if m.key() == self._key):
+                self._thread.start()
+                return self
+        raise BusError("could not position the command listener")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for message in poll_batch(self._consumer, 100, 0.1):
+                if message.key() != self._key or marker_id(message) is not None:
+                    continue
+                try:
+                    command = self._codec.decode(message.value())
+                except AntdtError as exc:
+                    self.undecodable += 1
+                    log.warning("undecodable command at offset %d: %s", message.offset(), exc)
+                    continue
+                if not isinstance(command, MitigationCommand):
+                    self.undecodable += 1
+                    continue
+                self._on_verdict(command, self._verifier.check(command))
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        self._consumer.close()

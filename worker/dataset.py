@@ -1,0 +1,112 @@
+"""``ShardedDataset``: a torch ``IterableDataset`` fed by the sharder.
+
+It wraps any indexable dataset. Iterating it asks the sharder for shards (up
+to the worker's quota, its prefetch depth), yields the samples of each
+(in a per-epoch, per-shard shuffled order when ``shuffle=True``), and reports
+STARTED before the first sample and DONE after the last. One iteration is
+one epoch: it ends when the sharder says the epoch is complete.
+
+DataLoader worker processes (``num_workers > 0``): each loader process is its
+own sharder client, named ``<worker>.loader<k>``, with its own quota; it pulls
+and reports its shards itself, so no shard is read twice and no coordination
+with the main process is needed. DONE is reported when a shard's last sample
+has been handed to the DataLoader; samples still in the loader's prefetch
+queue when a process dies were reported DONE but not trained. Restoring a
+checkpoint (REWIND) covers that exactly; without one, at most
+``prefetch_factor x num_workers`` batches are affected.
+
+Epochs: with ``num_workers=0`` the dataset moves to the next epoch by itself;
+with loader processes call :meth:`set_epoch` before each epoch, as with
+``DistributedSampler`` (the loader processes get a copy of the dataset).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator, Sequence
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from antdt.schemas.models import AssignmentStatus, DatasetSpec
+from antdt.settings import Settings
+from antdt.worker.shard_client import NoAnswer, ShardClient
+
+
+class ShardedDataset(IterableDataset):
+    """Yields the samples of the shards the sharder grants this worker (one pass = one epoch)."""
+
+    def __init__(self, source: Sequence, spec: DatasetSpec, *, settings: Settings, job_id: str, worker_id: str,
+                 quota: int = 2, shuffle: bool = True, request_timeout_s: float = 10.0, wait_s: float = 0.02):
+        if len(source) != spec.size:
+            raise ValueError(f"the dataset has {len(source)} samples but the spec says {spec.size}")
+        self.source, self.spec, self.settings = source, spec, settings
+        self.job_id, self.worker_id = job_id, worker_id
+        self.quota, self.shuffle = quota, shuffle
+        self.request_timeout_s, self.wait_s = request_timeout_s, wait_s
+        self.epoch = 0
+        self.finished = False
+        self._client: ShardClient | None = None
+        self._client_pid: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator:
+        client = self._client_for_this_process()
+        epoch = self.epoch
+        for shard, sample_epoch in self._shards(client, epoch):
+            client.started(sample_epoch, shard.shard_id, shard.attempt)
+            for position in self._positions(sample_epoch, shard):
+                yield self.source[position]
+            client.done(sample_epoch, shard.shard_id, shard.attempt)
+        if get_worker_info() is None:
+            self.epoch = epoch + 1
+
+    def _shards(self, client: ShardClient, epoch: int):
+        """Granted shards of ``epoch``, each once, until the sharder ends the epoch."""
+        seen: set[tuple[int, int]] = set()
+        while True:
+            try:
+                answer = client.request(epoch, quota=self.quota, timeout_s=self.request_timeout_s)
+            except NoAnswer:
+                continue  # the sharder is restarting or taking the job over: ask again
+            if answer.status is AssignmentStatus.FINISHED:
+                self.finished = True
+                return
+            if answer.status is AssignmentStatus.EPOCH_END or answer.epoch > epoch:
+                return
+            fresh = [s for s in answer.shards if (s.shard_id, s.attempt) not in seen]
+            if not fresh:
+                time.sleep(self.wait_s)  # WAIT: others hold the last shards of the epoch
+                continue
+            for shard in fresh:
+                seen.add((shard.shard_id, shard.attempt))
+                yield shard, answer.epoch
+
+    def _positions(self, epoch: int, shard) -> list[int]:
+        positions = list(range(shard.start, shard.start + shard.length))
+        if self.shuffle:
+            random.Random((self.spec.shuffle_seed, epoch, shard.shard_id).__hash__()).shuffle(positions)
+        return positions
+
+    def _client_for_this_process(self) -> ShardClient:
+        """One client per process: the main one, or each DataLoader worker process."""
+        import os
+
+        if self._client is None or self._client_pid != os.getpid():
+            info = get_worker_info()
+            identity = self.worker_id if info is None else f"{self.worker_id}.loader{info.id}"
+            self._client = ShardClient(self.settings, self.job_id, identity, self.spec)
+            self._client_pid = os.getpid()
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_client"] = None  # a Kafka client does not cross a process boundary
+        return state

@@ -1,0 +1,252 @@
+"""Different local batch sizes under synchronous data parallelism (AntDT-DD, as in LB-BSP).
+
+A straggler gets a smaller local batch and a leader a bigger one, the global
+batch staying constant. Plain DDP averages gradients with equal weights, which
+is only right when every rank holds the same number of samples. If each rank's
+loss is the *mean* over its local batch of ``b_i`` samples, the gradient of the
+global batch (``B = sum b_i`` samples) is ``sum_i (b_i / B) g_i``:
+:class:`WeightedGradientAverager` computes exactly that, so the update is the
+one a single process would make on the concatenated batch.
+
+Deadlock freedom: every call of :meth:`WeightedGradientAverager.sync` runs the
+same collectives in the same order on every rank, whatever the local batch
+sizes (zero included). The batch sizes themselves travel in the first
+collective, so the ranks never need to agree on them beforehand: a rank that
+applies a new size one step early or late changes which samples are trained,
+never the sequence of collectives, and the weights stay exact. The agreed
+effective step (:class:`BatchSizePlan`) is about the data, not about safety.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+
+import torch
+import torch.distributed as dist
+
+from antdt.errors import AntdtError
+
+SyncTimer = Callable[[], AbstractContextManager[object]]
+"""Makes a context manager entered around the collectives, to book their time as synchronisation."""
+
+
+class DistributedError(AntdtError):
+    """The ranks could not agree (a collective helper failed on some rank)."""
+
+
+def _no_timer() -> AbstractContextManager[object]:
+    return contextlib.nullcontext()
+
+
+def world_size(group: dist.ProcessGroup | None = None) -> int:
+    """Ranks in ``group``; 1 when torch.distributed is not initialised."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(group)
+
+
+def _collective_device(group: dist.ProcessGroup | None, params: list[torch.nn.Parameter]) -> torch.device:
+    """Where small control tensors live: next to the gradients, or where the backend needs them."""
+    if params:
+        return params[0].device
+    if "nccl" in str(dist.get_backend(group)).lower() and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _parameters(model_or_params: torch.nn.Module | Iterable[torch.Tensor]) -> list[torch.nn.Parameter]:
+    source = model_or_params.parameters() if isinstance(model_or_params, torch.nn.Module) else model_or_params
+    params, seen = [], set()
+    for param in source:
+        if param.requires_grad and id(param) not in seen:  # tied weights are reduced once
+            seen.add(id(param))
+            params.append(param)
+    return params
+
+
+class WeightedGradientAverager:
+    """Averages gradients across ranks weighted by local batch size.
+
+    Call :meth:`sync` after ``backward()`` and before ``optimizer.step()``, on
+    every rank, every step (a rank with no samples this step calls it too, with
+    ``local_batch_size=0``). Use it *instead of* DDP's own gradient averaging
+    (wrap the model in nothing, or use DDP's ``no_sync()``).
+
+    Collectives per call: one small all-reduce (the batch sizes and which
+    parameters have a gradient anywhere), then one all-reduce per (device,
+    dtype) of the gradients, flattened into one buffer, so the count stays
+    constant however many parameters the model has.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None, sync_timer: SyncTimer | None = None):
+        self.group = group
+        self.sync_timer = sync_timer
+
+    def sync(
+        self, model_or_params: torch.nn.Module | Iterable[torch.Tensor], local_batch_size: int,
+        sync_timer: SyncTimer | None = None,
+    ) -> int:
+        """Replace every rank's gradients by the global-batch gradient; returns the global batch size.
+
+        ``sync_timer`` (this call's, else the averager's, e.g. ``agent.sync_wait``)
+        is entered around the collectives: the first one is where a fast rank
+        waits for the slow ones, so its time is synchronisation, not compute.
+        With a timer on CUDA the call waits for the collectives to finish, so
+        the time booked is their real time.
+
+        A parameter whose gradient is None on a rank counts as zero there; it
+        ends with the reduced gradient on every rank, or None on every rank if
+        no rank with samples produced one (as in single-process training).
+        A rank with ``local_batch_size == 0`` contributes zero whatever its
+        gradients hold (stale values, even NaN). If the global batch is 0, all
+        gradients become None everywhere; skip the optimizer step then.
+        Without torch.distributed (or with one rank) nothing changes.
+        """
+        if isinstance(local_batch_size, bool) or not isinstance(local_batch_size, int) or local_batch_size < 0:
+            raise ValueError(f"local_batch_size must be an int >= 0, got {local_batch_size!r}")
+        params = _parameters(model_or_params)
+        if world_size(self.group) == 1:
+            return local_batch_size
+        for param in params:
+            if param.grad is not None and param.grad.is_sparse:
+                raise ValueError("sparse gradients are not supported")
+        timer = sync_timer or self.sync_timer
+        device = _collective_device(self.group, params)
+        contributes = local_batch_size > 0
+        # [b_i, has_grad_0, ..., has_grad_n]: the only step where the ranks learn about each other.
+        control = torch.tensor(
+            [local_batch_size] + [int(contributes and param.grad is not None) for param in params],
+            dtype=torch.int64, device=device,
+        )
+        with (timer or _no_timer)():
+            dist.all_reduce(control, op=dist.ReduceOp.SUM, group=self.group)
+            control = control.tolist()
+            global_batch, has_grad = control[0], control[1:]
+            weight = local_batch_size / global_batch if global_batch else 0.0
+            buckets: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
+            for param, anywhere in zip(params, has_grad):
+                if anywhere:
+                    buckets.setdefault((param.device, param.dtype), []).append(param)
+                else:
+                    param.grad = None  # consistent on every rank: no rank with samples had a gradient
+            flats = [self._flatten(members, weight, contributes) for members in buckets.values()]
+            works = [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True) for flat in flats]
+            for work in works:
+                work.wait()
+            if timer is not None:  # CUDA collectives return before they finish; the timer must see their end
+                for flat in flats:
+                    if flat.is_cuda:
+                        torch.cuda.current_stream(flat.device).synchronize()
+        for members, flat in zip(buckets.values(), flats):
+            self._unflatten(members, flat)
+        return global_batch
+
+    @staticmethod
+    def _flatten(members: list[torch.nn.Parameter], weight: float, contributes: bool) -> torch.Tensor:
+        """One buffer holding ``weight * grad`` of each member (zeros where absent or not contributing)."""
+        flat = torch.zeros(sum(p.numel() for p in members), dtype=members[0].dtype, device=members[0].device)
+        if contributes:
+            offset = 0
+            for param in members:
+                n = param.numel()
+                if param.grad is not None:
+                    flat[offset:offset + n].copy_(param.grad.reshape(-1)).mul_(weight)
+                offset += n
+        return flat
+
+    @staticmethod
+    def _unflatten(members: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+        offset = 0
+        for param in members:
+            n = param.numel()
+            reduced = flat[offset:offset + n].view_as(param)
+            if param.grad is None:
+                param.grad = reduced.clone()
+            else:
+                param.grad.copy_(reduced)  # in place: keeps the optimizer's and hooks' view of .grad
+            offset += n
+
+
+def agreed_checkpoint_version(
+    flush: Callable[[], None], ask: Callable[[], int], group: dist.ProcessGroup | None = None, src: int = 0,
+) -> int:
+    """The sharder's shard-state version for a checkpoint, the same on every rank.
+
+    Every rank flushes its shard reports, then waits for the others (so every
+    DONE any rank reported is covered), then rank ``src`` asks the sharder and
+    broadcasts the answer (``src`` is a global rank). If asking fails on
+    ``src`` the others raise too instead of waiting forever. Without
+    torch.distributed: flush, then ask.
+    """
+    flush()
+    if world_size(group) == 1:
+        return ask()
+    device = _collective_device(group, [])
+    dist.barrier(group=group)
+    version, failure = -1, None
+    if dist.get_rank() == src:
+        try:
+            version = int(ask())
+        except Exception as error:  # noqa: BLE001 - re-raised below, after the others are told
+            failure = error
+    box = torch.tensor([version], dtype=torch.int64, device=device)
+    dist.broadcast(box, src=src, group=group)
+    if failure is not None:
+        raise failure
+    version = int(box.item())
+    if version < 0:
+        raise DistributedError(f"rank {src} could not get a checkpoint version from the sharder")
+    return version
+
+
+class BatchSizePlan:
+    """A rank's local batch size per step, with changes that take effect at agreed steps.
+
+    Pure bookkeeping: a command "size S from step E" is recorded with
+    :meth:`schedule` when it arrives and read with :meth:`size_for` at each
+    step, so every rank switches at the same step however late the command
+    reached it (as long as it arrived before step E).
+    """
+
+    def __init__(self, initial: int):
+        self._check_size(initial)
+        self._steps: list[int] = []
+        self._sizes: list[int] = []
+        self.initial = initial
+
+    @staticmethod
+    def _check_size(size: int) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"batch size must be an int >= 0, got {size!r}")
+
+    def schedule(self, effective_step: int, size: int) -> None:
+        """Use ``size`` from ``effective_step`` on (until a later change). Idempotent; a later call for the same step wins."""
+        self._check_size(size)
+        if isinstance(effective_step, bool) or not isinstance(effective_step, int) or effective_step < 0:
+            raise ValueError(f"effective_step must be an int >= 0, got {effective_step!r}")
+        at = bisect.bisect_left(self._steps, effective_step)
+        if at < len(self._steps) and self._steps[at] == effective_step:
+            self._sizes[at] = size
+        else:
+            self._steps.insert(at, effective_step)
+            self._sizes.insert(at, size)
+
+    def size_for(self, step: int) -> int:
+        """The local batch size at ``step``."""
+        at = bisect.bisect_right(self._steps, step)
+        return self._sizes[at - 1] if at else self.initial
+
+    @property
+    def changes(self) -> list[tuple[int, int]]:
+        """The scheduled (effective_step, size) pairs in step order (plain types: fit a checkpoint's extra)."""
+        return list(zip(self._steps, self._sizes))
+
+    def forget_before(self, step: int) -> None:
+        """Fold the changes effective at or before ``step`` into ``initial``; ``size_for`` of earlier steps is lost."""
+        at = bisect.bisect_right(self._steps, step)
+        if at:
+            self.initial = self._sizes[at - 1]
+            del self._steps[:at], self._sizes[:at]

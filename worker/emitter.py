@@ -1,0 +1,101 @@
+"""Non-blocking event emission for the agent.
+
+Training must never wait on the bus. :meth:`EventEmitter.emit` only appends
+to a bounded in-memory queue; a background thread encodes (off the training
+thread) and hands records to the Kafka producer. When the bus is unreachable
+the producer's own queue fills, then ours: the oldest events are dropped and
+counted (:attr:`dropped`), the newest kept, so when the bus comes back the
+monitor sees the current picture first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+
+from confluent_kafka import KafkaError
+
+from antdt.bus.clients import make_producer
+from antdt.schemas.codec import Codec, make_codec
+from antdt.schemas.models import AvroModel
+from antdt.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class EventEmitter:
+    """Bounded, drop-oldest queue drained by a background producer thread."""
+
+    def __init__(self, settings: Settings, client_id: str, capacity: int = 1000, codec: Codec | None = None):
+        self._queue: deque[tuple[str, bytes, AvroModel]] = deque()
+        self.capacity = capacity
+        self.dropped = 0
+        self.delivered = 0
+        self.failed = 0
+        self._codec = codec or make_codec(settings.schema_registry_url)
+        self._producer = make_producer(
+            settings, client_id=client_id,
+            **{"queue.buffering.max.messages": capacity, "message.timeout.ms": 30_000, "linger.ms": 5},
+        )
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="antdt-emitter", daemon=True)
+
+    def start(self) -> EventEmitter:
+        self._thread.start()
+        return self
+
+    def emit(self, topic: str, key: str, message: AvroModel) -> None:
+        """Queue an event; never blocks. Over capacity, the oldest queued event is dropped."""
+        if len(self._queue) >= self.capacity:
+            try:
+                self._queue.popleft()
+                self.dropped += 1
+            except IndexError:
+                pass
+        self._queue.append((topic, key.encode(), message))
+        self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(0.1)
+            self._wake.clear()
+            self._drain()
+            self._producer.poll(0)
+        self._drain()
+
+    def _drain(self) -> None:
+        while self._queue:
+            topic, key, message = self._queue[0]
+            try:
+                value = self._codec.encode(message, topic)
+                self._producer.produce(topic, key=key, value=value, on_delivery=self._delivered)
+            except BufferError:  # the producer's queue is full: the bus is slow or away
+                self._producer.poll(0.05)
+                return
+            except Exception as exc:  # an unencodable event is a bug; never let it stop training
+                log.error("dropping an event that cannot be produced: %s", exc)
+                self.failed += 1
+            self._queue.popleft()
+
+    def _delivered(self, error: KafkaError | None, _message) -> None:
+        if error is None:
+            self.delivered += 1
+        else:
+            self.dropped += 1
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread and give queued events ``timeout_s`` to be delivered."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        remaining = self._producer.flush(timeout_s)
+        if remaining:
+            self.dropped += remaining
+            log.warning("agent shutdown: %d event(s) not delivered", remaining)
