@@ -17,6 +17,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/codec_bench.py
 	$(BIN)/python bench/broker_start_bench.py
 	$(BIN)/python bench/sharder_bench.py
+	$(BIN)/python bench/agent_bench.py
 
 venv: $(STAMP)
 

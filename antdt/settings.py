@@ -99,6 +99,15 @@ class Settings(BaseSettings):
             raise ValueError(f"expected an http(s):// URL, got {value!r}")
         return value
 
+    @field_validator("slowdown")
+    @classmethod
+    def _check_slowdown(cls, value: str | None) -> str | None:
+        if value:
+            from antdt.worker.injection import parse_slowdown
+
+            parse_slowdown(value)  # raises a one-line error naming what is wrong
+        return value or None
+
     @model_validator(mode="after")
     def _check_sasl(self) -> Settings:
         uses_sasl = self.security_protocol in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL)

@@ -239,6 +239,30 @@ class Agent:
         self.on_shard_quota(lambda quota: setattr(dataset, "quota", quota))
         return dataset
 
+    # ------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, path, model, optimizer, dataset, extra: dict | None = None) -> int:
+        """Save model, optimizer, step and the shard-state version together; returns the version.
+
+        Under DDP call it on every rank through
+        :func:`antdt.worker.ddp.agreed_checkpoint_version` first, so every
+        rank's reports are covered by the version rank 0 stores.
+        """
+        from antdt.worker.checkpoint import save_checkpoint
+
+        version = dataset.checkpoint_version(self.step_count)
+        save_checkpoint(path, model, optimizer, version, self.step_count, extra)
+        return version
+
+    def restore_checkpoint(self, path, model, optimizer, dataset):
+        """Load a checkpoint and rewind the job's shard state to the version stored with it."""
+        from antdt.worker.checkpoint import load_checkpoint
+
+        info = load_checkpoint(path, model, optimizer)
+        dataset.rewind(info.shard_version)
+        self.step_count = info.step
+        return info
+
     # ------------------------------------------------------------ callbacks
 
     def on_batch_size(self, callback: Callable[[int], None]) -> None:

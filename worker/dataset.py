@@ -6,6 +6,10 @@ to the worker's quota, its prefetch depth), yields the samples of each
 STARTED before the first sample and DONE after the last. One iteration is
 one epoch: it ends when the sharder says the epoch is complete.
 
+DONE is reported once a shard's last sample has been handed out and the
+consumer comes back for more, or takes a checkpoint (which happens at a step
+boundary, after the step that consumed it).
+
 DataLoader worker processes (``num_workers > 0``): each loader process is its
 own sharder client, named ``<worker>.loader<k>``, with its own quota; it pulls
 and reports its shards itself, so no shard is read twice and no coordination
@@ -14,6 +18,16 @@ has been handed to the DataLoader; samples still in the loader's prefetch
 queue when a process dies were reported DONE but not trained. Restoring a
 checkpoint (REWIND) covers that exactly; without one, at most
 ``prefetch_factor x num_workers`` batches are affected.
+
+Two DataLoader settings matter with loader processes (:func:`loader` sets both):
+
+* ``in_order=False``: shards are pulled dynamically, so one loader process
+  may wait for shards another holds. A DataLoader that insists on taking
+  batches from its processes in turn would wait for the waiting one while the
+  other's queue is full: a deadlock at the end of every epoch.
+* ``multiprocessing_context="spawn"`` (or "forkserver"): the default fork
+  copies a process whose Kafka client threads may hold locks at that instant,
+  and the child can hang on them.
 
 Epochs: with ``num_workers=0`` the dataset moves to the next epoch by itself;
 with loader processes call :meth:`set_epoch` before each epoch, as with
@@ -48,6 +62,7 @@ class ShardedDataset(IterableDataset):
         self.finished = False
         self._client: ShardClient | None = None
         self._client_pid: int | None = None
+        self._handed_out: tuple[int, int, int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -55,13 +70,30 @@ class ShardedDataset(IterableDataset):
     def __iter__(self) -> Iterator:
         client = self._client_for_this_process()
         epoch = self.epoch
+        keepalive_s = self.spec.lease_s / 4
         for shard, sample_epoch in self._shards(client, epoch):
             client.started(sample_epoch, shard.shard_id, shard.attempt)
-            for position in self._positions(sample_epoch, shard):
+            positions = self._positions(sample_epoch, shard)
+            renew_at = time.monotonic() + keepalive_s
+            for position in positions[:-1]:
                 yield self.source[position]
-            client.done(sample_epoch, shard.shard_id, shard.attempt)
+                if time.monotonic() >= renew_at:  # a slow consumer must not lose the shard it is reading
+                    client.started(sample_epoch, shard.shard_id, shard.attempt)
+                    renew_at = time.monotonic() + keepalive_s
+            # The last sample: once the consumer asks for more (or takes a
+            # checkpoint), the whole shard has been handed out.
+            self._handed_out = (sample_epoch, shard.shard_id, shard.attempt)
+            yield self.source[positions[-1]]
+            self._report_handed_out()
         if get_worker_info() is None:
             self.epoch = epoch + 1
+
+    def _report_handed_out(self) -> None:
+        """DONE for the shard whose last sample was handed out, if not reported yet."""
+        if self._handed_out is not None:
+            epoch, shard_id, attempt = self._handed_out
+            self._handed_out = None
+            self._client.done(epoch, shard_id, attempt)
 
     def _shards(self, client: ShardClient, epoch: int):
         """Granted shards of ``epoch``, each once, until the sharder ends the epoch."""
@@ -80,9 +112,11 @@ class ShardedDataset(IterableDataset):
             if not fresh:
                 time.sleep(self.wait_s)  # WAIT: others hold the last shards of the epoch
                 continue
-            for shard in fresh:
-                seen.add((shard.shard_id, shard.attempt))
-                yield shard, answer.epoch
+            # One shard per answer: the next request re-confirms what is still held,
+            # so a prefetched shard whose lease ran out meanwhile is never read.
+            shard = fresh[0]
+            seen.add((shard.shard_id, shard.attempt))
+            yield shard, answer.epoch
 
     def _positions(self, epoch: int, shard) -> list[int]:
         positions = list(range(shard.start, shard.start + shard.length))
@@ -101,6 +135,19 @@ class ShardedDataset(IterableDataset):
             self._client_pid = os.getpid()
         return self._client
 
+    def checkpoint_version(self, step: int | None = None) -> int:
+        """The shard-state version to store with a model checkpoint (reports flushed first)."""
+        client = self._client_for_this_process()
+        self._report_handed_out()  # the step that consumed its last sample is complete
+        client.flush()
+        return client.checkpoint(self.epoch, step)
+
+    def rewind(self, version: int) -> None:
+        """Restore the job's shard state to ``version`` (after loading the model checkpoint)."""
+        answer = self._client_for_this_process().rewind(self.epoch, version)
+        self.epoch = answer.epoch
+        self.finished = False
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
@@ -109,4 +156,15 @@ class ShardedDataset(IterableDataset):
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_client"] = None  # a Kafka client does not cross a process boundary
+        state["_handed_out"] = None
         return state
+
+
+def loader(dataset: ShardedDataset, batch_size: int, num_workers: int = 0, **options):
+    """A DataLoader configured for dynamic sharding (see the module docstring)."""
+    from torch.utils.data import DataLoader
+
+    if num_workers:
+        options.setdefault("in_order", False)
+        options.setdefault("multiprocessing_context", "spawn")
+    return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **options)

@@ -12,7 +12,7 @@ import sys
 import typer
 
 from antdt import __version__
-from antdt.cli import broker_cmd, demo_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd
+from antdt.cli import broker_cmd, demo_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd, worker_cmd
 from antdt.errors import AntdtError
 
 # typer >= 0.29 vendors click; its argument errors live here.
@@ -44,6 +44,7 @@ app.command("broker")(broker_cmd.broker)
 app.command("topics")(topics_cmd.topics)
 app.command("demo")(demo_cmd.demo)
 app.command("sharder")(sharder_cmd.sharder)
+app.command("worker")(worker_cmd.worker)
 app.command("replay")(sharder_tools_cmd.replay)
 app.command("audit")(sharder_tools_cmd.audit)
 

@@ -1,0 +1,117 @@
+"""Agent overhead per training step, and events per second per worker.
+
+    .venv/bin/python bench/agent_bench.py [--json] [--steps 200000] [--seconds 10]
+
+* overhead: ``agent.step()`` timed call by call (perf_counter_ns around each
+  call, minus the cost of the two timer reads measured the same way around
+  nothing), with the agent fully running on the embedded broker: reporter,
+  emitter and command listener threads live. Also whole loops: N iterations
+  with and without ``agent.step()``.
+* events: a worker stepping at ~1 kHz for N seconds at default settings
+  (1 s report interval, 5 s heartbeat); events counted on the topics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from antdt.broker import EmbeddedBroker
+from antdt.bus.admin import ensure_topics
+from antdt.bus.clients import consuming, make_admin
+from antdt.bus.markers import marker_id
+from antdt.bus.readers import assign_now, poll_batch
+from antdt.settings import BrokerProfile, Settings, load_settings
+from antdt.topics import topic_spec
+from antdt.worker.agent import Agent
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
+
+def timed_calls(call, n: int) -> list[int]:
+    clock = time.perf_counter_ns
+    samples = [0] * n
+    for i in range(n):
+        started = clock()
+        call()
+        samples[i] = clock() - started
+    return samples
+
+
+def bench_overhead(settings: Settings, steps: int) -> dict:
+    with Agent("bench-overhead", "w0", settings=settings) as agent:
+        nothing = timed_calls(lambda: None, steps)
+        with_step = timed_calls(agent.step, steps)
+        started = time.perf_counter()
+        for _ in range(steps):
+            pass
+        bare_loop = time.perf_counter() - started
+        started = time.perf_counter()
+        for _ in range(steps):
+            agent.step()
+        agent_loop = time.perf_counter() - started
+    base = statistics.median(nothing)
+    overhead = [max(0, s - base) for s in with_step]
+    return {
+        "steps": steps,
+        "step_call_overhead_us": {"median": round(statistics.median(overhead) / 1000, 3),
+                                  "p99": round(percentile(overhead, 0.99) / 1000, 3),
+                                  "mean": round(statistics.fmean(overhead) / 1000, 3)},
+        "loop_us_per_step": {"bare": round(bare_loop / steps * 1e6, 3), "with_agent": round(agent_loop / steps * 1e6, 3)},
+    }
+
+
+def count_events(settings: Settings, component: str, name: str, job: str) -> int:
+    topic = topic_spec(component, name).full_name(settings.topic_prefix)
+    partitions = topic_spec(component, name).partitions
+    count, idle = 0, 0
+    with consuming(settings) as consumer:
+        assign_now(consumer, [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        while idle < 10:
+            batch = [m for m in poll_batch(consumer, 10_000, 0.1) if marker_id(m) is None and m.key() == job.encode()]
+            count += len(batch)
+            idle = 0 if batch else idle + 1
+    return count
+
+
+def bench_events(settings: Settings, seconds: float) -> dict:
+    job = "bench-events"
+    with Agent(job, "w0", settings=settings) as agent:
+        started = time.monotonic()
+        steps = 0
+        while time.monotonic() - started < seconds:
+            time.sleep(0.001)
+            agent.step()
+            steps += 1
+        elapsed = time.monotonic() - started
+        dropped = agent.dropped_events
+    metrics = count_events(settings, "worker", "metrics", job)
+    lifecycle = count_events(settings, "worker", "lifecycle", job)
+    return {"seconds": round(elapsed, 2), "steps": steps, "metrics_events": metrics,
+            "metrics_events_per_s": round(metrics / elapsed, 2), "lifecycle_events": lifecycle,
+            "all_events_per_s": round((metrics + lifecycle) / elapsed, 2), "dropped": dropped}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--steps", type=int, default=200_000)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    with EmbeddedBroker() as broker:
+        settings = load_settings(bootstrap_servers=broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED,
+                                 topic_prefix="benchagent")
+        ensure_topics(make_admin(settings), settings)
+        report = {"overhead": bench_overhead(settings, args.steps), "events": bench_events(settings, args.seconds)}
+    print(json.dumps(report, indent=2) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
+
+
+if __name__ == "__main__":
+    main()
