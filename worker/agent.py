@@ -199,23 +199,21 @@ class Agent:
             self._apply_due()
         self._mark = time.perf_counter()  # injected delay, pauses and the agent's own work are not the next step's
 
-    @contextmanager
-    def data_wait(self) -> Iterator[None]:
-        """Time spent in here counts as waiting for data, not compute."""
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._data_wait += time.perf_counter() - started
+    def data_wait(self):
+        """Time spent in this context counts as waiting for data, not compute."""
+        return self._booked("_data_wait")
+
+    def sync_wait(self):
+        """Time spent in this context counts as blocked at synchronisation (all-reduce, barrier)."""
+        return self._booked("_sync_wait")
 
     @contextmanager
-    def sync_wait(self) -> Iterator[None]:
-        """Time spent in here counts as blocked at synchronisation (all-reduce, barrier)."""
+    def _booked(self, account: str) -> Iterator[None]:
         started = time.perf_counter()
         try:
             yield
         finally:
-            self._sync_wait += time.perf_counter() - started
+            setattr(self, account, getattr(self, account) + time.perf_counter() - started)
 
     def iterate(self, iterable: Iterable) -> Iterator:
         """Yield from ``iterable``, booking the time to get each item as data wait."""
