@@ -1,0 +1,248 @@
+"""Straggler and leader detection, pure (no Kafka): WorkerMetrics in, verdicts out.
+
+Per job, :class:`JobDetector` keeps each worker's recent reports, refreshes
+the job baseline every ``step_s`` of report time (the job's clock is the
+latest ``window_end`` seen) and judges each worker on each of its reports:
+
+* **statistic**: time per sample, (compute + data wait) / samples. Per sample,
+  so a batch-size change is never a slowdown; barrier time excluded, so a
+  worker that only waits for others is never a straggler.
+* **baseline**: median and MAD, across the job's workers, of their statistic
+  over the hopping window (``window_s`` wide, default 10 s).
+* **scores**: the worker's *recent* statistic (its last ``recent_reports``
+  reports, so an onset is seen within a couple of report intervals) against
+  the baseline: ``speed_ratio`` = recent / median, ``relative_score`` =
+  robust z = (recent - median) / (1.4826 MAD); ``individual_score`` =
+  window statistic / the worker's own best window so far.
+* **hysteresis**: a worker becomes a STRAGGLER after ``k`` consecutive
+  evaluations over both thresholds (ratio and z), and is CLEARED after ``k``
+  consecutive evaluations under the clear ratio; LEADER likewise for workers
+  faster than ``leader_ratio``.
+* **classes**: DETERMINISTIC if the episode began as the worker joined
+  (heterogeneous hardware: a stable speed ratio since the start); otherwise
+  TRANSIENT, escalated by a second verdict to PERSISTENT once the episode
+  lasts ``persistent_s``.
+* **evidence**: the worker's resource figures over the window that stand out
+  against the job's medians (steal, CPU contention, memory, IO, network,
+  GPU, data wait).
+
+Verdicts are emitted on changes only (onset, escalation, clear), each with a
+deterministic id.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from antdt.schemas.models import (
+    Evidence,
+    EvidenceCause,
+    StragglerClass,
+    StragglerVerdict,
+    VerdictKind,
+    VerdictWindow,
+    WorkerMetrics,
+    trusted,
+)
+
+MAD_SCALE = 1.4826
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Thresholds and windows; every field can be changed at run time."""
+
+    window_s: float = 10.0
+    step_s: float = 1.0
+    recent_reports: int = 1
+    straggler_ratio: float = 1.3
+    clear_ratio: float = 1.15
+    leader_ratio: float = 0.8
+    z_threshold: float = 3.0
+    k: int = 2
+    persistent_s: float = 30.0
+    min_workers: int = 3
+    join_grace_ticks: int = 3
+
+
+@dataclass
+class Episode:
+    kind: VerdictKind
+    classification: StragglerClass
+    started: datetime
+
+
+@dataclass
+class WorkerTrack:
+    """What the detector remembers about one worker."""
+
+    worker_id: str
+    node_id: str | None
+    reports: deque = field(default_factory=deque)
+    best_window: float | None = None
+    ticks_seen: int = 0
+    over: int = 0
+    under: int = 0
+    fast: int = 0
+    episode: Episode | None = None
+
+
+def _per_sample(reports) -> float | None:
+    samples = sum(r.samples for r in reports)
+    if samples <= 0:
+        return None
+    return sum(r.compute.sum_s + r.data_wait_s for r in reports) / samples
+
+
+class JobDetector:
+    """Detects stragglers and leaders in one job (see the module docstring)."""
+
+    def __init__(self, job_id: str, config: DetectorConfig | None = None):
+        self.job_id = job_id
+        self.config = config or DetectorConfig()
+        self.workers: dict[str, WorkerTrack] = {}
+        self.clock: datetime | None = None
+        self.next_tick: datetime | None = None
+        self.baseline: tuple[float, float] | None = None
+        self.stats: dict[str, float] = {}
+
+    def observe(self, report: WorkerMetrics) -> list[StragglerVerdict]:
+        """Add one report and judge its worker against the job baseline.
+
+        The baseline (median and MAD of the workers' window statistics) is
+        recomputed every ``step_s`` of report time; the worker is judged on
+        its own report at once, so an onset is caught on the reports that
+        show it, not a tick later.
+        """
+        track = self.workers.get(report.worker_id)
+        if track is None:
+            track = self.workers[report.worker_id] = WorkerTrack(report.worker_id, report.node_id)
+        track.reports.append(report)
+        if self.clock is None or report.window_end > self.clock:
+            self.clock = report.window_end
+        if self.next_tick is None or self.clock >= self.next_tick:
+            self._rebaseline(self.clock)
+            self.next_tick = self.clock + timedelta(seconds=self.config.step_s)
+        return self._judge(track, report.window_end)
+
+    def _rebaseline(self, now: datetime) -> None:
+        """Drop reports older than the window; recompute the job's median and spread."""
+        window_start = now - timedelta(seconds=self.config.window_s)
+        stats: dict[str, float] = {}
+        for track in list(self.workers.values()):
+            while track.reports and track.reports[0].window_end <= window_start:
+                track.reports.popleft()
+            if not track.reports:
+                del self.workers[track.worker_id]  # silent for a whole window: out of the baseline
+                continue
+            value = _per_sample(track.reports)
+            if value is not None:
+                stats[track.worker_id] = value
+                track.best_window = value if track.best_window is None else min(track.best_window, value)
+        self.stats = stats
+        if len(stats) < self.config.min_workers:
+            self.baseline = None
+            return
+        median = statistics.median(stats.values())
+        mad = statistics.median(abs(v - median) for v in stats.values())
+        self.baseline = (median, max(MAD_SCALE * mad, 0.01 * median, 1e-12))
+
+    def _judge(self, track: WorkerTrack, now: datetime) -> list[StragglerVerdict]:
+        if self.baseline is None or track.worker_id not in self.stats:
+            return []
+        config = self.config
+        median, spread = self.baseline
+        track.ticks_seen += 1
+        window_stat = _per_sample(track.reports) or self.stats[track.worker_id]
+        recent = _per_sample(list(track.reports)[-config.recent_reports:]) or window_stat
+        ratio = recent / median
+        scores = ((recent - median) / spread, window_stat / (track.best_window or window_stat), ratio)
+        due = self._step(track, now, ratio, scores[0])
+        if due is None:
+            return []
+        window_start = now - timedelta(seconds=config.window_s)
+        return [self._verdict(track, due, now, window_start, scores, self.stats, median)]
+
+    def _step(self, track: WorkerTrack, now: datetime, ratio: float, z: float) -> tuple | None:
+        """Advance the worker's hysteresis; return (kind, class) when a verdict is due."""
+        config = self.config
+        slow = ratio >= config.straggler_ratio and z >= config.z_threshold
+        quick = ratio <= config.leader_ratio and z <= -config.z_threshold
+        track.over = track.over + 1 if slow else 0
+        track.fast = track.fast + 1 if quick else 0
+        episode = track.episode
+        if episode is None:
+            kind = VerdictKind.STRAGGLER if track.over >= config.k else VerdictKind.LEADER if track.fast >= config.k else None
+            if kind is None:
+                return None
+            began = now - timedelta(seconds=config.step_s * (config.k - 1))
+            joined = track.ticks_seen <= config.k + config.join_grace_ticks
+            classification = StragglerClass.DETERMINISTIC if joined else StragglerClass.TRANSIENT
+            track.episode = Episode(kind, classification, began)
+            track.under = 0
+            return kind, classification
+        back = ratio < config.clear_ratio if episode.kind is VerdictKind.STRAGGLER else ratio > 1 / config.clear_ratio
+        track.under = track.under + 1 if back else 0
+        if track.under >= config.k:
+            track.episode = None
+            return VerdictKind.CLEARED, StragglerClass.NONE
+        long_enough = (now - episode.started).total_seconds() >= config.persistent_s
+        if episode.classification is StragglerClass.TRANSIENT and long_enough:
+            episode.classification = StragglerClass.PERSISTENT
+            return episode.kind, StragglerClass.PERSISTENT
+        return None
+
+    # ------------------------------------------------------------ the verdict
+
+    def _verdict(self, track, due, now, window_start, scores, stats, median) -> StragglerVerdict:
+        kind, classification = due
+        relative, individual, ratio = scores
+        episode_start = track.episode.started if track.episode else None
+        return trusted(
+            StragglerVerdict,
+            verdict_id=f"{self.job_id}:{track.worker_id}:{int(now.timestamp() * 1000)}:{kind.value}",
+            job_id=self.job_id, worker_id=track.worker_id, node_id=track.node_id, kind=kind,
+            classification=classification, relative_score=float(relative), individual_score=float(individual),
+            speed_ratio=float(ratio),
+            window=trusted(VerdictWindow, start=window_start, end=now, reports=len(track.reports)),
+            episode_start=episode_start, evidence=evidence_for(track, self.workers), issued_at=now,
+        )
+
+
+# ---------------------------------------------------------------- evidence
+
+
+def _mean(reports, metric) -> float:
+    values = [metric(r) for r in reports]
+    return sum(values) / len(values) if values else 0.0
+
+
+_RESOURCE_CHECKS = (
+    (EvidenceCause.CPU_STEAL, "resources.cpu_steal_percent", lambda r: r.resources.cpu_steal_percent, "add", 5.0),
+    (EvidenceCause.CPU_CONTENTION, "resources.load_1m", lambda r: r.resources.load_1m, "add", 0.5),
+    (EvidenceCause.MEMORY_PRESSURE, "resources.host_memory_percent", lambda r: r.resources.host_memory_percent, "add", 15.0),
+    (EvidenceCause.IO, "resources.io_read_bytes", lambda r: r.resources.io_read_bytes + r.resources.io_write_bytes, "times", 3.0),
+    (EvidenceCause.NETWORK, "resources.net_recv_bytes", lambda r: r.resources.net_recv_bytes + r.resources.net_sent_bytes, "times", 3.0),
+    (EvidenceCause.DATA_WAIT, "data_wait_s", lambda r: r.data_wait_s / max(r.compute.sum_s + r.data_wait_s, 1e-9), "add", 0.2),
+)
+
+
+def evidence_for(track: WorkerTrack, workers: dict[str, WorkerTrack]) -> list[Evidence]:
+    """Resource figures of the worker that stand out against the job's medians."""
+    found = []
+    for cause, metric, read, how, margin in _RESOURCE_CHECKS:
+        value = _mean(track.reports, read)
+        baseline = statistics.median(_mean(t.reports, read) for t in workers.values())
+        stands_out = value > baseline + margin if how == "add" else value > max(baseline, 1.0) * margin
+        if stands_out:
+            found.append(trusted(Evidence, cause=cause, metric=metric, value=float(value), baseline=float(baseline),
+                                 detail=None))
+    return found
+
+
+def utc(seconds: float) -> datetime:
+    """Seconds since the epoch as an aware datetime (for traces and tests)."""
+    return datetime.fromtimestamp(seconds, timezone.utc)

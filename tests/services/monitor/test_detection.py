@@ -1,0 +1,50 @@
+"""The detector's mechanics: verdict contents, evidence, baseline membership."""
+
+from __future__ import annotations
+
+from antdt.schemas.codec import SingleObjectCodec
+from antdt.schemas.models import EvidenceCause, StragglerVerdict, VerdictKind
+from antdt.services.monitor.detection import DetectorConfig, JobDetector
+from antdt.services.monitor.traces import Episode, TraceSpec, generate
+
+
+def verdicts_for(spec: TraceSpec, config: DetectorConfig | None = None, seed: int = 0, mutate=None):
+    detector = JobDetector("trace", config)
+    out = []
+    for report in generate(spec, seed):
+        if mutate is not None:
+            report = mutate(report)
+        out += detector.observe(report)
+    return out
+
+
+def test_verdicts_are_valid_messages_that_round_trip():
+    codec = SingleObjectCodec()
+    verdicts = verdicts_for(TraceSpec(seconds=70, episodes=[Episode("w2", 10, 70, 2.0)]))
+    assert verdicts
+    for verdict in verdicts:
+        decoded = codec.decode(codec.encode(StragglerVerdict.model_validate(verdict.model_dump())))
+        assert decoded.verdict_id == verdict.verdict_id and decoded.speed_ratio > 1.3
+    assert len({v.verdict_id for v in verdicts}) == len(verdicts)
+
+
+def test_cpu_steal_is_given_as_evidence():
+    def steal(report):
+        if report.worker_id != "w2":
+            return report
+        resources = report.resources.model_copy(update={"cpu_steal_percent": 30.0})
+        return report.model_copy(update={"resources": resources})
+
+    verdicts = verdicts_for(TraceSpec(seconds=40, episodes=[Episode("w2", 10, 40, 2.0)]), mutate=steal)
+    causes = {e.cause for e in verdicts[0].evidence}
+    assert verdicts[0].kind is VerdictKind.STRAGGLER and EvidenceCause.CPU_STEAL in causes
+
+
+def test_too_few_workers_give_no_baseline_and_no_verdict():
+    assert verdicts_for(TraceSpec(workers=2, seconds=40, episodes=[Episode("w1", 10, 40, 4.0)])) == []
+
+
+def test_thresholds_are_configurable():
+    spec = TraceSpec(seconds=60, episodes=[Episode("w1", 10, 60, 1.2)])
+    assert verdicts_for(spec) == []  # 1.2x is under the default 1.3
+    assert verdicts_for(spec, DetectorConfig(straggler_ratio=1.1, clear_ratio=1.05))
