@@ -21,11 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
-from collections import deque
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -40,7 +38,7 @@ from antdt.schemas.types import utc_now
 from antdt.services.sharder.core import CoreConfig, ShardCore
 from antdt.services.sharder.eventlog import LogWriter, log_topic, read_job_log, snapshot_topic
 from antdt.services.sharder.recovery import recover_job
-from antdt.services.sharder.state import JobState, from_ms
+from antdt.services.sharder.state import JobState
 from antdt.settings import BrokerProfile, Settings, load_settings
 from antdt.topics import topic_spec
 from antdt.worker.shard_client import ShardClient

@@ -133,6 +133,7 @@ class Agent:
         self._restart_callbacks: list[Callable[[], None]] = []
         self._custom: dict[str, Callable[[MitigationCommand], None]] = {}
         self._seq = 0
+        self._window_start = None
         codec = make_codec(self.settings.schema_registry_url)
         self._codec = codec
         self._emitter = EventEmitter(self.settings, client_id=f"antdt-agent-{self.spec.worker_id}", codec=codec)
@@ -384,8 +385,7 @@ class Agent:
             records.append(self._records.popleft())
         summary = summarize(records)
         now = utc_now()
-        window_start = getattr(self, "_window_start", None) or now
-        self._window_start = now
+        window_start, self._window_start = self._window_start or now, now
         resources = self._sampler.sample() if self._sampler is not None else _zero_resources()
         self._seq += 1
         message = WorkerMetrics(

@@ -23,19 +23,15 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from antdt.bus.admin import partition_counts
-from antdt.bus.clients import make_admin, make_consumer, make_producer
-from antdt.bus.markers import marker_id, write_marker
-from antdt.bus.murmur2 import partition_for
-from antdt.bus.readers import assign_now, poll_batch
-from antdt.errors import AntdtError, BusError
+from antdt.bus.clients import make_consumer, make_producer
+from antdt.bus.markers import marker_id
+from antdt.bus.readers import follow_key, poll_batch
+from antdt.errors import AntdtError
 from antdt.schemas.codec import Codec
 from antdt.schemas.models import AckStatus, MitigationCommand
 from antdt.settings import Settings
@@ -117,16 +113,11 @@ class CommandListener:
 
     def start(self, timeout_s: float = 30.0) -> CommandListener:
         """Position at the end of the partition (proven with a marker), then listen."""
-        partitions = partition_counts(make_admin(self._settings), [self._topic])[self._topic]
         producer = make_producer(self._settings)
-        marker = write_marker(producer, self._topic, self._key)
-        assign_now(self._consumer, [TopicPartition(self._topic, partition_for(self._key, partitions), OFFSET_BEGINNING)])
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if any(marker_id(m) == marker for m in poll_batch(self._consumer, 10_000, 0.05) if m.key() == self._key):
-                self._thread.start()
-                return self
-        raise BusError("could not position the command listener")
+        for _ in follow_key(self._settings, self._consumer, producer, self._topic, self._key, timeout_s=timeout_s):
+            pass  # commands from before this incarnation started are not ours to apply
+        self._thread.start()
+        return self
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -13,14 +13,11 @@ import itertools
 import time
 import uuid
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from antdt.bus.admin import partition_counts
-from antdt.bus.clients import make_admin, make_consumer, make_producer
-from antdt.bus.markers import marker_id, write_marker
-from antdt.bus.murmur2 import partition_for
-from antdt.bus.readers import assign_now, poll_batch
-from antdt.errors import AntdtError, BusError
+from antdt.bus.clients import make_consumer, make_producer
+from antdt.bus.markers import marker_id
+from antdt.bus.readers import follow_key, poll_batch
+from antdt.errors import AntdtError
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import DatasetSpec, ProgressKind, ShardAssignment, ShardProgress
 from antdt.schemas.types import utc_now
@@ -48,17 +45,10 @@ class ShardClient:
         self._highest_writer_epoch = 0
         self._position_reader(settings)
 
-    def _position_reader(self, settings: Settings, timeout_s: float = 30.0) -> None:
-        partitions = partition_counts(make_admin(settings), [self._assignments_topic])[self._assignments_topic]
-        partition = partition_for(self._key, partitions)
-        marker = write_marker(self._producer, self._assignments_topic, self._key)
-        assign_now(self._consumer, [TopicPartition(self._assignments_topic, partition, OFFSET_BEGINNING)])
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for message in poll_batch(self._consumer, 1000, 0.05):
-                if message.key() == self._key and marker_id(message) == marker:
-                    return
-        raise BusError(f"could not position the assignment reader of {self.worker_id}")
+    def _position_reader(self, settings: Settings) -> None:
+        """Read our partition up to a fresh marker: no answer can slip past the reader after this."""
+        for _ in follow_key(settings, self._consumer, self._producer, self._assignments_topic, self._key, timeout_s=30.0):
+            pass
 
     # ------------------------------------------------------------ sending
 

@@ -9,13 +9,15 @@ it for their own assignments and commands.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message, Producer, TopicPartition
 
 from antdt.bus.clients import make_admin, make_consumer
 from antdt.bus.admin import partition_counts
 from antdt.bus.deadletter import DeadLetter, SourceRecord
+from antdt.bus.markers import marker_id, write_marker
 from antdt.bus.murmur2 import partition_for
 from antdt.errors import AntdtError, BusError
 from antdt.schemas.codec import Codec
@@ -52,6 +54,44 @@ def assign_now(consumer: Consumer, partitions: list[TopicPartition], timeout_s: 
     for topic in sorted({tp.topic for tp in partitions}):
         consumer.list_topics(topic, timeout=timeout_s)
     consumer.assign(partitions)
+
+
+_PARTITION_COUNTS: dict[tuple[str, str], int] = {}
+
+
+def key_partition(settings: Settings, topic: str, key: bytes | str) -> int:
+    """The partition ``key`` lands on (the topic's partition count is looked up once)."""
+    cache_key = (settings.bootstrap_servers, topic)
+    if cache_key not in _PARTITION_COUNTS:
+        _PARTITION_COUNTS[cache_key] = partition_counts(make_admin(settings), [topic])[topic]
+    return partition_for(key, _PARTITION_COUNTS[cache_key])
+
+
+def follow_key(
+    settings: Settings, consumer: Consumer, producer: Producer, topic: str, key: bytes,
+    start: int = OFFSET_BEGINNING, timeout_s: float = 60.0,
+) -> Iterator[Message]:
+    """Assign ``key``'s partition from ``start`` and yield its records up to a fresh marker.
+
+    Catching up is proven by reading back a marker written first, never by the
+    high watermark (wrong on the embedded broker). When the generator ends the
+    consumer stays assigned just past the marker, so a caller that goes on
+    reading misses nothing written to ``key`` afterwards.
+    """
+    partition = key_partition(settings, topic, key)
+    marker = write_marker(producer, topic, key)
+    assign_now(consumer, [TopicPartition(topic, partition, start)])
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for message in poll_batch(consumer, 10_000, 0.05):
+            if message.key() != key:
+                continue
+            found = marker_id(message)
+            if found == marker:
+                return
+            if found is None:
+                yield message
+    raise BusError(f"did not reach the marker in {topic}[{partition}] within {timeout_s:.0f} s")
 
 
 def poll_batch(consumer: Consumer, max_records: int, timeout_s: float) -> list[Message]:
@@ -97,8 +137,7 @@ class KeyedReader:
         self.key = key.encode()
         self._codec = codec
         self._deadletter = deadletter
-        count = partitions or partition_counts(make_admin(settings), [topic])[topic]
-        self.partition = partition_for(self.key, count)
+        self.partition = partition_for(self.key, partitions) if partitions else key_partition(settings, topic, self.key)
         self._consumer = make_consumer(settings, low_latency=low_latency)
         assign_now(self._consumer, [TopicPartition(topic, self.partition, start)])
 

@@ -164,7 +164,7 @@ class JobDetector:
         if due is None:
             return []
         window_start = now - timedelta(seconds=config.window_s)
-        return [self._verdict(track, due, now, window_start, scores, self.stats, median)]
+        return [self._verdict(track, due, now, window_start, scores)]
 
     def _step(self, track: WorkerTrack, now: datetime, ratio: float, z: float) -> tuple | None:
         """Advance the worker's hysteresis; return (kind, class) when a verdict is due."""
@@ -197,7 +197,7 @@ class JobDetector:
 
     # ------------------------------------------------------------ the verdict
 
-    def _verdict(self, track, due, now, window_start, scores, stats, median) -> StragglerVerdict:
+    def _verdict(self, track, due, now, window_start, scores) -> StragglerVerdict:
         kind, classification = due
         relative, individual, ratio = scores
         episode_start = track.episode.started if track.episode else None

@@ -30,7 +30,6 @@ What each report does (the state machine is in :mod:`state`):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from antdt.errors import AntdtError
 from antdt.schemas.models import (

@@ -16,16 +16,12 @@ notice that a newer writer took over without decoding anything.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, Producer
 
-from antdt.bus.clients import consuming, make_admin
-from antdt.bus.admin import partition_counts
-from antdt.bus.markers import marker_id, write_marker
-from antdt.bus.murmur2 import partition_for
-from antdt.bus.readers import assign_now, poll_batch
+from antdt.bus.clients import consuming
+from antdt.bus.readers import follow_key, key_partition
 from antdt.errors import BusError
 from antdt.schemas.codec import Codec
 from antdt.schemas.models import ShardLogEvent, ShardSnapshot
@@ -85,36 +81,17 @@ class LogWriter:
             raise BusError(f"shard log append failed: {remaining} undelivered, errors: {errors[:3]}")
 
 
-_PARTITION_COUNTS: dict[tuple[str, str], int] = {}
-
-
 def job_partition(settings: Settings, topic: str, job_id: str) -> int:
-    """The partition a job's records live in (partition counts are looked up once per topic)."""
-    cache_key = (settings.bootstrap_servers, topic)
-    if cache_key not in _PARTITION_COUNTS:
-        _PARTITION_COUNTS[cache_key] = partition_counts(make_admin(settings), [topic])[topic]
-    return partition_for(job_id, _PARTITION_COUNTS[cache_key])
+    """The partition a job's records live in."""
+    return key_partition(settings, topic, job_id)
 
 
 def read_until_marker(
     settings: Settings, topic: str, key: bytes, start: int, producer: Producer, timeout_s: float = READ_TIMEOUT_S,
 ) -> Iterator[Message]:
     """Every record with ``key`` in its partition from ``start`` up to a fresh marker."""
-    partition = job_partition(settings, topic, key.decode())
-    marker = write_marker(producer, topic, key)
-    deadline = time.monotonic() + timeout_s
     with consuming(settings, client_id="antdt-sharder-recovery") as consumer:
-        assign_now(consumer, [TopicPartition(topic, partition, start)])
-        while time.monotonic() < deadline:
-            for message in poll_batch(consumer, 10_000, 0.05):
-                if message.key() != key:
-                    continue
-                found = marker_id(message)
-                if found == marker:
-                    return
-                if found is None:
-                    yield message
-    raise BusError(f"did not reach the marker in {topic}[{partition}] within {timeout_s:.0f} s")
+        yield from follow_key(settings, consumer, producer, topic, key, start, timeout_s)
 
 
 def read_job_log(

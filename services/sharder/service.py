@@ -37,8 +37,7 @@ from confluent_kafka import KafkaException, Message
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin, make_consumer, make_producer
 from antdt.bus.deadletter import DeadLetter, SourceRecord
-from antdt.bus.readers import decode_or_deadletter, poll_batch
-from antdt.errors import AntdtError
+from antdt.bus.readers import decode_or_deadletter, key_partition, poll_batch
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import LifecycleEvent, ProgressKind, ShardAssignment, ShardLogEvent, ShardProgress, WorkerLifecycle
 from antdt.services.sharder import metrics
@@ -136,14 +135,9 @@ class SharderService:
     def _on_revoke(self, consumer, partitions) -> None:
         """Partitions moved to another instance: it takes their jobs over, we stop writing for them."""
         lost = {p.partition for p in partitions if p.topic == self._progress_topic}
-        for job_id in [j for j in self.jobs if self._partition_of(j) in lost]:
+        for job_id in [j for j in self.jobs if key_partition(self.settings, self._progress_topic, j) in lost]:
             del self.jobs[job_id]
         metrics.JOBS.set(len(self.jobs))
-
-    def _partition_of(self, job_id: str) -> int:
-        from antdt.bus.murmur2 import partition_for
-
-        return partition_for(job_id, topic_spec("shard", "progress").partitions)
 
     # ------------------------------------------------------------ one cycle
 
@@ -292,6 +286,3 @@ class SharderService:
             return
         metrics.SNAPSHOTS.inc()
 
-
-class SharderError(AntdtError):
-    """The sharder cannot serve (lost its broker, lost an election it needs)."""

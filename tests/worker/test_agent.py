@@ -149,7 +149,7 @@ def test_refused_commands_are_acknowledged_as_rejected_and_counted(agent_setting
     fields = dict(fields)
     with Agent("job-agent", "w1", settings=agent_settings) as agent:
         if "after_epoch" in fields:
-            newer = send_command(agent_settings, batch_size=16, controller_epoch=fields.pop("after_epoch"))
+            send_command(agent_settings, batch_size=16, controller_epoch=fields.pop("after_epoch"))
             step_until(agent, lambda: agent.verifier.highest_epoch == 2)
         offset = fields.pop("expires_at_offset", None)
         if offset is not None:

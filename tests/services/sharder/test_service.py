@@ -119,7 +119,7 @@ def test_fencing_a_stale_writer(settings, topics):
     """A second sharder takes the job over; what the first writes afterwards is ignored."""
     dataset = spec(size=500, epochs=1)
     codec = SingleObjectCodec()
-    with running_sharder(settings, writer_id="old") as old, ShardClient(settings, "job-f", "w0", dataset) as client:
+    with running_sharder(settings, writer_id="old"), ShardClient(settings, "job-f", "w0", dataset) as client:
         client.request(0, quota=1)
         producer = make_producer(settings, **{"linger.ms": 0})
         new_core, _ = take_over(settings, "job-f", codec, producer, LogWriter(producer, log_topic(settings), codec),
