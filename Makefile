@@ -18,6 +18,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/broker_start_bench.py
 	$(BIN)/python bench/sharder_bench.py
 	$(BIN)/python bench/agent_bench.py
+	$(BIN)/python bench/monitor_bench.py
 
 venv: $(STAMP)
 

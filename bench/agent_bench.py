@@ -18,21 +18,15 @@ import json
 import statistics
 import time
 
+from benchlib import embedded_broker, fresh_settings, percentile
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from antdt.broker import EmbeddedBroker
-from antdt.bus.admin import ensure_topics
-from antdt.bus.clients import consuming, make_admin
+from antdt.bus.clients import consuming
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import assign_now, poll_batch
-from antdt.settings import BrokerProfile, Settings, load_settings
+from antdt.settings import Settings
 from antdt.topics import topic_spec
 from antdt.worker.agent import Agent
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
 
 
 def timed_calls(call, n: int) -> list[int]:
@@ -105,10 +99,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200_000)
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
-    with EmbeddedBroker() as broker:
-        settings = load_settings(bootstrap_servers=broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED,
-                                 topic_prefix="benchagent")
-        ensure_topics(make_admin(settings), settings)
+    with embedded_broker() as broker:
+        settings = fresh_settings(broker)
         report = {"overhead": bench_overhead(settings, args.steps), "events": bench_events(settings, args.seconds)}
     print(json.dumps(report, indent=2) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
 

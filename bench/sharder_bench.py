@@ -18,18 +18,13 @@
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
-import sys
 import time
+from contextlib import ExitStack
 
+from benchlib import bench_parser, distribution, embedded_broker, emit, fresh_settings
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from antdt.broker import EmbeddedBroker
-from antdt.bus.admin import ensure_topics
-from antdt.bus.clients import make_admin, make_consumer, make_producer
+from antdt.bus.clients import make_consumer, make_producer
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import assign_now, poll_batch
 from antdt.schemas.codec import SingleObjectCodec
@@ -39,14 +34,10 @@ from antdt.services.sharder.core import CoreConfig, ShardCore
 from antdt.services.sharder.eventlog import LogWriter, log_topic, read_job_log, snapshot_topic
 from antdt.services.sharder.recovery import recover_job
 from antdt.services.sharder.state import JobState
-from antdt.settings import BrokerProfile, Settings, load_settings
+from antdt.launch import service_process
+from antdt.settings import Settings
 from antdt.topics import topic_spec
 from antdt.worker.shard_client import ShardClient
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
 
 
 # ---------------------------------------------------------------- core
@@ -100,13 +91,6 @@ def bench_core() -> dict:
 # ---------------------------------------------------------------- service
 
 
-def start_sharder(settings: Settings, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "ANTDT_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "ANTDT_BROKER_PROFILE": "embedded",
-           "ANTDT_TOPIC_PREFIX": settings.topic_prefix}
-    return subprocess.Popen([sys.executable, "-m", "antdt.cli.main", "sharder", "--http-port", "0", "--log-level", "WARNING", *extra],
-                            env=env, stdout=subprocess.DEVNULL)
-
-
 def bench_service(settings: Settings, seconds: float, workers: int = 200, quota: int = 16) -> dict:
     """Closed-loop load: every answer is turned at once into DONEs and a new request."""
     job = "svc-bench"
@@ -114,7 +98,8 @@ def bench_service(settings: Settings, seconds: float, workers: int = 200, quota:
     codec = SingleObjectCodec()
     progress = topic_spec("shard", "progress").full_name(settings.topic_prefix)
     assignments = topic_spec("shard", "assignments").full_name(settings.topic_prefix)
-    sharder = start_sharder(settings)
+    sharder = ExitStack()
+    sharder.enter_context(service_process(settings, "sharder"))
     producer = make_producer(settings, **{"linger.ms": 2})
     consumer = make_consumer(settings, low_latency=True)
     assign_now(consumer, [TopicPartition(assignments, p, OFFSET_BEGINNING) for p in range(topic_spec("shard", "assignments").partitions)])
@@ -152,8 +137,7 @@ def bench_service(settings: Settings, seconds: float, workers: int = 200, quota:
             producer.poll(0)
     finally:
         producer.flush(10)
-        sharder.terminate()
-        sharder.wait(30)
+        sharder.close()
     events = [e for _, e in read_job_log(settings, job, codec, producer)]
     window = (events[-1].timestamp - events[0].timestamp).total_seconds()
     return {"transitions": len(events), "seconds": round(window, 3), "transitions_per_s": round(len(events) / window),
@@ -165,9 +149,8 @@ def bench_service(settings: Settings, seconds: float, workers: int = 200, quota:
 
 def bench_latency(settings: Settings, requests: int = 1000) -> dict:
     spec = DatasetSpec(name="lat", size=1_000_000, shard_size=10, epochs=1, shuffle_seed=1, max_attempts=3, lease_s=600)
-    sharder = start_sharder(settings)
     samples = []
-    try:
+    with service_process(settings, "sharder"):
         with ShardClient(settings, "lat-bench", "w0", spec) as client:
             client.request(0, quota=1, timeout_s=30)  # the sharder takes the job over on first sight
             for _ in range(requests):
@@ -176,11 +159,7 @@ def bench_latency(settings: Settings, requests: int = 1000) -> dict:
                 samples.append((time.perf_counter() - began) * 1000)
                 for shard in answer.shards:
                     client.done(0, shard.shard_id, shard.attempt)
-    finally:
-        sharder.terminate()
-        sharder.wait(30)
-    return {"requests": requests, "p50_ms": round(percentile(samples, 0.5), 2), "p90_ms": round(percentile(samples, 0.9), 2),
-            "p99_ms": round(percentile(samples, 0.99), 2), "max_ms": round(max(samples), 2)}
+    return {"requests": requests, "latency_ms": distribution(samples, digits=2)}
 
 
 # ---------------------------------------------------------------- recovery
@@ -230,9 +209,7 @@ def bench_recovery(settings: Settings, events: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--only", default="core,service,latency,recovery")
+    parser = bench_parser(__doc__, "core,service,latency,recovery")
     parser.add_argument("--recovery-events", type=int, default=1_000_000)
     parser.add_argument("--service-seconds", type=float, default=10.0)
     args = parser.parse_args()
@@ -240,18 +217,15 @@ def main() -> None:
     report: dict = {}
     if "core" in parts:
         report["core"] = bench_core()
-    with EmbeddedBroker() as broker:
+    with embedded_broker() as broker:
         for part, run in (
             ("service", lambda s: bench_service(s, args.service_seconds)),
             ("latency", bench_latency),
             ("recovery", lambda s: bench_recovery(s, args.recovery_events)),
         ):
             if part in parts:
-                settings = load_settings(bootstrap_servers=broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED,
-                                         topic_prefix=f"bench{part}")
-                ensure_topics(make_admin(settings), settings)
-                report[part] = run(settings)
-    print(json.dumps(report, indent=2) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
+                report[part] = run(fresh_settings(broker))
+    emit(report, args.json)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,13 @@ def producer_config(settings: Settings, client_id: str | None = None) -> dict[st
     }
 
 
+def fetch_wait_ms(settings: Settings, low_latency: bool = False) -> int:
+    """The consumer fetch wait for the broker profile (librdkafka and Faust alike)."""
+    if settings.broker_profile is not BrokerProfile.EMBEDDED:
+        return KAFKA_CONSUMER["fetch.wait.max.ms"]
+    return (EMBEDDED_LOW_LATENCY if low_latency else EMBEDDED_CONSUMER)["fetch.wait.max.ms"]
+
+
 def consumer_config(
     settings: Settings, group_id: str, client_id: str | None = None, low_latency: bool = False
 ) -> dict[str, Any]:

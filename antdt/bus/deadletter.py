@@ -9,10 +9,10 @@ failed, and counted.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-
-from confluent_kafka import Producer
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,26 @@ class SourceRecord:
         )
 
 
+    @classmethod
+    def from_faust(cls, message: Any) -> SourceRecord:
+        """Adapt a Faust ``Message`` (headers come as a list of pairs or a mapping)."""
+        headers = message.headers or ()
+        pairs = headers.items() if isinstance(headers, Mapping) else headers
+        return cls(message.topic, message.partition, message.offset, message.key, message.value, tuple(pairs))
+
+
+class RecordSink(Protocol):
+    """What the dead-letter topic is written through: a confluent ``Producer`` or an adapter."""
+
+    def produce(self, topic: str, key: bytes | None = None, value: bytes | None = None, headers: Any = None) -> None: ...
+
+    def poll(self, timeout: float = 0) -> int: ...
+
+
 class DeadLetter:
     """Publishes failed records to the dead-letter topic and counts them."""
 
-    def __init__(self, producer: Producer, topic: str, service: str):
+    def __init__(self, producer: RecordSink, topic: str, service: str):
         self._producer = producer
         self.topic = topic
         self.service = service

@@ -19,10 +19,11 @@ from antdt.bus.clients import flush_or_raise
 MARKER_HEADER = "antdt.marker"
 
 
-def write_marker(producer: Producer, topic: str, key: bytes, timeout_s: float = 10.0) -> str:
-    """Append a marker to the partition of ``key`` and wait until it is written."""
+def write_marker(producer: Producer, topic: str, key: bytes, timeout_s: float = 10.0, partition: int | None = None) -> str:
+    """Append a marker to the partition of ``key`` (or to ``partition``) and wait until it is written."""
     marker = uuid.uuid4().hex
-    producer.produce(topic, key=key, value=b"", headers=[(MARKER_HEADER, marker.encode())])
+    where = {} if partition is None else {"partition": partition}
+    producer.produce(topic, key=key, value=b"", headers=[(MARKER_HEADER, marker.encode())], **where)
     flush_or_raise(producer, timeout_s)
     return marker
 

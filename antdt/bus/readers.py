@@ -73,25 +73,37 @@ def follow_key(
 ) -> Iterator[Message]:
     """Assign ``key``'s partition from ``start`` and yield its records up to a fresh marker.
 
-    Catching up is proven by reading back a marker written first, never by the
-    high watermark (wrong on the embedded broker). When the generator ends the
-    consumer stays assigned just past the marker, so a caller that goes on
-    reading misses nothing written to ``key`` afterwards.
+    When the generator ends the consumer stays assigned just past the marker,
+    so a caller that goes on reading misses nothing written to ``key`` afterwards.
     """
     partition = key_partition(settings, topic, key)
-    marker = write_marker(producer, topic, key)
-    assign_now(consumer, [TopicPartition(topic, partition, start)])
+    for message in read_to_markers(consumer, producer, topic, [partition], key, start, timeout_s):
+        if message.key() == key:
+            yield message
+
+
+def read_to_markers(
+    consumer: Consumer, producer: Producer, topic: str, partitions: list[int], marker_key: bytes,
+    start: int = OFFSET_BEGINNING, timeout_s: float = 60.0,
+) -> Iterator[Message]:
+    """Assign ``partitions`` from ``start`` and yield their records up to a fresh marker in each.
+
+    Catching up is proven by reading back a marker written first, never by the
+    high watermark (wrong on the embedded broker). Markers, ours and others',
+    are not yielded. The consumer stays assigned just past the markers.
+    """
+    pending = {p: write_marker(producer, topic, marker_key, partition=p) for p in partitions}
+    assign_now(consumer, [TopicPartition(topic, p, start) for p in partitions])
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while pending and time.monotonic() < deadline:
         for message in poll_batch(consumer, 10_000, 0.05):
-            if message.key() != key:
-                continue
             found = marker_id(message)
-            if found == marker:
-                return
             if found is None:
                 yield message
-    raise BusError(f"did not reach the marker in {topic}[{partition}] within {timeout_s:.0f} s")
+            elif pending.get(message.partition()) == found:
+                del pending[message.partition()]
+    if pending:
+        raise BusError(f"did not reach the marker in {topic}{sorted(pending)} within {timeout_s:.0f} s")
 
 
 def poll_batch(consumer: Consumer, max_records: int, timeout_s: float) -> list[Message]:

@@ -12,7 +12,7 @@ import sys
 import typer
 
 from antdt import __version__
-from antdt.cli import broker_cmd, demo_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd, worker_cmd
+from antdt.cli import broker_cmd, demo_cmd, monitor_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd, worker_cmd
 from antdt.errors import AntdtError
 
 # typer >= 0.29 vendors click; its argument errors live here.
@@ -45,6 +45,7 @@ app.command("topics")(topics_cmd.topics)
 app.command("demo")(demo_cmd.demo)
 app.command("sharder")(sharder_cmd.sharder)
 app.command("worker")(worker_cmd.worker)
+app.command("monitor")(monitor_cmd.monitor)
 app.command("replay")(sharder_tools_cmd.replay)
 app.command("audit")(sharder_tools_cmd.audit)
 

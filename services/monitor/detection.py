@@ -32,10 +32,13 @@ deterministic id.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+
+from antdt.errors import ConfigError
 
 from antdt.schemas.models import (
     Evidence,
@@ -67,6 +70,44 @@ class DetectorConfig:
     min_workers: int = 3
     join_grace_ticks: int = 3
 
+    def __post_init__(self) -> None:
+        problems = [message for broken, message in (
+            (self.window_s <= 0, "window_s must be > 0"),
+            (not 0 < self.step_s <= self.window_s, "step_s must be in (0, window_s]"),
+            (self.recent_reports < 1, "recent_reports must be >= 1"),
+            (not 1.0 < self.clear_ratio < self.straggler_ratio, "need 1 < clear_ratio < straggler_ratio"),
+            (not 0.0 < self.leader_ratio < 1.0, "leader_ratio must be in (0, 1)"),
+            (self.z_threshold < 0, "z_threshold must be >= 0"),
+            (self.k < 1, "k must be >= 1"),
+            (self.persistent_s <= 0, "persistent_s must be > 0"),
+            (self.min_workers < 2, "min_workers must be >= 2"),
+            (self.join_grace_ticks < 0, "join_grace_ticks must be >= 0"),
+        ) if broken]
+        if problems:
+            raise ConfigError(f"detector config: {'; '.join(problems)}")
+
+    def with_changes(self, changes: dict[str, str]) -> DetectorConfig:
+        """A copy with ``changes`` (field name -> text, as the control topic carries them) applied.
+
+        Raises ConfigError naming the key for an unknown field, a value that
+        does not parse, or a combination that breaks the invariants above.
+        """
+        types = {f.name: f.type for f in dataclasses.fields(self)}
+        parsed: dict[str, float | int] = {}
+        for key, text in changes.items():
+            if key not in types:
+                raise ConfigError(f"detector config: unknown key {key!r} (known: {', '.join(sorted(types))})")
+            parse = int if types[key] in ("int", int) else float
+            try:
+                parsed[key] = parse(text)
+            except ValueError:
+                raise ConfigError(f"detector config: {key}={text!r} is not {'an integer' if parse is int else 'a number'}") from None
+        return dataclasses.replace(self, **parsed)
+
+    @classmethod
+    def keys(cls) -> frozenset[str]:
+        return frozenset(f.name for f in dataclasses.fields(cls))
+
 
 @dataclass
 class Episode:
@@ -77,11 +118,20 @@ class Episode:
 
 @dataclass
 class WorkerTrack:
-    """What the detector remembers about one worker."""
+    """What the detector remembers about one worker.
+
+    ``reports`` is the worker's window; ``busy_s`` and ``samples`` are its
+    running sums (compute + data wait, samples), kept as reports enter and
+    leave so the window statistic costs O(1) per report.
+    """
 
     worker_id: str
     node_id: str | None
+    incarnation: str = ""
+    last_seq: int = -1
     reports: deque = field(default_factory=deque)
+    busy_s: float = 0.0
+    samples: int = 0
     best_window: float | None = None
     ticks_seen: int = 0
     over: int = 0
@@ -89,12 +139,35 @@ class WorkerTrack:
     fast: int = 0
     episode: Episode | None = None
 
+    def add(self, report: WorkerMetrics) -> None:
+        self.reports.append(report)
+        self.busy_s += _busy(report)
+        self.samples += report.samples
 
-def _per_sample(reports) -> float | None:
-    samples = sum(r.samples for r in reports)
-    if samples <= 0:
-        return None
-    return sum(r.compute.sum_s + r.data_wait_s for r in reports) / samples
+    def expire(self, window_start: datetime) -> None:
+        """Drop reports that ended at or before ``window_start``."""
+        reports = self.reports
+        while reports and reports[0].window_end <= window_start:
+            old = reports.popleft()
+            self.busy_s -= _busy(old)
+            self.samples -= old.samples
+        if not reports:
+            self.busy_s, self.samples = 0.0, 0
+
+    def window_stat(self) -> float | None:
+        """Per-sample time over the window."""
+        return self.busy_s / self.samples if self.samples > 0 else None
+
+    def recent_stat(self, count: int) -> float | None:
+        """Per-sample time over the last ``count`` reports."""
+        last = [self.reports[-i] for i in range(1, min(count, len(self.reports)) + 1)]
+        samples = sum(r.samples for r in last)
+        return sum(_busy(r) for r in last) / samples if samples > 0 else None
+
+
+def _busy(report: WorkerMetrics) -> float:
+    """The worker's own time in a report: compute and data wait, never barrier wait."""
+    return report.compute.sum_s + report.data_wait_s
 
 
 class JobDetector:
@@ -118,27 +191,43 @@ class JobDetector:
         show it, not a tick later.
         """
         track = self.workers.get(report.worker_id)
+        restarted: list[StragglerVerdict] = []
+        if track is not None and track.incarnation != report.incarnation:
+            restarted = self._forget(track, report.window_end)
+            track = None
         if track is None:
-            track = self.workers[report.worker_id] = WorkerTrack(report.worker_id, report.node_id)
-        track.reports.append(report)
+            track = self.workers[report.worker_id] = WorkerTrack(report.worker_id, report.node_id, report.incarnation)
+        if report.seq <= track.last_seq:
+            return restarted  # redelivered (input is at-least-once): seen already
+        track.last_seq = report.seq
+        track.add(report)
         if self.clock is None or report.window_end > self.clock:
             self.clock = report.window_end
         if self.next_tick is None or self.clock >= self.next_tick:
             self._rebaseline(self.clock)
             self.next_tick = self.clock + timedelta(seconds=self.config.step_s)
-        return self._judge(track, report.window_end)
+        return restarted + self._judge(track, report.window_end)
+
+    def _forget(self, track: WorkerTrack, now: datetime) -> list[StragglerVerdict]:
+        """A new incarnation (the worker restarted): its history ends, and so does any episode."""
+        del self.workers[track.worker_id]
+        if track.episode is None:
+            return []
+        track.episode = None
+        neutral = (0.0, 1.0, 1.0)  # relative, individual, ratio: nothing measured against the new process yet
+        return [self._verdict(track, (VerdictKind.CLEARED, StragglerClass.NONE), now,
+                              now - timedelta(seconds=self.config.window_s), neutral, evidence=[])]
 
     def _rebaseline(self, now: datetime) -> None:
         """Drop reports older than the window; recompute the job's median and spread."""
         window_start = now - timedelta(seconds=self.config.window_s)
         stats: dict[str, float] = {}
         for track in list(self.workers.values()):
-            while track.reports and track.reports[0].window_end <= window_start:
-                track.reports.popleft()
+            track.expire(window_start)
             if not track.reports:
                 del self.workers[track.worker_id]  # silent for a whole window: out of the baseline
                 continue
-            value = _per_sample(track.reports)
+            value = track.window_stat()
             if value is not None:
                 stats[track.worker_id] = value
                 track.best_window = value if track.best_window is None else min(track.best_window, value)
@@ -156,8 +245,8 @@ class JobDetector:
         config = self.config
         median, spread = self.baseline
         track.ticks_seen += 1
-        window_stat = _per_sample(track.reports) or self.stats[track.worker_id]
-        recent = _per_sample(list(track.reports)[-config.recent_reports:]) or window_stat
+        window_stat = track.window_stat() or self.stats[track.worker_id]
+        recent = track.recent_stat(config.recent_reports) or window_stat
         ratio = recent / median
         scores = ((recent - median) / spread, window_stat / (track.best_window or window_stat), ratio)
         due = self._step(track, now, ratio, scores[0])
@@ -197,7 +286,7 @@ class JobDetector:
 
     # ------------------------------------------------------------ the verdict
 
-    def _verdict(self, track, due, now, window_start, scores) -> StragglerVerdict:
+    def _verdict(self, track, due, now, window_start, scores, evidence=None) -> StragglerVerdict:
         kind, classification = due
         relative, individual, ratio = scores
         episode_start = track.episode.started if track.episode else None
@@ -208,7 +297,8 @@ class JobDetector:
             classification=classification, relative_score=float(relative), individual_score=float(individual),
             speed_ratio=float(ratio),
             window=trusted(VerdictWindow, start=window_start, end=now, reports=len(track.reports)),
-            episode_start=episode_start, evidence=evidence_for(track, self.workers), issued_at=now,
+            episode_start=episode_start, issued_at=now,
+            evidence=evidence_for(track, self.workers) if evidence is None else evidence,
         )
 
 

@@ -42,6 +42,7 @@ class TraceSpec:
     barrier_wait: dict[str, float] = field(default_factory=dict)  # worker -> sync seconds per step
     batch_changes: dict[str, tuple[float, int]] = field(default_factory=dict)  # worker -> (at_s, new size)
     start_s: float = 1_800_000_000.0
+    job_id: str = "trace"
 
 
 def factor(spec: TraceSpec, worker: str, t: float) -> float:
@@ -90,7 +91,7 @@ def _report(spec: TraceSpec, worker: str, seq: int, end_s: float, steps) -> Work
                      p50_s=compute[len(compute) // 2], p90_s=compute[int(0.9 * len(compute))])
              if compute else trusted(StepTimeStats, sum_s=0.0, min_s=0.0, max_s=0.0, p50_s=0.0, p90_s=0.0))
     return trusted(
-        WorkerMetrics, job_id="trace", worker_id=worker, rank=None, node_id=f"node-{worker}", seq=seq, incarnation="i",
+        WorkerMetrics, job_id=spec.job_id, worker_id=worker, rank=None, node_id=f"node-{worker}", seq=seq, incarnation="i",
         window_start=utc(spec.start_s + end_s - spec.interval_s), window_end=utc(spec.start_s + end_s),
         step_count=len(steps), first_step=steps[0][0] if steps else None, last_step=steps[-1][0] if steps else None,
         compute=stats, data_wait_s=0.0, sync_wait_s=sum(s for _, _, s, _ in steps),

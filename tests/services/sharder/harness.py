@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
 
 from antdt.bus.clients import make_producer
+from antdt.launch import service_process
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import AssignmentStatus, DatasetSpec, ShardTransition as T
 from antdt.services.sharder.audit import audit_log
@@ -38,23 +35,9 @@ def running_sharder(settings: Settings, config: SharderConfig | None = None, wri
 
 @contextmanager
 def sharder_process(settings: Settings, *extra: str):
-    """``antdt sharder`` as its own process, the way it is deployed."""
-    env = {
-        **os.environ, "ANTDT_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "ANTDT_BROKER_PROFILE": "embedded",
-        "ANTDT_TOPIC_PREFIX": settings.topic_prefix, "PYTHONUNBUFFERED": "1",
-    }
-    command = [sys.executable, "-m", "antdt.cli.main", "sharder", "--http-port", "0", "--log-level", "WARNING", *extra]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    """``antdt sharder`` as its own process, the way it is deployed; yields the Popen."""
+    with service_process(settings, "sharder", *extra) as service:
+        yield service.process
 
 
 def work_until_finished(client: ShardClient, deadline_s: float = 120.0, on_shard=None) -> int:

@@ -1,0 +1,101 @@
+"""The control-config topic: run-time changes that every instance of a component applies.
+
+A :class:`~antdt.schemas.models.ControlConfig` names a component (or ALL), an
+optional job (None: every job) and changes as ``<component>.<key>`` ->
+text, e.g. ``monitor.straggler_ratio=1.4``. Every instance must see every
+change, so the topic is read without a consumer group: from its start at
+launch (the history is the current configuration, folded in order) and then
+followed. Catching up is proven with markers (:mod:`antdt.bus.markers`).
+
+A record a follower cannot use is logged with its provenance and counted, not
+dead-lettered: every instance reads the whole topic at every start, so
+dead-lettering would copy the same record again each time. The record itself
+is kept by the topic; ``antdt control set`` validates before it writes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from confluent_kafka import Message
+
+from antdt.bus.admin import partition_counts
+from antdt.bus.clients import make_admin, make_consumer, make_producer
+from antdt.bus.markers import marker_id
+from antdt.bus.readers import poll_batch, read_to_markers
+from antdt.errors import AntdtError, ConfigError
+from antdt.schemas.codec import Codec, make_codec
+from antdt.schemas.models import ControlComponent, ControlConfig
+from antdt.settings import Settings
+from antdt.topics import topic_spec
+
+log = logging.getLogger(__name__)
+
+
+def control_topic(settings: Settings) -> str:
+    return topic_spec("control", "config").full_name(settings.topic_prefix)
+
+
+def key_prefix(component: ControlComponent) -> str:
+    """``monitor.`` for MONITOR: the prefix of the keys a component owns."""
+    return f"{component.value.lower()}."
+
+
+def changes_for(control: ControlConfig, component: ControlComponent) -> dict[str, str] | None:
+    """The changes meant for ``component``, keys without their prefix; None if not addressed to it.
+
+    A record addressed to ALL carries keys for several components and each
+    takes its own; one addressed to a single component must carry only that
+    component's keys (ConfigError otherwise).
+    """
+    if control.component not in (component, ControlComponent.ALL):
+        return None
+    prefix = key_prefix(component)
+    mine = {key[len(prefix):]: value for key, value in control.changes.items() if key.startswith(prefix)}
+    if control.component is component:
+        foreign = sorted(key for key in control.changes if not key.startswith(prefix))
+        if foreign:
+            raise ConfigError(f"{', '.join(foreign)}: a {component.value} change takes {prefix}* keys only")
+    return mine
+
+
+class ControlFollower:
+    """Reads the control topic from its start, then follows it; yields decoded changes in order."""
+
+    def __init__(self, settings: Settings, codec: Codec | None = None, client_id: str | None = None):
+        self._settings = settings
+        self._codec = codec or make_codec(settings.schema_registry_url)
+        self._client_id = client_id
+        self.topic = control_topic(settings)
+        self._consumer = make_consumer(settings, client_id=client_id)
+        self.unusable = 0
+
+    def catch_up(self, timeout_s: float = 30.0) -> list[ControlConfig]:
+        """Every change written so far (proven by markers); afterwards :meth:`poll` returns new ones."""
+        partitions = range(partition_counts(make_admin(self._settings), [self.topic])[self.topic])
+        producer = make_producer(self._settings, client_id=self._client_id)
+        records = read_to_markers(self._consumer, producer, self.topic, list(partitions), b"*", timeout_s=timeout_s)
+        return self._decode(records)
+
+    def poll(self, timeout_s: float = 0.0, max_records: int = 500) -> list[ControlConfig]:
+        """Changes that arrived since the last call."""
+        return self._decode(poll_batch(self._consumer, max_records, timeout_s))
+
+    def _decode(self, messages: Iterable[Message]) -> list[ControlConfig]:
+        changes = []
+        for message in messages:
+            if marker_id(message) is not None:
+                continue
+            try:
+                value = self._codec.decode(message.value() or b"", message.topic())
+                if not isinstance(value, ControlConfig):
+                    raise AntdtError(f"expected ControlConfig, got {type(value).__name__}")
+                changes.append(value)
+            except AntdtError as exc:
+                self.unusable += 1
+                log.warning("unusable control record %s[%d]@%d: %s", message.topic(), message.partition(), message.offset(), exc)
+        return changes
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,56 @@
+"""What every benchmark script shares: percentiles, a broker with fresh settings, output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from antdt.broker import EmbeddedBroker
+from antdt.bus.admin import ensure_topics
+from antdt.bus.clients import make_admin
+from antdt.settings import BrokerProfile, Settings, load_settings
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile of ``values`` (q in [0, 1])."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
+
+def distribution(values: list[float], digits: int = 3) -> dict[str, float]:
+    """n, min, p50, p90, p99 and max of ``values``."""
+    if not values:
+        return {"n": 0}
+    summary = {name: percentile(values, q) for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))}
+    return {"n": len(values), "min": round(min(values), digits),
+            **{k: round(v, digits) for k, v in summary.items()}, "max": round(max(values), digits)}
+
+
+def fresh_settings(broker: EmbeddedBroker, create_topics: bool = True) -> Settings:
+    """Settings for ``broker`` under a prefix of their own (topics created)."""
+    settings = load_settings(bootstrap_servers=broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED,
+                             topic_prefix=f"bench{uuid.uuid4().hex[:8]}")
+    if create_topics:
+        ensure_topics(make_admin(settings), settings)
+    return settings
+
+
+@contextmanager
+def embedded_broker() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker() as broker:
+        yield broker
+
+
+def bench_parser(doc: str, parts: str) -> argparse.ArgumentParser:
+    """The options every script has: ``--json`` and ``--only`` (comma-separated parts)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--only", default=parts, help=f"comma-separated subset of: {parts}")
+    return parser
+
+
+def emit(report: dict, as_json: bool) -> None:
+    print(json.dumps(report, indent=2) if as_json else report, flush=True)
