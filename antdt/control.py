@@ -15,8 +15,10 @@ is kept by the topic; ``antdt control set`` validates before it writes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
+from typing import Any, TypeVar
 
 from confluent_kafka import Message
 
@@ -31,6 +33,49 @@ from antdt.settings import Settings
 from antdt.topics import topic_spec
 
 log = logging.getLogger(__name__)
+
+C = TypeVar("C")
+_TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
+
+
+def _parse(kind: Any, key: str, text: str, what: str) -> Any:
+    name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+    try:
+        if name == "bool":
+            if text.strip().lower() not in _TRUE | _FALSE:
+                raise ValueError
+            return text.strip().lower() in _TRUE
+        if name == "int":
+            return int(text)
+        if name == "float":
+            return float(text)
+        return text
+    except ValueError:
+        article = {"bool": "true or false", "int": "an integer", "float": "a number"}[name]
+        raise ConfigError(f"{what}: {key}={text!r} is not {article}") from None
+
+
+def refuse_broken(what: str, checks: Iterable[tuple[bool, str]]) -> None:
+    """ConfigError listing every ``(broken, message)`` check that is broken."""
+    problems = [message for broken, message in checks if broken]
+    if problems:
+        raise ConfigError(f"{what}: {'; '.join(problems)}")
+
+
+def with_text_changes(config: C, changes: dict[str, str], what: str) -> C:
+    """A copy of the dataclass ``config`` with ``changes`` (field -> text, as the control topic carries them).
+
+    Values are parsed by the field's type (bool, int, float, str). ConfigError
+    names the key for an unknown field or a value that does not parse; the
+    dataclass's own ``__post_init__`` checks the combination.
+    """
+    types = {f.name: f.type for f in dataclasses.fields(config)}
+    parsed = {}
+    for key, text in changes.items():
+        if key not in types:
+            raise ConfigError(f"{what}: unknown key {key!r} (known: {', '.join(sorted(types))})")
+        parsed[key] = _parse(types[key], key, text, what)
+    return dataclasses.replace(config, **parsed)
 
 
 def control_topic(settings: Settings) -> str:
@@ -58,6 +103,45 @@ def changes_for(control: ControlConfig, component: ControlComponent) -> dict[str
         if foreign:
             raise ConfigError(f"{', '.join(foreign)}: a {component.value} change takes {prefix}* keys only")
     return mine
+
+
+class ConfigLayers:
+    """A component's configuration: defaults plus per-job overrides, changed by control records.
+
+    ``defaults`` is a dataclass with ``with_changes(dict[str, str])``. A
+    record is validated against every job it touches before anything is
+    applied, so an invalid one leaves the configuration as it was.
+    """
+
+    def __init__(self, component: ControlComponent, defaults: Any, check: Any = None):
+        self.component = component
+        self.defaults = defaults
+        self._check = check  # called with each new config before anything is applied; raises ConfigError
+        self.overrides: dict[str, dict[str, str]] = {}
+
+    def for_job(self, job_id: str) -> Any:
+        return self.defaults.with_changes(self.overrides.get(job_id, {}))
+
+    def apply(self, control: ControlConfig, live_jobs: Iterable[str] = ()) -> dict[str, Any] | None:
+        """Apply ``control`` if addressed to this component; the new config of every affected job.
+
+        Returns None when the record is not for this component; raises
+        ConfigError (nothing applied) when it is invalid.
+        """
+        changes = changes_for(control, self.component)
+        if changes is None:
+            return None
+        defaults, overrides = self.defaults, self.overrides
+        if control.job_id is None:
+            defaults = defaults.with_changes(changes)
+        else:
+            overrides = {**overrides, control.job_id: {**overrides.get(control.job_id, {}), **changes}}
+        configs = {job: defaults.with_changes(overrides.get(job, {})) for job in {*live_jobs, *overrides}}
+        if self._check is not None:
+            for config in (defaults, *configs.values()):
+                self._check(config)
+        self.defaults, self.overrides = defaults, overrides
+        return configs
 
 
 class ControlFollower:

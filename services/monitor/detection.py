@@ -38,7 +38,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from antdt.errors import ConfigError
+from antdt.control import refuse_broken, with_text_changes
 
 from antdt.schemas.models import (
     Evidence,
@@ -71,7 +71,7 @@ class DetectorConfig:
     join_grace_ticks: int = 3
 
     def __post_init__(self) -> None:
-        problems = [message for broken, message in (
+        refuse_broken("detector config", (
             (self.window_s <= 0, "window_s must be > 0"),
             (not 0 < self.step_s <= self.window_s, "step_s must be in (0, window_s]"),
             (self.recent_reports < 1, "recent_reports must be >= 1"),
@@ -82,27 +82,11 @@ class DetectorConfig:
             (self.persistent_s <= 0, "persistent_s must be > 0"),
             (self.min_workers < 2, "min_workers must be >= 2"),
             (self.join_grace_ticks < 0, "join_grace_ticks must be >= 0"),
-        ) if broken]
-        if problems:
-            raise ConfigError(f"detector config: {'; '.join(problems)}")
+        ))
 
     def with_changes(self, changes: dict[str, str]) -> DetectorConfig:
-        """A copy with ``changes`` (field name -> text, as the control topic carries them) applied.
-
-        Raises ConfigError naming the key for an unknown field, a value that
-        does not parse, or a combination that breaks the invariants above.
-        """
-        types = {f.name: f.type for f in dataclasses.fields(self)}
-        parsed: dict[str, float | int] = {}
-        for key, text in changes.items():
-            if key not in types:
-                raise ConfigError(f"detector config: unknown key {key!r} (known: {', '.join(sorted(types))})")
-            parse = int if types[key] in ("int", int) else float
-            try:
-                parsed[key] = parse(text)
-            except ValueError:
-                raise ConfigError(f"detector config: {key}={text!r} is not {'an integer' if parse is int else 'a number'}") from None
-        return dataclasses.replace(self, **parsed)
+        """A copy with ``changes`` (field name -> text, as the control topic carries them) applied."""
+        return with_text_changes(self, changes, "detector config")
 
     @classmethod
     def keys(cls) -> frozenset[str]:

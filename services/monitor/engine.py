@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from antdt.control import changes_for
+from antdt.control import ConfigLayers
 from antdt.errors import AntdtError
 from antdt.schemas.codec import Codec
 from antdt.schemas.models import ControlComponent, ControlConfig, StragglerVerdict, WorkerMetrics
@@ -35,8 +35,7 @@ class MonitorEngine:
 
     def __init__(self, codec: Codec, defaults: DetectorConfig | None = None, idle_job_s: float = 600.0):
         self._codec = codec
-        self.defaults = defaults or DetectorConfig()
-        self.overrides: dict[str, dict[str, str]] = {}
+        self.config = ConfigLayers(ControlComponent.MONITOR, defaults or DetectorConfig())
         self.idle_job_s = idle_job_s
         self.jobs: dict[str, JobEntry] = {}
 
@@ -70,21 +69,13 @@ class MonitorEngine:
     # ------------------------------------------------------------ configuration
 
     def config_for(self, job_id: str) -> DetectorConfig:
-        return self.defaults.with_changes(self.overrides.get(job_id, {}))
+        return self.config.for_job(job_id)
 
     def apply(self, control: ControlConfig) -> bool:
         """Apply a control record if it is meant for the monitor; ConfigError (nothing applied) if invalid."""
-        changes = changes_for(control, ControlComponent.MONITOR)
-        if changes is None:
+        configs = self.config.apply(control, self.jobs)
+        if configs is None:
             return False
-        if control.job_id is None:
-            defaults = self.defaults.with_changes(changes)
-            overrides = self.overrides
-        else:
-            defaults = self.defaults
-            overrides = {**self.overrides, control.job_id: {**self.overrides.get(control.job_id, {}), **changes}}
-        configs = {job: defaults.with_changes(overrides.get(job, {})) for job in {*self.jobs, *overrides}}
-        self.defaults, self.overrides = defaults, overrides
         for job, entry in self.jobs.items():
             entry.detector.config = configs[job]
         return True

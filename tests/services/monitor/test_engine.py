@@ -74,14 +74,14 @@ def test_an_invalid_change_is_refused_and_changes_nothing():
             engine.apply(control(changes))
     with pytest.raises(ConfigError):  # the job's own override would break an invariant
         engine.apply(control({"monitor.straggler_ratio": "1.05"}, job="a"))
-    assert engine.jobs["a"].detector.config == DetectorConfig() and engine.overrides == {}
+    assert engine.jobs["a"].detector.config == DetectorConfig() and engine.config.overrides == {}
 
 
 def test_records_for_other_components_are_ignored_and_all_takes_monitor_keys():
     engine = MonitorEngine(CODEC)
     assert not engine.apply(control({"controller.dry_run": "true"}, component=ControlComponent.CONTROLLER))
     assert engine.apply(control({"controller.dry_run": "true", "monitor.k": "4"}, component=ControlComponent.ALL))
-    assert engine.defaults.k == 4
+    assert engine.config.defaults.k == 4
 
 
 def test_idle_jobs_are_forgotten():

@@ -1,0 +1,57 @@
+"""The controller's knobs; every one can change at run time as ``controller.<key>`` on the control topic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from antdt.control import refuse_broken, with_text_changes
+
+PERSISTENT_ACTIONS = ("RESTART", "EVICT")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Policy choice, safety limits and the parameters of the built-in policies."""
+
+    policy: str = "antdt-nd"  # a registered name, or module:attribute of a custom policy
+    dry_run: bool = False
+    command_ttl_s: float = 60.0
+    max_commands_per_minute: int = 120  # per job; a decision is published whole or not at all
+    # AntDT-ND
+    default_quota: int = 2
+    straggler_quota: int = 1
+    leader_quota: int = 4
+    persistent_action: str = "RESTART"
+    max_restarts_per_hour: int = 4
+    max_acted_fraction: float = 0.25
+    worker_cooldown_s: float = 600.0
+    node_cooldown_s: float = 600.0
+    action_timeout_s: float = 300.0  # a restarted worker counts as "acted on" until it is back, or this long
+    # AntDT-DD
+    global_batch_size: int = 0  # 0: the sum of the workers' batch sizes when the job is first seen
+    min_batch_size: int = 1
+    max_batch_size: int = 4096
+    rebalance_interval_s: float = 10.0
+    min_relative_change: float = 0.05
+    switch_lead_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        refuse_broken("controller config", (
+            (not self.policy.strip(), "policy must be named"),
+            (self.command_ttl_s <= 0, "command_ttl_s must be > 0"),
+            (self.max_commands_per_minute < 1, "max_commands_per_minute must be >= 1"),
+            (not 0 <= self.straggler_quota <= self.default_quota <= self.leader_quota,
+             "need 0 <= straggler_quota <= default_quota <= leader_quota"),
+            (self.persistent_action not in PERSISTENT_ACTIONS, f"persistent_action must be one of {PERSISTENT_ACTIONS}"),
+            (self.max_restarts_per_hour < 0, "max_restarts_per_hour must be >= 0"),
+            (not 0 < self.max_acted_fraction <= 1, "max_acted_fraction must be in (0, 1]"),
+            (min(self.worker_cooldown_s, self.node_cooldown_s, self.action_timeout_s) < 0, "cooldowns must be >= 0"),
+            (self.global_batch_size < 0, "global_batch_size must be >= 0"),
+            (not 1 <= self.min_batch_size <= self.max_batch_size, "need 1 <= min_batch_size <= max_batch_size"),
+            (self.rebalance_interval_s < 0, "rebalance_interval_s must be >= 0"),
+            (not 0 <= self.min_relative_change < 1, "min_relative_change must be in [0, 1)"),
+            (self.switch_lead_s <= 0, "switch_lead_s must be > 0"),
+        ))
+
+    def with_changes(self, changes: dict[str, str]) -> ControllerConfig:
+        return with_text_changes(self, changes, "controller config")
