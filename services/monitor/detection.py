@@ -289,29 +289,51 @@ class JobDetector:
 # ---------------------------------------------------------------- evidence
 
 
-def _mean(reports, metric) -> float:
-    values = [metric(r) for r in reports]
-    return sum(values) / len(values) if values else 0.0
+def _mean(reports, metric) -> float | None:
+    """Mean of ``metric`` over the reports that have it (GPU figures are absent without a GPU)."""
+    values = [v for v in (metric(r) for r in reports) if v is not None]
+    return sum(values) / len(values) if values else None
 
 
+def _gpu_memory_percent(report: WorkerMetrics) -> float | None:
+    used, total = report.resources.gpu_memory_used_bytes, report.resources.gpu_memory_total_bytes
+    return 100.0 * used / total if used is not None and total else None
+
+
+#: (cause, metric, read, test, margin). "add": above the job median by margin;
+#: "times": above margin times the median; "apart": that far from it either
+#: way (a GPU both busier and slower hints at a competitor, an idle one at
+#: starvation or throttling).
 _RESOURCE_CHECKS = (
     (EvidenceCause.CPU_STEAL, "resources.cpu_steal_percent", lambda r: r.resources.cpu_steal_percent, "add", 5.0),
     (EvidenceCause.CPU_CONTENTION, "resources.load_1m", lambda r: r.resources.load_1m, "add", 0.5),
     (EvidenceCause.MEMORY_PRESSURE, "resources.host_memory_percent", lambda r: r.resources.host_memory_percent, "add", 15.0),
     (EvidenceCause.IO, "resources.io_read_bytes", lambda r: r.resources.io_read_bytes + r.resources.io_write_bytes, "times", 3.0),
     (EvidenceCause.NETWORK, "resources.net_recv_bytes", lambda r: r.resources.net_recv_bytes + r.resources.net_sent_bytes, "times", 3.0),
+    (EvidenceCause.GPU, "resources.gpu_utilization_percent", lambda r: r.resources.gpu_utilization_percent, "apart", 20.0),
+    (EvidenceCause.GPU, "resources.gpu_memory_percent", _gpu_memory_percent, "add", 15.0),
     (EvidenceCause.DATA_WAIT, "data_wait_s", lambda r: r.data_wait_s / max(r.compute.sum_s + r.data_wait_s, 1e-9), "add", 0.2),
 )
+
+
+def _stands_out(value: float, baseline: float, test: str, margin: float) -> bool:
+    if test == "add":
+        return value > baseline + margin
+    if test == "times":
+        return value > max(baseline, 1.0) * margin
+    return abs(value - baseline) >= margin
 
 
 def evidence_for(track: WorkerTrack, workers: dict[str, WorkerTrack]) -> list[Evidence]:
     """Resource figures of the worker that stand out against the job's medians."""
     found = []
-    for cause, metric, read, how, margin in _RESOURCE_CHECKS:
+    for cause, metric, read, test, margin in _RESOURCE_CHECKS:
         value = _mean(track.reports, read)
-        baseline = statistics.median(_mean(t.reports, read) for t in workers.values())
-        stands_out = value > baseline + margin if how == "add" else value > max(baseline, 1.0) * margin
-        if stands_out:
+        others = [m for m in (_mean(t.reports, read) for t in workers.values()) if m is not None]
+        if value is None or not others:
+            continue
+        baseline = statistics.median(others)
+        if _stands_out(value, baseline, test, margin):
             found.append(trusted(Evidence, cause=cause, metric=metric, value=float(value), baseline=float(baseline),
                                  detail=None))
     return found

@@ -40,6 +40,20 @@ def test_cpu_steal_is_given_as_evidence():
     assert verdicts[0].kind is VerdictKind.STRAGGLER and EvidenceCause.CPU_STEAL in causes
 
 
+def test_gpu_figures_are_given_as_evidence_when_there_is_a_gpu():
+    def gpu(report):
+        busy = 99.0 if report.worker_id == "w2" else 60.0  # a competitor on w2's GPU
+        resources = report.resources.model_copy(update={
+            "gpu_utilization_percent": busy, "gpu_memory_used_bytes": 8 << 30, "gpu_memory_total_bytes": 16 << 30})
+        return report.model_copy(update={"resources": resources})
+
+    verdicts = verdicts_for(TraceSpec(seconds=40, episodes=[Episode("w2", 10, 40, 2.0)]), mutate=gpu)
+    gpu_evidence = [e for e in verdicts[0].evidence if e.cause is EvidenceCause.GPU]
+    assert [(e.metric, e.value, e.baseline) for e in gpu_evidence] == [("resources.gpu_utilization_percent", 99.0, 60.0)]
+    without_gpu = verdicts_for(TraceSpec(seconds=40, episodes=[Episode("w2", 10, 40, 2.0)]))
+    assert all(e.cause is not EvidenceCause.GPU for e in without_gpu[0].evidence)
+
+
 def test_too_few_workers_give_no_baseline_and_no_verdict():
     assert verdicts_for(TraceSpec(workers=2, seconds=40, episodes=[Episode("w1", 10, 40, 4.0)])) == []
 
