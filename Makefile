@@ -19,6 +19,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/sharder_bench.py
 	$(BIN)/python bench/agent_bench.py
 	$(BIN)/python bench/monitor_bench.py
+	$(BIN)/python bench/controller_bench.py
 
 venv: $(STAMP)
 

@@ -55,6 +55,17 @@ def _parse(kind: Any, key: str, text: str, what: str) -> Any:
         raise ConfigError(f"{what}: {key}={text!r} is not {article}") from None
 
 
+def parse_assignments(pairs: list[str]) -> dict[str, str]:
+    """``["k=2", "window_s=20"]`` -> ``{"k": "2", "window_s": "20"}``; ConfigError on a pair without '='."""
+    changes = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{pair!r} is not KEY=VALUE")
+        changes[key.strip()] = value.strip()
+    return changes
+
+
 def refuse_broken(what: str, checks: Iterable[tuple[bool, str]]) -> None:
     """ConfigError listing every ``(broken, message)`` check that is broken."""
     problems = [message for broken, message in checks if broken]
@@ -142,6 +153,21 @@ class ConfigLayers:
                 self._check(config)
         self.defaults, self.overrides = defaults, overrides
         return configs
+
+
+def apply_and_count(apply: Any, change: ControlConfig, counter: Any) -> None:
+    """Apply ``change`` through ``apply`` (True if it was for the caller); log and count it applied or rejected.
+
+    An invalid change is refused whole by ``apply`` (ConfigError): it is
+    logged and counted, and the service goes on with what it had.
+    """
+    try:
+        if apply(change):
+            counter.labels("applied").inc()
+            log.info("config %s applied (job %s): %s", change.config_id, change.job_id or "*", change.changes)
+    except AntdtError as exc:
+        counter.labels("rejected").inc()
+        log.warning("config %s rejected: %s", change.config_id, exc)
 
 
 class ControlFollower:

@@ -53,6 +53,14 @@ def flush_or_raise(producer: Producer, timeout_s: float = 10.0) -> None:
         raise BusError(f"{remaining} message(s) still undelivered after {timeout_s:.0f} s")
 
 
+def drain(producer: Producer, timeout_s: float = 10.0) -> int:
+    """Flush on shutdown; log (never raise) what is still undelivered. Returns that count."""
+    remaining = producer.flush(timeout_s)
+    if remaining:
+        log.warning("shutdown: %d message(s) undelivered after %.0f s", remaining, timeout_s)
+    return remaining
+
+
 @contextmanager
 def producing(settings: Settings, client_id: str | None = None, flush_timeout_s: float = 10.0, **overrides: Any) -> Iterator[Producer]:
     """A producer that is flushed on the way out (graceful shutdown loses nothing)."""
@@ -60,9 +68,7 @@ def producing(settings: Settings, client_id: str | None = None, flush_timeout_s:
     try:
         yield producer
     finally:
-        remaining = producer.flush(flush_timeout_s)
-        if remaining:
-            log.warning("shutdown: %d message(s) undelivered after %.0f s", remaining, flush_timeout_s)
+        drain(producer, flush_timeout_s)
 
 
 @contextmanager

@@ -12,7 +12,7 @@ import sys
 import typer
 
 from antdt import __version__
-from antdt.cli import broker_cmd, demo_cmd, monitor_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd, worker_cmd
+from antdt.cli import broker_cmd, control_cmd, controller_cmd, demo_cmd, monitor_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd, worker_cmd
 from antdt.errors import AntdtError
 
 # typer >= 0.29 vendors click; its argument errors live here.
@@ -46,6 +46,8 @@ app.command("demo")(demo_cmd.demo)
 app.command("sharder")(sharder_cmd.sharder)
 app.command("worker")(worker_cmd.worker)
 app.command("monitor")(monitor_cmd.monitor)
+app.command("controller")(controller_cmd.controller)
+app.add_typer(control_cmd.app, name="control")
 app.command("replay")(sharder_tools_cmd.replay)
 app.command("audit")(sharder_tools_cmd.audit)
 

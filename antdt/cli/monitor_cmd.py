@@ -8,22 +8,12 @@ import typer
 from mode import Worker
 
 from antdt.bus.faust_tuning import tune_gc_for_streaming
+from antdt.control import parse_assignments
 from antdt.errors import ConfigError
 from antdt.observability import HealthServer
 from antdt.services.monitor.app import MonitorConfig, MonitorService
 from antdt.services.monitor.detection import DetectorConfig
 from antdt.settings import load_settings
-
-
-def parse_assignments(pairs: list[str]) -> dict[str, str]:
-    """``["k=2", "window_s=20"]`` -> ``{"k": "2", "window_s": "20"}``; ConfigError on a pair without '='."""
-    changes = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"{pair!r} is not KEY=VALUE")
-        changes[key.strip()] = value.strip()
-    return changes
 
 
 def monitor(

@@ -9,6 +9,7 @@ gate a pipeline. Both can export what they read as an Avro container file.
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from enum import Enum
 from pathlib import Path
 
 import orjson
@@ -19,7 +20,8 @@ from rich.table import Table
 
 from antdt.errors import AntdtError
 from antdt.schemas.codec import make_codec, to_json
-from antdt.schemas.models import ShardLogEvent
+from antdt.schemas.models import MitigationCommand, ShardLogEvent
+from antdt.services.controller.audit import read_commands
 from antdt.services.sharder.audit import AuditReport, audit_log
 from antdt.services.sharder.eventlog import log_topic
 from antdt.services.sharder.replay import export_avro, replay_events
@@ -53,17 +55,27 @@ def export(rows: list[tuple[int, datetime, ShardLogEvent]], out: Path | None) ->
         typer.echo(f"wrote {count} events to {out}", err=True)
 
 
+class LogName(str, Enum):
+    SHARDS = "shards"
+    COMMANDS = "commands"
+
+
 def replay(
-    job: str = typer.Option(..., "--job", help=JOB_HELP),
+    job: str | None = typer.Option(None, "--job", help=JOB_HELP + " Required for --log shards."),
+    log: LogName = typer.Option(LogName.SHARDS, "--log", help="shards: the job's shard log; commands: the controller's commands."),
     from_: str | None = typer.Option(None, "--from", help="Only events recorded at or after this ISO-8601 time."),
     to: str | None = typer.Option(None, "--to", help="Only events recorded at or before this ISO-8601 time."),
     json_: bool = typer.Option(False, "--json", help="One JSON object per event and line."),
     out: Path | None = typer.Option(None, "--out", dir_okay=False, help=OUT_HELP),
 ) -> None:
-    """List a job's shard transitions from the log, in log order."""
+    """List a job's shard transitions, or the controller's commands (the audit log), in log order."""
     start, end = parse_time(from_, "--from"), parse_time(to, "--to")
     if start and end and start > end:
         raise typer.BadParameter(f"{from_} is after --to {to}", param_hint="'--from'")
+    if log is LogName.COMMANDS:
+        return replay_commands(job, start, end, json_, out)
+    if job is None:
+        raise typer.BadParameter("--log shards needs --job", param_hint="'--job'")
     rows = read_log(load_settings(), job, start, end)
     export(rows, out)
     if json_:
@@ -74,6 +86,24 @@ def replay(
     for _, when, e in rows:
         table.add_row(str(e.seq), when.isoformat(timespec="milliseconds"), str(e.writer_epoch), e.transition.value,
                       str(e.epoch), _text(e.shard_id), _text(e.worker_id), _text(e.attempt), _text(e.reason))
+    Console().print(table)
+
+
+def replay_commands(job: str | None, start: datetime | None, end: datetime | None, json_: bool, out: Path | None) -> None:
+    settings = load_settings()
+    commands = list(read_commands(settings, make_codec(settings.schema_registry_url), job, start, end))
+    if out is not None:
+        count = export_avro(commands, out, MitigationCommand)
+        typer.echo(f"wrote {count} commands to {out}", err=True)
+    if json_:
+        for command in commands:
+            typer.echo(to_json(command).decode())
+        return
+    table = Table("issued", "epoch", "job", "worker", "action", "value", "dry run", "policy", "verdict", "reason")
+    for c in commands:
+        value = c.shard_quota if c.shard_quota is not None else c.batch_size if c.batch_size is not None else c.parameters or ""
+        table.add_row(c.issued_at.isoformat(timespec="milliseconds"), str(c.controller_epoch), c.job_id, c.target_worker,
+                      c.action.value, escape(str(value)), "yes" if c.dry_run else "", c.policy, _text(c.verdict_id), escape(c.reason))
     Console().print(table)
 
 

@@ -35,8 +35,8 @@ class ControllerCore:
     """Policies plus safety, per job (see the module docstring)."""
 
     def __init__(self, defaults: ControllerConfig | None = None, stamp: Stamp | None = None):
-        self.config = ConfigLayers(ControlComponent.CONTROLLER, defaults or ControllerConfig(), check=_loads_policy)
-        _loads_policy(self.config.defaults)
+        self.config = ConfigLayers(ControlComponent.CONTROLLER, defaults or ControllerConfig(), check=validate_policy)
+        validate_policy(self.config.defaults)
         self.stamp = stamp or Stamp(epoch=1)
         self.jobs: dict[str, JobView] = {}
         self.rate = RateLimiter()
@@ -84,5 +84,6 @@ class ControllerCore:
         return Outcome(commands, decision.skipped)
 
 
-def _loads_policy(config: ControllerConfig) -> None:
+def validate_policy(config: ControllerConfig) -> None:
+    """ConfigError unless the configured policy loads."""
     load_policy(config.policy)

@@ -32,7 +32,7 @@ from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.faust_app import FaustRecordSink, make_faust_app
-from antdt.control import ControlFollower
+from antdt.control import ControlFollower, apply_and_count
 from antdt.errors import AntdtError
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import ControlConfig, StragglerVerdict
@@ -148,10 +148,4 @@ class MonitorService:
 
     def apply_control(self, change: ControlConfig) -> None:
         """Apply a control record meant for the monitor; an invalid one is logged and counted."""
-        try:
-            if self.engine.apply(change):
-                metrics.CONFIG_CHANGES.labels("applied").inc()
-                log.info("config %s applied (job %s): %s", change.config_id, change.job_id or "*", change.changes)
-        except AntdtError as exc:
-            metrics.CONFIG_CHANGES.labels("rejected").inc()
-            log.warning("config %s rejected: %s", change.config_id, exc)
+        apply_and_count(self.engine.apply, change, metrics.CONFIG_CHANGES)

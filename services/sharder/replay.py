@@ -34,7 +34,7 @@ from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer,
 from antdt.bus.clients import consuming, producing
 from antdt.bus.readers import assign_now, poll_batch
 from antdt.schemas.codec import Codec, to_avro_dict
-from antdt.schemas.models import ShardLogEvent
+from antdt.schemas.models import AvroModel, ShardLogEvent
 from antdt.schemas.store import default_store
 from antdt.services.sharder.eventlog import job_partition, log_topic, read_until_marker
 from antdt.services.sharder.state import from_ms, to_ms
@@ -141,9 +141,9 @@ def _within(ms: int, start_ms: int | None, end_ms: int | None) -> bool:
     return (start_ms is None or ms >= start_ms) and (end_ms is None or ms <= end_ms)
 
 
-def export_avro(events: Iterable[ShardLogEvent], path: str | PathLike[str]) -> int:
-    """Write ``events`` to an Avro Object Container File at ``path``; returns how many were written."""
-    schema = default_store().current(ShardLogEvent.avro_name).raw
+def export_avro(events: Iterable[AvroModel], path: str | PathLike[str], record: type[AvroModel] = ShardLogEvent) -> int:
+    """Write ``events`` (all of type ``record``) to an Avro Object Container File; returns how many were written."""
+    schema = default_store().current(record.avro_name).raw
     written = 0
 
     def records() -> Iterator[dict]:

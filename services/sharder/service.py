@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaException, Message
 
 from antdt.bus.admin import ensure_topics
-from antdt.bus.clients import make_admin, make_consumer, make_producer
+from antdt.bus.clients import drain, make_admin, make_consumer, make_producer
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.readers import decode_or_deadletter, key_partition, poll_batch
 from antdt.schemas.codec import Codec, make_codec
@@ -45,6 +45,7 @@ from antdt.services.sharder.core import CoreConfig, ProgressRejected, ShardCore
 from antdt.services.sharder.eventlog import LogWriter, log_topic, read_job_log, snapshot_topic
 from antdt.services.sharder.recovery import take_over
 from antdt.services.sharder.state import JobState, from_ms
+from antdt.service_loop import LoopService
 from antdt.settings import Settings
 from antdt.topics import topic_spec, worker_key
 
@@ -77,7 +78,7 @@ def wall_ms() -> int:
     return int(time.time() * 1000)
 
 
-class SharderService:
+class SharderService(LoopService):
     """Consumes reports, decides, logs, answers. See the module docstring."""
 
     def __init__(self, settings: Settings, config: SharderConfig | None = None, writer_id: str | None = None):
@@ -113,21 +114,9 @@ class SharderService:
         self.ready.set()
         return self
 
-    def run(self, stop: threading.Event) -> None:
-        """Serve until ``stop`` is set, then close cleanly."""
-        if self._consumer is None:
-            self.start()
-        try:
-            while not stop.is_set():
-                self.step()
-        finally:
-            self.close()
-
     def close(self) -> None:
         self.ready.clear()
-        remaining = self._producer.flush(10)
-        if remaining:
-            log.warning("shutdown: %d message(s) undelivered", remaining)
+        drain(self._producer)
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

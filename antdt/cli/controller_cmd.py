@@ -1,0 +1,45 @@
+"""``antdt controller``: run the mitigation controller until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from antdt.control import parse_assignments
+from antdt.errors import ConfigError
+from antdt.observability import HealthServer
+from antdt.services.controller.config import ControllerConfig
+from antdt.services.controller.policy import load_policy
+from antdt.services.controller.service import ControllerService
+from antdt.settings import load_settings
+from antdt.shutdown import stop_on_signals
+
+
+def controller(
+    set_: list[str] = typer.Option(
+        [], "--set", help="Default KEY=VALUE (e.g. policy=antdt-dd, dry_run=true); repeatable. "
+        "Run-time changes come from the control topic as controller.KEY."
+    ),
+    http_port: int = typer.Option(9404, min=0, max=65535, help="Port for /healthz, /readyz, /metrics (0: none)."),
+    log_level: str = typer.Option("INFO", help="Logging level."),
+) -> None:
+    """Turn verdicts into signed, fenced mitigation commands through a policy (AntDT-ND, AntDT-DD or yours)."""
+    try:
+        defaults = ControllerConfig().with_changes(parse_assignments(set_))
+        load_policy(defaults.policy)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--set") from None
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = load_settings()
+    service = ControllerService(settings, defaults)
+    health = HealthServer(http_port, service.ready.is_set).start() if http_port else None
+    try:
+        with stop_on_signals() as stop:
+            service.start()
+            typer.echo(f"controller {service.controller_id} (epoch {service.core.stamp.epoch}, policy {defaults.policy}) "
+                       f"serving on {settings.bootstrap_servers}")
+            service.run(stop)
+    finally:
+        if health:
+            health.stop()

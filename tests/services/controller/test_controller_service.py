@@ -1,0 +1,127 @@
+"""``antdt controller`` through the real broker: verdict in, signed command out, an agent applies it;
+a replaced controller is fenced; a reconfiguration takes effect without a restart."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from antdt.bus.clients import consuming, producing
+from antdt.bus.markers import marker_id
+from antdt.bus.readers import assign_now, poll_batch
+from antdt.launch import service_process
+from antdt.schemas.codec import SingleObjectCodec
+from antdt.schemas.models import AckStatus, CommandAction, ControlComponent, ControlConfig
+from antdt.services.controller.core import ControllerCore
+from antdt.services.controller.safety import Stamp
+from antdt.settings import load_settings
+from antdt.signing import verify
+from antdt.topics import worker_key
+from antdt.worker import Agent
+from tests.services.controller.helpers import verdict
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+KEY = "controller-test-signing-key-0123456789"
+CODEC = SingleObjectCodec()
+JOB = "job-c"
+
+
+@pytest.fixture
+def signed(settings, topics):
+    return load_settings(**{**settings.model_dump(), "signing_key": KEY, "report_interval_s": 0.2, "heartbeat_interval_s": 0.5})
+
+
+def send_verdict(settings, worker: str, t: float, **kwargs):
+    the_verdict = verdict(worker, job=JOB, **kwargs).model_copy(update={"verdict_id": f"{JOB}:{worker}:{t}:{time.time_ns()}"})
+    with producing(settings) as producer:
+        producer.produce(settings.topic("monitor", "verdicts"), key=JOB.encode(), value=CODEC.encode(the_verdict))
+    return the_verdict
+
+
+def read_all(settings, topic, partitions, done, timeout_s=30.0):
+    found = []
+    with consuming(settings) as consumer:
+        assign_now(consumer, [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        deadline = time.monotonic() + timeout_s
+        while not done(found) and time.monotonic() < deadline:
+            found += [CODEC.decode(m.value()) for m in poll_batch(consumer, 500, 0.1) if marker_id(m) is None]
+    assert done(found), f"gave up on {topic} with {len(found)} record(s)"
+    return found
+
+
+def commands_for(settings, topics, verdict_id, want=1):
+    topic = settings.topic("controller", "commands")
+    found = read_all(settings, topic, topics[topic], lambda cs: sum(c.verdict_id == verdict_id for c in cs) >= want)
+    return [c for c in found if c.verdict_id == verdict_id]
+
+
+def ack_of(settings, topics, command_id):
+    topic = settings.topic("worker", "acks")
+    found = read_all(settings, topic, topics[topic], lambda acks: any(a.command_id == command_id for a in acks))
+    return next(a for a in found if a.command_id == command_id)
+
+
+def step_until(agent, condition, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition never met"
+        agent.step()
+        time.sleep(0.01)
+
+
+def test_verdict_to_signed_command_that_an_agent_applies(signed, topics, tmp_path):
+    with service_process(signed, "controller", log_dir=tmp_path) as controller, \
+            Agent(JOB, "w1", settings=signed, shard_quota=2) as agent:
+        controller.wait_ready()
+        the_verdict = send_verdict(signed, "w1", 1)
+        step_until(agent, lambda: agent.shard_quota == 1)
+        [command] = commands_for(signed, topics, the_verdict.verdict_id)
+        assert command.action is CommandAction.SET_SHARD_QUOTA and verify(command, KEY.encode())
+        assert command.controller_epoch == controller.metric("antdt_controller_epoch") >= 1
+        assert ack_of(signed, topics, command.command_id).status is AckStatus.APPLIED
+
+
+def test_a_replaced_controller_is_fenced_and_its_epoch_rejected(signed, topics, tmp_path):
+    with service_process(signed, "controller", log_dir=tmp_path) as first, \
+            Agent(JOB, "w1", settings=signed) as agent:
+        first.wait_ready()
+        old_epoch = int(first.metric("antdt_controller_epoch"))
+        with service_process(signed, "controller", log_dir=tmp_path) as second:
+            second.wait_ready()
+            assert second.metric("antdt_controller_epoch") == old_epoch + 1
+            first.wait_until(lambda: first.metric("antdt_controller_fenced") == 1, "the old controller stands down")
+            the_verdict = send_verdict(signed, "w1", 2, kind=verdict("w1").kind)
+            step_until(agent, lambda: agent.shard_quota == 1)
+            [command] = commands_for(signed, topics, the_verdict.verdict_id)
+            assert command.controller_epoch == old_epoch + 1  # only the new controller answered
+
+            zombie = ControllerCore(stamp=Stamp(old_epoch, KEY.encode()))  # one that has not noticed it was replaced
+            stale = zombie.on_verdict(verdict("w1", job=JOB, kind=verdict("w1").kind, t=99), datetime.now(timezone.utc))
+            with producing(signed) as producer:
+                producer.produce(signed.topic("controller", "commands"), key=worker_key(JOB, "w1").encode(),
+                                 value=CODEC.encode(stale.commands[0]))
+            ack = ack_of(signed, topics, stale.commands[0].command_id)
+            assert ack.status is AckStatus.REJECTED and ack.reason.startswith("stale epoch")
+            assert agent.verifier.rejected["stale epoch"] == 1
+
+
+def test_dry_run_switched_on_at_run_time(signed, topics, tmp_path):
+    with service_process(signed, "controller", log_dir=tmp_path) as controller, \
+            Agent(JOB, "w1", settings=signed) as agent:
+        controller.wait_ready()
+        change = ControlConfig(config_id="dry", job_id=None, component=ControlComponent.CONTROLLER,
+                               changes={"controller.dry_run": "true"}, issued_by="test", issued_at=datetime.now(timezone.utc))
+        with producing(signed) as producer:
+            producer.produce(signed.topic("control", "config"), key=b"*", value=CODEC.encode(change))
+        controller.wait_until(lambda: controller.metric('antdt_controller_config_changes_total{result="applied"}') == 1,
+                              "the change applied")
+        the_verdict = send_verdict(signed, "w1", 3)
+        [command] = commands_for(signed, topics, the_verdict.verdict_id)
+        assert command.dry_run
+        assert ack_of(signed, topics, command.command_id).status is AckStatus.IGNORED
+        agent.step()
+        assert agent.shard_quota == 2  # nothing changed
