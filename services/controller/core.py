@@ -11,6 +11,7 @@ budgets) are recorded as it is returned.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -47,12 +48,25 @@ class ControllerCore:
             self.jobs[job_id] = JobView(job_id)
         return self.jobs[job_id]
 
+    def recall(self, commands: Iterable[MitigationCommand]) -> int:
+        """Take in commands issued before (by a predecessor): their effects and their verdicts. Returns the count."""
+        count = 0
+        for command in commands:
+            self.job(command.job_id).on_issued(command)
+            if command.verdict_id:
+                self._remember(command.verdict_id)
+            count += 1
+        return count
+
+    def _remember(self, verdict_id: str) -> None:
+        self._seen_verdicts[verdict_id] = None
+        while len(self._seen_verdicts) > REMEMBERED_VERDICTS:
+            self._seen_verdicts.popitem(last=False)
+
     def on_verdict(self, verdict: StragglerVerdict, now: datetime) -> Outcome:
         if verdict.verdict_id in self._seen_verdicts:
             return Outcome(skipped=(f"verdict {verdict.verdict_id} seen before",))
-        self._seen_verdicts[verdict.verdict_id] = None
-        while len(self._seen_verdicts) > REMEMBERED_VERDICTS:
-            self._seen_verdicts.popitem(last=False)
+        self._remember(verdict.verdict_id)
         job = self.job(verdict.job_id)
         job.on_verdict(verdict)
         return self._decide(job, verdict, now)

@@ -14,6 +14,10 @@ One active controller per deployment. Each cycle it
    they are durable before committing the input: the commands topic is the
    audit log.
 
+**Memory.** At start the controller reads the last hour of the commands
+topic back (its predecessors' decisions) to rebuild budgets, cooldowns,
+quotas and batch sizes, and the verdict ids already acted on.
+
 **Epoch.** At start the controller reads the control topic's history, takes
 the highest ``controller.epoch`` written so far plus one and appends it; of
 two rivals claiming the same epoch, the first in the log wins and the other
@@ -35,7 +39,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from confluent_kafka import OFFSET_END, TopicPartition
 
@@ -44,9 +48,11 @@ from antdt.bus.clients import drain, flush_or_raise, make_admin, make_consumer, 
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.readers import assign_now, decode_or_deadletter, poll_batch
 from antdt.control import ControlFollower, apply_and_count, control_topic
+from antdt.errors import BusError
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import ControlComponent, ControlConfig, StragglerVerdict, WorkerMetrics
 from antdt.services.controller import metrics
+from antdt.services.controller.audit import read_commands
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.core import ControllerCore, Outcome
 from antdt.services.controller.safety import Stamp
@@ -57,6 +63,9 @@ from antdt.topics import topic_spec, worker_key
 log = logging.getLogger(__name__)
 
 EPOCH_KEY = "controller.epoch"
+#: How far back a starting controller reads its predecessors' commands: the
+#: longest budget window (restarts per hour) and cooldown it must honour.
+RECALL = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -107,30 +116,49 @@ class ControllerService(LoopService):
         for change in self._follower.catch_up():
             self._on_control(change)
         self._claim_epoch()
+        if self.highest_epoch > self.core.stamp.epoch:
+            self._stand_down(f"epoch {self.highest_epoch} was claimed while we claimed {self.core.stamp.epoch}")
+        self._recall_recent_commands()
         self._consumer = make_consumer(self.settings, group_id=f"{self.settings.topic_prefix}.controller",
                                        client_id=self.controller_id, low_latency=True)
         assign_now(self._consumer, self._start_positions())
-        self.ready.set()
+        if not self.fenced:
+            self.ready.set()
         log.info("controller %s serving with epoch %d", self.controller_id, self.core.stamp.epoch)
         return self
 
-    def _claim_epoch(self) -> None:
-        """Append ``highest + 1`` and read the topic back: the first claim of an epoch wins."""
+    def _recall_recent_commands(self) -> None:
+        """Rebuild budgets, cooldowns and quotas from the audit log, so a restart does not reset them."""
+        since = datetime.now(timezone.utc) - RECALL
+        recalled = self.core.recall(read_commands(self.settings, self.codec, start=since))
+        log.info("recalled %d command(s) issued since %s", recalled, since.isoformat(timespec="seconds"))
+
+    def _claim_epoch(self, timeout_s: float = 30.0) -> None:
+        """Append ``highest + 1`` and read on until it comes back: the first claim of an epoch wins."""
         while True:
-            wanted = self.highest_epoch + 1
-            self._producer.produce(control_topic(self.settings), key=b"*", value=self.codec.encode(epoch_claim(wanted, self.controller_id)))
+            claim = epoch_claim(self.highest_epoch + 1, self.controller_id)
+            self._producer.produce(control_topic(self.settings), key=b"*", value=self.codec.encode(claim))
             flush_or_raise(self._producer)
             winner = None
-            for change in self._follower.catch_up():
-                epoch = claimed_epoch(change)
-                if epoch == wanted and winner is None:
+            for change in self._follow_until(claim.config_id, timeout_s):
+                if winner is None and claimed_epoch(change) == claimed_epoch(claim):
                     winner = change.issued_by
                 self._on_control(change)
             if winner == self.controller_id:
-                self.core.stamp = Stamp(wanted, self.settings.signing_key.get_secret_value().encode()
-                                        if self.settings.signing_key else None)
-                metrics.EPOCH.set(wanted)
+                key = self.settings.signing_key
+                self.core.stamp = Stamp(claimed_epoch(claim), key.get_secret_value().encode() if key else None)
+                metrics.EPOCH.set(self.core.stamp.epoch)
                 return
+
+    def _follow_until(self, config_id: str, timeout_s: float):
+        """Control records from where the follower is, up to and including the one with ``config_id``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for change in self._follower.poll(timeout_s=0.1):
+                yield change
+                if change.config_id == config_id:
+                    return
+        raise BusError(f"our epoch claim {config_id} did not come back within {timeout_s:.0f} s")
 
     def _start_positions(self) -> list[TopicPartition]:
         counts = partition_counts(make_admin(self.settings), self._inputs)
@@ -191,6 +219,14 @@ class ControllerService(LoopService):
 
     # ------------------------------------------------------------ control
 
+    def _stand_down(self, why: str) -> None:
+        """A newer controller holds the job: send nothing more, report not ready."""
+        if not self.fenced:
+            self.fenced = True
+            metrics.FENCED.set(1)
+            log.warning("%s: no more commands from here", why)
+        self.ready.clear()
+
     def _follow_control(self) -> None:
         if time.monotonic() - self._last_control_poll < self.config.control_poll_s:
             return
@@ -202,11 +238,7 @@ class ControllerService(LoopService):
         epoch = claimed_epoch(change)
         if epoch is not None:
             self.highest_epoch = max(self.highest_epoch, epoch)
-            if self.core.stamp.epoch and epoch > self.core.stamp.epoch and self.ready.is_set() and not self.fenced:
-                self.fenced = True
-                self.ready.clear()
-                metrics.FENCED.set(1)
-                log.warning("replaced by %s (epoch %d > %d): no more commands from here", change.issued_by, epoch,
-                            self.core.stamp.epoch)
+            if self.ready.is_set() and epoch > self.core.stamp.epoch:
+                self._stand_down(f"replaced by {change.issued_by} (epoch {epoch} > {self.core.stamp.epoch})")
             return
         apply_and_count(self.core.apply, change, metrics.CONFIG_CHANGES)

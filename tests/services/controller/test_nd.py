@@ -82,3 +82,13 @@ def test_cooldowns_per_worker_and_per_node():
     neighbour = core.on_verdict(verdict("w2", cls=C.PERSISTENT, t=101, node="node-w1"), at(101))
     assert A.RESTART not in {c.action for c in neighbour.commands} and "node cooldown" in neighbour.skipped[0]
     assert A.RESTART in {c.action for c in core.on_verdict(verdict("w1", cls=C.PERSISTENT, t=700), at(700)).commands}
+
+
+def test_a_successor_recalls_the_budget_spent_before_it():
+    first = core_with(workers=20, max_restarts_per_hour=2, max_acted_fraction=1.0, node_cooldown_s=0)
+    issued = [c for i in range(2) for c in first.on_verdict(verdict(f"w{i}", cls=C.PERSISTENT, t=i), at(i)).commands]
+    successor = core_with(workers=20, max_restarts_per_hour=2, max_acted_fraction=1.0, node_cooldown_s=0)
+    assert successor.recall(issued) == len(issued)
+    refused = successor.on_verdict(verdict("w5", cls=C.PERSISTENT, t=10), at(10))
+    assert A.RESTART not in {c.action for c in refused.commands} and "budget" in refused.skipped[0]
+    assert successor.on_verdict(verdict("w0", cls=C.PERSISTENT, t=0), at(11)).commands == ()  # acted on already
