@@ -129,9 +129,11 @@ class ConfigLayers:
         self.defaults = defaults
         self._check = check  # called with each new config before anything is applied; raises ConfigError
         self.overrides: dict[str, dict[str, str]] = {}
+        self._overridden: dict[str, Any] = {}  # effective config of each job with overrides, built in apply()
 
     def for_job(self, job_id: str) -> Any:
-        return self.defaults.with_changes(self.overrides.get(job_id, {}))
+        """The job's effective config: a lookup, since services ask on every event."""
+        return self._overridden.get(job_id, self.defaults)
 
     def apply(self, control: ControlConfig, live_jobs: Iterable[str] = ()) -> dict[str, Any] | None:
         """Apply ``control`` if addressed to this component; the new config of every affected job.
@@ -152,6 +154,7 @@ class ConfigLayers:
             for config in (defaults, *configs.values()):
                 self._check(config)
         self.defaults, self.overrides = defaults, overrides
+        self._overridden = {job: configs[job] for job in overrides}
         return configs
 
 

@@ -109,12 +109,6 @@ class ServiceProcess:
                 self.process.wait()
         return self.process.returncode
 
-    def kill(self) -> None:
-        """SIGKILL: a crash, for recovery tests."""
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
 
 @contextmanager
 def service_process(

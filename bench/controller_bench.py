@@ -24,6 +24,7 @@ from antdt.launch import service_process
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import StragglerClass, StragglerVerdict, VerdictKind, VerdictWindow
 from antdt.settings import load_settings
+from antdt.topics import topic_spec
 
 CODEC = SingleObjectCodec()
 
@@ -45,7 +46,7 @@ def bench_latency(count: int, policy: str) -> dict:
             controller.wait_ready()
             topic = settings.topic("controller", "commands")
             consumer = make_consumer(settings, low_latency=True)
-            assign_now(consumer, [TopicPartition(topic, p, OFFSET_END) for p in range(6)])
+            assign_now(consumer, [TopicPartition(topic, p, OFFSET_END) for p in range(topic_spec("controller", "commands").partitions)])
             producer = make_producer(settings, **{"linger.ms": 0})
             samples, unanswered = [], 0
             for i in range(count):

@@ -37,6 +37,7 @@ from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import VerdictKind
 from antdt.services.monitor.detection import JobDetector
 from antdt.services.monitor.traces import Episode, TraceSpec, generate
+from antdt.topics import topic_spec
 
 CODEC = SingleObjectCodec()
 REPORTS = "antdt_monitor_reports_total"
@@ -163,7 +164,7 @@ def bench_latency(jobs: int, seconds: float) -> dict:
             sender = threading.Thread(target=replay_in_real_time, args=(settings, reports, stop), daemon=True)
             sender.start()
             try:
-                seen = collect_verdicts(settings, 3, until=start_s + seconds + 5)
+                seen = collect_verdicts(settings, topic_spec("monitor", "verdicts").partitions, until=start_s + seconds + 5)
             finally:
                 stop.set()
                 sender.join()

@@ -59,6 +59,7 @@ class Policy(Protocol):
 
 
 _REGISTRY: dict[str, Policy] = {}
+_IMPORTED: dict[str, Policy] = {}  # import path -> the policy loaded from it (the controller asks per event)
 
 
 def register(policy: Policy) -> Policy:
@@ -75,6 +76,8 @@ def load_policy(name: str) -> Policy:
     """The policy registered as ``name``, or the one at import path ``module:attribute``."""
     if name in _REGISTRY:
         return _REGISTRY[name]
+    if name in _IMPORTED:
+        return _IMPORTED[name]
     module_name, sep, attribute = name.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigError(f"unknown policy {name!r}: not one of {', '.join(registered())} nor module:attribute")
@@ -85,4 +88,5 @@ def load_policy(name: str) -> Policy:
     policy = target() if isinstance(target, type) else target
     if not callable(getattr(policy, "decide", None)) or not isinstance(getattr(policy, "name", None), str):
         raise ConfigError(f"{name!r} is not a policy (needs a name and decide(job, event, config, now))")
+    _IMPORTED[name] = policy
     return policy

@@ -32,7 +32,6 @@ deterministic id.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -87,10 +86,6 @@ class DetectorConfig:
     def with_changes(self, changes: dict[str, str]) -> DetectorConfig:
         """A copy with ``changes`` (field name -> text, as the control topic carries them) applied."""
         return with_text_changes(self, changes, "detector config")
-
-    @classmethod
-    def keys(cls) -> frozenset[str]:
-        return frozenset(f.name for f in dataclasses.fields(cls))
 
 
 @dataclass
