@@ -5,13 +5,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.antdt-installed
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench bench-e2e venv clean
 
 demo: $(STAMP)
 	$(BIN)/antdt demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The end-to-end benchmark (about 7 minutes): antdt bench on the standard scenario.
+bench-e2e: $(STAMP)
+	$(BIN)/antdt bench --json
 
 bench: $(STAMP)
 	$(BIN)/python bench/codec_bench.py

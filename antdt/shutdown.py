@@ -22,3 +22,21 @@ def stop_on_signals(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) 
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextmanager
+def interrupt_on_sigterm() -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C: KeyboardInterrupt, so every ``finally`` and context exit runs.
+
+    For commands that own child processes (the demo, the benchmark): without
+    it, SIGTERM ends the parent at once and the children are left running.
+    """
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -51,12 +51,15 @@ class ShardedDataset(IterableDataset):
     """Yields the samples of the shards the sharder grants this worker (one pass = one epoch)."""
 
     def __init__(self, source: Sequence, spec: DatasetSpec, *, settings: Settings, job_id: str, worker_id: str,
-                 quota: int = 2, shuffle: bool = True, request_timeout_s: float = 10.0, wait_s: float = 0.02):
+                 quota: int = 2, shuffle: bool = True, request_timeout_s: float = 10.0, wait_s: float = 0.02,
+                 prefetch: bool = True):
         if len(source) != spec.size:
             raise ValueError(f"the dataset has {len(source)} samples but the spec says {spec.size}")
         self.source, self.spec, self.settings = source, spec, settings
         self.job_id, self.worker_id = job_id, worker_id
-        self.quota, self.shuffle = quota, shuffle
+        self.quota, self.shuffle, self.prefetch = quota, shuffle, prefetch
+        #: True while the sharder has nothing for this worker yet (others hold the epoch's last shards).
+        self.waiting = False
         self.request_timeout_s, self.wait_s = request_timeout_s, wait_s
         self.epoch = 0
         self.finished = False
@@ -96,13 +99,27 @@ class ShardedDataset(IterableDataset):
             self._client.done(epoch, shard_id, attempt)
 
     def _shards(self, client: ShardClient, epoch: int):
-        """Granted shards of ``epoch``, each once, until the sharder ends the epoch."""
+        """Granted shards of ``epoch``, each once, until the sharder ends the epoch.
+
+        With ``prefetch`` the next request is sent as a shard starts, so its
+        answer is usually waiting when the shard is finished and reading
+        never stalls on the round trip to the sharder. An answer older than a
+        quarter of the lease is not trusted (a long stall may have cost a
+        prefetched shard its lease): the request is made again.
+        """
         seen: set[tuple[int, int]] = set()
+        ahead: tuple[int, float] | None = None  # (seq, sent at) of the request sent as the last shard started
         while True:
+            early = ahead is not None and time.monotonic() - ahead[1] < self.spec.lease_s / 4
             try:
-                answer = client.request(epoch, quota=self.quota, timeout_s=self.request_timeout_s)
+                if early:
+                    answer = client.wait_answer(ahead[0], self.request_timeout_s, flush=False)
+                else:
+                    answer = client.request(epoch, quota=self.quota, timeout_s=self.request_timeout_s)
             except NoAnswer:
+                ahead = None
                 continue  # the sharder is restarting or taking the job over: ask again
+            ahead = None
             if answer.status is AssignmentStatus.FINISHED:
                 self.finished = True
                 return
@@ -110,12 +127,17 @@ class ShardedDataset(IterableDataset):
                 return
             fresh = [s for s in answer.shards if (s.shard_id, s.attempt) not in seen]
             if not fresh:
-                time.sleep(self.wait_s)  # WAIT: others hold the last shards of the epoch
+                if not early:  # an early answer predates the last DONE: ask again at once
+                    self.waiting = True
+                    time.sleep(self.wait_s)  # WAIT: others hold the last shards of the epoch
                 continue
+            self.waiting = False
             # One shard per answer: the next request re-confirms what is still held,
             # so a prefetched shard whose lease ran out meanwhile is never read.
             shard = fresh[0]
             seen.add((shard.shard_id, shard.attempt))
+            if self.prefetch:
+                ahead = (client.ask(epoch, quota=self.quota), time.monotonic())
             yield shard, answer.epoch
 
     def _positions(self, epoch: int, shard) -> list[int]:
@@ -134,6 +156,16 @@ class ShardedDataset(IterableDataset):
             self._client = ShardClient(self.settings, self.job_id, identity, self.spec)
             self._client_pid = os.getpid()
         return self._client
+
+    def prepare(self, timeout_s: float = 60.0) -> None:
+        """Ask the sharder once before training starts.
+
+        The first request of a job defines its dataset and makes a sharder
+        its writer (an election read back through the log), which takes a
+        moment; doing it here keeps that out of the first training step.
+        The shards granted stay held and are the first ones read.
+        """
+        self._client_for_this_process().request(self.epoch, quota=self.quota, timeout_s=timeout_s)
 
     def checkpoint_version(self, step: int | None = None) -> int:
         """The shard-state version to store with a model checkpoint (reports flushed first)."""

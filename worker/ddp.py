@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 
 import torch
@@ -75,10 +75,13 @@ class WeightedGradientAverager:
     ``local_batch_size=0``). Use it *instead of* DDP's own gradient averaging
     (wrap the model in nothing, or use DDP's ``no_sync()``).
 
-    Collectives per call: one small all-reduce (the batch sizes and which
-    parameters have a gradient anywhere), then one all-reduce per (device,
-    dtype) of the gradients, flattened into one buffer, so the count stays
-    constant however many parameters the model has.
+    Collectives per call: one, when every gradient shares a device and is
+    float32 or float64: the batch sizes, which parameters have a gradient
+    anywhere, and the batch-weighted gradients travel in one flat buffer.
+    Otherwise (mixed devices or dtypes, half precision, whose mantissa cannot
+    carry batch sizes exactly) one small integer all-reduce, then one per
+    (device, dtype). Either way the count stays constant however many
+    parameters the model has, and is the same on every rank.
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, sync_timer: SyncTimer | None = None):
@@ -105,44 +108,93 @@ class WeightedGradientAverager:
         gradients become None everywhere; skip the optimizer step then.
         Without torch.distributed (or with one rank) nothing changes.
         """
+        return self.sync_counting(model_or_params, local_batch_size, (), sync_timer)[0]
+
+    def sync_counting(
+        self, model_or_params: torch.nn.Module | Iterable[torch.Tensor], local_batch_size: int,
+        counters: Sequence[int] = (), sync_timer: SyncTimer | None = None,
+    ) -> tuple[int, list[int]]:
+        """:meth:`sync`, plus small non-negative integers summed over the ranks in the same collective.
+
+        For loop control that would otherwise cost a collective of its own
+        (how many ranks still have data, say). Returns (global batch, sums).
+        """
         if isinstance(local_batch_size, bool) or not isinstance(local_batch_size, int) or local_batch_size < 0:
             raise ValueError(f"local_batch_size must be an int >= 0, got {local_batch_size!r}")
+        counters = [int(c) for c in counters]
+        if any(c < 0 for c in counters):
+            raise ValueError(f"counters must be >= 0, got {counters}")
         params = _parameters(model_or_params)
-        if world_size(self.group) == 1:
-            return local_batch_size
+        world = world_size(self.group)
+        if world == 1:
+            return local_batch_size, counters
         for param in params:
             if param.grad is not None and param.grad.is_sparse:
                 raise ValueError("sparse gradients are not supported")
         timer = sync_timer or self.sync_timer
+        with (timer or _no_timer)():
+            if _one_buffer_fits(params, [local_batch_size, *counters], world):
+                global_batch, sums = self._one_collective(params, local_batch_size, counters)
+            else:
+                global_batch, sums = self._two_collectives(params, local_batch_size, counters)
+        return global_batch, sums
+
+    def _one_collective(self, params: list[torch.nn.Parameter], local_batch_size: int,
+                        counters: list[int]) -> tuple[int, list[int]]:
+        """[b_i, counters, has_grad flags, b_i * gradients] in one all-reduce, divided by B afterwards.
+
+        sum_i(b_i g_i) / B is the same average as sum_i((b_i / B) g_i); the
+        control numbers ride along exactly (checked by :func:`_one_buffer_fits`).
+        """
+        contributes = local_batch_size > 0
+        head = [local_batch_size, *counters] + [int(contributes and p.grad is not None) for p in params]
+        flat = self._flatten(params, float(local_batch_size), contributes) if params else torch.zeros(0)
+        buffer = torch.cat([torch.tensor(head, dtype=flat.dtype, device=flat.device), flat])
+        dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group)
+        _finish_cuda([buffer])
+        control = [round(x) for x in buffer[:len(head)].tolist()]
+        global_batch, sums, has_grad = control[0], control[1:1 + len(counters)], control[1 + len(counters):]
+        grads = buffer[len(head):]
+        if global_batch:
+            grads.div_(global_batch)
+        offset = 0
+        for param, anywhere in zip(params, has_grad):
+            n = param.numel()
+            if anywhere and global_batch:
+                self._unflatten([param], grads[offset:offset + n])
+            else:
+                param.grad = None
+            offset += n
+        return global_batch, sums
+
+    def _two_collectives(self, params: list[torch.nn.Parameter], local_batch_size: int,
+                         counters: list[int]) -> tuple[int, list[int]]:
+        """Mixed devices or dtypes, or low-precision gradients: exact integers first, then one buffer per (device, dtype)."""
         device = _collective_device(self.group, params)
         contributes = local_batch_size > 0
-        # [b_i, has_grad_0, ..., has_grad_n]: the only step where the ranks learn about each other.
+        # [b_i, counters, has_grad_0, ..., has_grad_n]: where the ranks learn about each other.
         control = torch.tensor(
-            [local_batch_size] + [int(contributes and param.grad is not None) for param in params],
+            [local_batch_size, *counters] + [int(contributes and param.grad is not None) for param in params],
             dtype=torch.int64, device=device,
         )
-        with (timer or _no_timer)():
-            dist.all_reduce(control, op=dist.ReduceOp.SUM, group=self.group)
-            control = control.tolist()
-            global_batch, has_grad = control[0], control[1:]
-            weight = local_batch_size / global_batch if global_batch else 0.0
-            buckets: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
-            for param, anywhere in zip(params, has_grad):
-                if anywhere:
-                    buckets.setdefault((param.device, param.dtype), []).append(param)
-                else:
-                    param.grad = None  # consistent on every rank: no rank with samples had a gradient
-            flats = [self._flatten(members, weight, contributes) for members in buckets.values()]
-            works = [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True) for flat in flats]
-            for work in works:
-                work.wait()
-            if timer is not None:  # CUDA collectives return before they finish; the timer must see their end
-                for flat in flats:
-                    if flat.is_cuda:
-                        torch.cuda.current_stream(flat.device).synchronize()
+        dist.all_reduce(control, op=dist.ReduceOp.SUM, group=self.group)
+        control = control.tolist()
+        global_batch, sums, has_grad = control[0], control[1:1 + len(counters)], control[1 + len(counters):]
+        weight = local_batch_size / global_batch if global_batch else 0.0
+        buckets: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
+        for param, anywhere in zip(params, has_grad):
+            if anywhere:
+                buckets.setdefault((param.device, param.dtype), []).append(param)
+            else:
+                param.grad = None  # consistent on every rank: no rank with samples had a gradient
+        flats = [self._flatten(members, weight, contributes) for members in buckets.values()]
+        works = [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True) for flat in flats]
+        for work in works:
+            work.wait()
+        _finish_cuda(flats)
         for members, flat in zip(buckets.values(), flats):
             self._unflatten(members, flat)
-        return global_batch
+        return global_batch, sums
 
     @staticmethod
     def _flatten(members: list[torch.nn.Parameter], weight: float, contributes: bool) -> torch.Tensor:
@@ -168,6 +220,26 @@ class WeightedGradientAverager:
             else:
                 param.grad.copy_(reduced)  # in place: keeps the optimizer's and hooks' view of .grad
             offset += n
+
+
+_EXACT_INTEGERS = {torch.float32: 2 ** 24, torch.float64: 2 ** 53}
+
+
+def _one_buffer_fits(params: list[torch.nn.Parameter], integers: list[int], world: int) -> bool:
+    """One collective works when every gradient shares a device and a float type that holds the sums exactly."""
+    kinds = {(p.device, p.dtype) for p in params}
+    if len(kinds) > 1:
+        return False
+    dtype = next(iter(kinds))[1] if kinds else torch.float32
+    limit = _EXACT_INTEGERS.get(dtype)
+    return limit is not None and max(integers, default=0) * world < limit
+
+
+def _finish_cuda(buffers: list[torch.Tensor]) -> None:
+    """CUDA collectives return before they finish; a timer around them must see their end."""
+    for buffer in buffers:
+        if buffer.is_cuda:
+            torch.cuda.current_stream(buffer.device).synchronize()
 
 
 def agreed_checkpoint_version(

@@ -15,7 +15,7 @@ import uuid
 
 
 from antdt.bus.clients import make_consumer, make_producer
-from antdt.bus.markers import marker_id
+from antdt.bus.markers import marker_id, send_marker
 from antdt.bus.readers import follow_key, poll_batch
 from antdt.errors import AntdtError
 from antdt.schemas.codec import Codec, make_codec
@@ -23,6 +23,11 @@ from antdt.schemas.models import DatasetSpec, ProgressKind, ShardAssignment, Sha
 from antdt.schemas.types import utc_now
 from antdt.settings import Settings
 from antdt.topics import topic_spec, worker_key
+
+
+#: When an answer is this late, write a marker to our partition (see ShardClient._nudge), then again every second.
+NUDGE_AFTER_S = 0.25
+NUDGE_EVERY_S = 1.0
 
 
 class NoAnswer(AntdtError):
@@ -63,10 +68,13 @@ class ShardClient:
         self._producer.poll(0)
         return seq
 
+    def ask(self, epoch: int, quota: int | None = None) -> int:
+        """Ask for shards up to ``quota`` without waiting; :meth:`wait_answer` with the seq returned collects the answer."""
+        return self.send(ProgressKind.REQUESTED, epoch, quota=quota, dataset=self.dataset)
+
     def request(self, epoch: int, quota: int | None = None, timeout_s: float = 10.0) -> ShardAssignment:
         """Ask for shards up to ``quota``; block until the sharder answers."""
-        seq = self.send(ProgressKind.REQUESTED, epoch, quota=quota, dataset=self.dataset)
-        return self.wait_answer(seq, timeout_s)
+        return self.wait_answer(self.ask(epoch, quota), timeout_s)
 
     def started(self, epoch: int, shard_id: int, attempt: int, step: int | None = None) -> None:
         self.send(ProgressKind.STARTED, epoch, shard_id=shard_id, attempt=attempt, step=step)
@@ -91,11 +99,22 @@ class ShardClient:
 
     # ------------------------------------------------------------ receiving
 
-    def wait_answer(self, seq: int, timeout_s: float = 10.0) -> ShardAssignment:
-        """The answer to request ``seq``; answers from a fenced (older) sharder are ignored."""
-        self._producer.flush(timeout_s)
+    def wait_answer(self, seq: int, timeout_s: float = 10.0, flush: bool = True) -> ShardAssignment:
+        """The answer to request ``seq``; answers from a fenced (older) sharder are ignored.
+
+        ``flush`` first waits until everything sent is acknowledged; a caller
+        collecting the answer to a request sent long ago skips that round trip.
+        """
+        if flush:
+            self._producer.flush(timeout_s)
+        else:
+            self._producer.poll(0)
         deadline = time.monotonic() + timeout_s
+        nudge_at = time.monotonic() + NUDGE_AFTER_S
         while time.monotonic() < deadline:
+            if time.monotonic() >= nudge_at:
+                self._nudge()
+                nudge_at = time.monotonic() + NUDGE_EVERY_S
             for message in poll_batch(self._consumer, 100, min(0.05, max(0.001, deadline - time.monotonic()))):
                 if message.key() != self._key or marker_id(message) is not None:
                     continue
@@ -106,6 +125,18 @@ class ShardClient:
                 if answer.in_reply_to == seq:
                     return answer
         raise NoAnswer(f"no answer from the sharder to {self.worker_id}'s request {seq} within {timeout_s:.0f} s")
+
+    def _nudge(self) -> None:
+        """Append a marker to our answer partition: a late answer becomes readable.
+
+        Some brokers (the embedded one) can leave a partition's last record
+        invisible to fetches until the next write to that partition. The
+        sharder's answers to one worker are the only writes to its key, so
+        an answer could otherwise stay hidden until the request timed out.
+        Readers skip markers; a slow sharder just sees a few extra records.
+        """
+        send_marker(self._producer, self._assignments_topic, self._key)
+        self._producer.poll(0)
 
     def close(self) -> None:
         self._producer.flush(5)

@@ -13,6 +13,9 @@ drops the per-event bookkeeping of Faust's own Monitor sensor.
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import ssl
 from typing import Any
 
@@ -77,6 +80,12 @@ def broker_credentials(settings: Settings) -> Any:
     return None
 
 
+def _faust_dir() -> str:
+    path = os.path.join(tempfile.gettempdir(), "antdt-faust")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 def make_faust_app(settings: Settings, app_id: str, **overrides: Any) -> faust.App:
     """A Faust app configured from settings; ``overrides`` win over every default."""
     register_codec(settings)
@@ -89,6 +98,9 @@ def make_faust_app(settings: Settings, app_id: str, **overrides: Any) -> faust.A
         "topic_disable_leader": True,
         "consumer_auto_offset_reset": "earliest",
         "store": "memory://",
+        # Faust keeps per-app files (even with the memory store) under datadir,
+        # by default in the working directory; the temp dir keeps checkouts clean.
+        "datadir": os.path.join(_faust_dir(), "{conf.name}-data"),
         # Faust pauses a partition when its stream buffer is 80 % full and
         # resumes it at 40 %; at the default 4096 the pauses cost about half
         # the throughput of a busy worker. Full only under a backlog, it then

@@ -1,39 +1,91 @@
-"""``antdt demo``: start what is needed and show antdt working.
+"""``antdt demo``: a straggler scenario through the real services, live, with a report at the end.
 
-Until the full straggler demo lands, this runs the bus check
-(:mod:`antdt.buscheck`) on the embedded broker, or on
-``ANTDT_BOOTSTRAP_SERVERS`` when that is set.
+Starts the embedded broker (or uses ``ANTDT_BOOTSTRAP_SERVERS``), the
+monitor, the controller and the sharder, then one process per scenario
+worker training a real small model; shows a live dashboard; ends with the
+wall time against the ideal, the commands issued and the audit of the
+shard log, and writes the report (PNG plots and ``summary.md``).
 """
 
 from __future__ import annotations
 
-import os
-from contextlib import nullcontext
+import time
+from enum import Enum
+from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from antdt.broker import EmbeddedBroker
-from antdt.buscheck import run_bus_check
-from antdt.settings import BrokerProfile, load_settings
+from antdt.demo.environment import run_bus
+from antdt.demo.scenario import Scenario
+from antdt.shutdown import interrupt_on_sigterm
+
+SCENARIO_HELP = "A scenario file (YAML or JSON) or a shipped one: standard, short."
 
 
-def demo() -> None:
-    """Run the bus check: every message type through a real broker, plus the dead-letter path."""
+class Policy(str, Enum):
+    ND = "nd"
+    DD = "dd"
+    OFF = "off"
+
+
+def load_scenario(scenario: str, workers: int | None) -> Scenario:
+    """The scenario, trimmed or extended to ``workers``; a bad file is a one-line usage error."""
+    from antdt.errors import ConfigError
+
+    try:
+        loaded = Scenario.load(scenario)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--scenario'") from None
+    return loaded.with_workers(workers) if workers else loaded
+
+
+def default_out(kind: str) -> Path:
+    return Path("reports") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def demo(
+    scenario: str = typer.Option("standard", "--scenario", help=SCENARIO_HELP),
+    policy: Policy | None = typer.Option(None, "--policy", help="nd, dd or off (default: the scenario's cluster mode)."),
+    workers: int | None = typer.Option(None, "--workers", min=2, max=64, help="Run this many of the scenario's workers."),
+    out: Path | None = typer.Option(None, "--out", file_okay=False, help="Report directory (default reports/demo-<time>)."),
+    dashboard: bool = typer.Option(True, "--dashboard/--no-dashboard", help="Live dashboard (off: one line per 5 s)."),
+) -> None:
+    """Run a straggler scenario through antdt, live, and write the report."""
+    from antdt.demo.dashboard import Dashboard
+    from antdt.demo.harness import demo_plan, run_plan
+    from antdt.demo.report import audit_text, write_report
+
+    chosen = load_scenario(scenario, workers)
+    plan = demo_plan(chosen, policy.value if policy else None)
+    out = out or default_out("demo")
     console = Console()
-    external = "ANTDT_BOOTSTRAP_SERVERS" in os.environ
-    with nullcontext() if external else EmbeddedBroker() as broker:
-        overrides = {} if external else {"bootstrap_servers": broker.bootstrap_servers, "broker_profile": BrokerProfile.EMBEDDED}
-        settings = load_settings(**overrides)
-        where = settings.bootstrap_servers if external else f"embedded broker {settings.bootstrap_servers} (ready in {broker.ready_after_s:.3f} s)"
-        console.print(f"[bold]antdt bus check[/bold] on {where}")
-        result = run_bus_check(settings)
-    table = Table("topic", "message", "bytes", "round trip ms", "decoded equal")
-    for row in result.rows:
-        table.add_row(row.topic, row.message, str(row.encoded_bytes), f"{row.round_trip_ms:.1f}", "yes" if row.decoded_equal else "[red]NO[/red]")
-    console.print(table)
-    console.print(f"corrupt records dead-lettered: {result.dead_lettered}")
-    console.print("[green]bus check passed[/green]" if result.ok else "[red]bus check FAILED[/red]")
-    if not result.ok:
+    with interrupt_on_sigterm(), run_bus() as (settings, where):
+        console.print(f"[bold]antdt demo[/bold]: scenario [cyan]{chosen.name}[/cyan] ({len(chosen.workers)} workers, "
+                      f"{chosen.total_samples:,} samples), {plan.label}, on {where}")
+        console.print("starting the services and the workers...")
+        if dashboard:
+            with Dashboard(chosen, f"{chosen.name}: {plan.label}", console) as view:
+                result = run_plan(chosen, plan, settings, out, on_tick=view.tick)
+        else:
+            result = run_plan(chosen, plan, settings, out, on_tick=_plain_ticker(console))
+    files = write_report([result], out)
+    console.print(f"wall time [bold]{result.wall_s:.1f} s[/bold], ideal {result.ideal_s:.1f} s: "
+                  f"efficiency [bold]{result.efficiency:.3f}[/bold]; {result.timeline.verdicts} verdicts, "
+                  f"{result.commands} commands, {result.restarts} restarts")
+    console.print(f"audit: {audit_text(result)}")
+    console.print("report: " + ", ".join(str(path) for path in files))
+    if result.audit_ok is False:
         raise typer.Exit(1)
+
+
+def _plain_ticker(console: Console, every_s: float = 5.0):
+    """One line every ``every_s``: for logs and CI, where a live view is noise."""
+    state = {"next": 0.0}
+
+    def tick(timeline, elapsed_s: float) -> None:
+        if elapsed_s >= state["next"]:
+            state["next"] = elapsed_s + every_s
+            console.print(f"{elapsed_s:6.1f} s: {timeline.samples:,} samples, {len(timeline.commands)} commands, "
+                          f"{timeline.verdicts} verdicts")
+    return tick

@@ -45,13 +45,17 @@ class Net(torch.nn.Module):
         mask = x[:, 0] > RARE
         if mask.any():
             out = out.clone()
-            out[mask] = out[mask] + self.rare(x[mask])
+            rare = self.rare.weight.dtype  # float32 in the mixed-precision variant
+            out[mask] = out[mask] + self.rare(x[mask].to(rare)).to(out.dtype)
         return out
 
 
-def new_model() -> tuple[Net, torch.optim.Optimizer]:
+def new_model(mixed: bool = False) -> tuple[Net, torch.optim.Optimizer]:
+    """float64 throughout (one collective per sync), or a float32 head (the two-collective path)."""
     torch.manual_seed(1234)
     model = Net().double()
+    if mixed:
+        model.rare.float()
     # Weight decay and momentum make a zero gradient differ from a missing one: None must stay None.
     return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
 
@@ -77,9 +81,9 @@ def train_step(model: Net, x: torch.Tensor, y: torch.Tensor) -> None:
     torch.nn.functional.mse_loss(model(x), y).backward()  # the MEAN over the batch
 
 
-def reference(world: int) -> dict[str, torch.Tensor]:
+def reference(world: int, mixed: bool) -> dict[str, torch.Tensor]:
     """Single-process training on the concatenated batches."""
-    model, optimizer = new_model()
+    model, optimizer = new_model(mixed)
     for step in range(STEPS):
         x, y, _ = batch(world, step)
         optimizer.zero_grad()
@@ -88,7 +92,7 @@ def reference(world: int) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def rank_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
+def rank_main(rank: int, world: int, init_file: str, out_dir: str, mixed: bool) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60),
@@ -104,8 +108,8 @@ def rank_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
             return timer
 
         averager = WeightedGradientAverager(sync_timer=timer_named("default"))
-        model, optimizer = new_model()
-        global_batches = []
+        model, optimizer = new_model(mixed)
+        global_batches, counted = [], []
         for step in range(STEPS):
             x, y, sizes = batch(world, step)
             start = sum(sizes[:rank])
@@ -116,7 +120,12 @@ def rank_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
                 for param in model.parameters():
                     param.grad = torch.full_like(param, math.nan)
             this_call = timer_named("per call") if step % 2 else None
-            global_batches.append(averager.sync(model, sizes[rank], this_call))
+            if step % 3:
+                global_batches.append(averager.sync(model, sizes[rank], this_call))
+            else:  # with counters riding along: each rank adds rank + 1
+                total, sums = averager.sync_counting(model, sizes[rank], [rank + 1, 0], this_call)
+                global_batches.append(total)
+                counted.append(sums)
             optimizer.step()
 
         flushed = []
@@ -129,7 +138,7 @@ def rank_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
         except DistributedError:
             failure = "told"
         torch.save(
-            {"state": model.state_dict(), "global_batches": global_batches, "timed": timed,
+            {"state": model.state_dict(), "global_batches": global_batches, "timed": timed, "counted": counted,
              "version": version, "flushed": len(flushed), "failure": failure},
             Path(out_dir) / f"rank{rank}.pt",
         )
@@ -138,14 +147,16 @@ def rank_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 3])
-def test_weighted_average_equals_single_process_on_the_whole_batch(world: int, tmp_path: Path):
-    mp.spawn(rank_main, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world, join=True)
-    expected = reference(world)
+@pytest.mark.parametrize(("world", "mixed"), [(2, False), (3, False), (3, True)])
+def test_weighted_average_equals_single_process_on_the_whole_batch(world: int, mixed: bool, tmp_path: Path):
+    mp.spawn(rank_main, args=(world, str(tmp_path / "init"), str(tmp_path), mixed), nprocs=world, join=True)
+    expected = reference(world, mixed)
     for rank in range(world):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         for name, value in expected.items():
-            torch.testing.assert_close(got["state"][name], value, atol=1e-10, rtol=0, msg=f"rank {rank} {name}")
+            tolerance = 1e-5 if mixed else 1e-10  # the float32 head rounds what flows through it
+            torch.testing.assert_close(got["state"][name], value, atol=tolerance, rtol=0, msg=f"rank {rank} {name}")
+        assert got["counted"] == [[world * (world + 1) // 2, 0]] * len(range(0, STEPS, 3))
         assert got["global_batches"] == [sum(batch(world, step)[2]) for step in range(STEPS)]
         assert got["timed"] == ["default", "per call"] * (STEPS // 2)
         assert got["version"] == 41 and got["flushed"] == 1

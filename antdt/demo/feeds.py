@@ -1,0 +1,117 @@
+"""Where a synchronous worker's samples come from: dynamic shards or a static slice.
+
+Under synchronous all-reduce every rank must join every step's collective,
+so a rank may never block on the sharder while the others wait for it: at
+the end of an epoch the last shards are held by other ranks, which cannot
+finish them unless this rank keeps stepping. :class:`ShardFeed` therefore
+reads the :class:`~antdt.worker.dataset.ShardedDataset` on a thread of its
+own, and :meth:`ShardFeed.take` hands out a full batch when there is one,
+or whatever is buffered (possibly nothing) while the sharder has nothing
+for this rank. Note the consequence for the audit log: a shard is reported
+DONE once its last sample is in the buffer, a batch or two before it is
+trained (as with DataLoader worker processes).
+
+:class:`StaticFeed` is the baseline's static sharding: rank ``r`` of ``n``
+trains positions ``r, r + n, ...`` of a seeded per-epoch permutation, the
+way ``DistributedSampler`` splits a dataset.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+import torch
+
+from antdt.worker.dataset import ShardedDataset
+
+
+class ShardFeed:
+    """A bounded buffer filled from a ShardedDataset by a background thread."""
+
+    def __init__(self, dataset: ShardedDataset, capacity: int | Callable[[], int]):
+        """``capacity``: samples buffered at most; a callable is asked each time (say, twice the current batch)."""
+        self.dataset = dataset
+        self.capacity = capacity if callable(capacity) else (lambda: capacity)
+        self._buffer: deque = deque()
+        self._changed = threading.Condition()
+        self._source_done = False
+        self._stopped = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._fill, name="antdt-shard-feed", daemon=True)
+
+    def start(self) -> ShardFeed:
+        self._thread.start()
+        return self
+
+    def _fill(self) -> None:
+        try:
+            while not self.dataset.finished and not self._stopped:
+                for sample in self.dataset:  # one epoch
+                    with self._changed:
+                        while len(self._buffer) >= self.capacity() and not self._stopped:
+                            self._changed.wait(0.1)
+                        self._buffer.append(sample)
+                        self._changed.notify_all()
+                    if self._stopped:
+                        return
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the training thread by take()
+            self.error = exc
+        finally:
+            with self._changed:
+                self._source_done = True
+                self._changed.notify_all()
+
+    @property
+    def exhausted(self) -> bool:
+        """Every epoch is finished and every buffered sample handed out."""
+        with self._changed:
+            return self._source_done and not self._buffer
+
+    def take(self, wanted: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Up to ``wanted`` samples stacked; a short (or no) batch only while the sharder has nothing more."""
+        with self._changed:
+            while (len(self._buffer) < wanted and not self._source_done and not self.dataset.waiting
+                   and not self._stopped):
+                self._changed.wait(0.05)
+            if self.error is not None:
+                raise self.error
+            count = min(wanted, len(self._buffer))
+            samples = [self._buffer.popleft() for _ in range(count)]
+            self._changed.notify_all()
+        if not samples:
+            return None
+        return torch.stack([x for x, _ in samples]), torch.stack([y for _, y in samples])
+
+    def close(self) -> None:
+        with self._changed:
+            self._stopped = True
+            self._changed.notify_all()
+        self._thread.join(5)
+        self.dataset.close()
+
+
+class StaticFeed:
+    """Rank ``rank``'s fixed slice of every epoch, in order: no sharder, no dynamic balance."""
+
+    def __init__(self, inputs: torch.Tensor, labels: torch.Tensor, rank: int, world: int, epochs: int, seed: int):
+        order = [torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed + epoch))[rank::world]
+                 for epoch in range(epochs)]
+        self._positions = torch.cat(order)
+        self._inputs, self._labels = inputs, labels
+        self._next = 0
+
+    @property
+    def exhausted(self) -> bool:
+        return self._next >= len(self._positions)
+
+    def take(self, wanted: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        chosen = self._positions[self._next:self._next + wanted]
+        self._next += len(chosen)
+        if not len(chosen):
+            return None
+        return self._inputs[chosen], self._labels[chosen]
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,187 @@
+"""The run's report: PNG plots and a Markdown summary, written where the user can open them.
+
+* ``throughput.png``: each worker's measured throughput over time, its
+  nominal speed from the scenario (dashed), and a marker for every verdict
+  (red) and command (green) that concerned it;
+* ``progress.png``: cumulative samples trained against the ideal (and, from
+  ``antdt bench``, every plan on the same axes);
+* ``summary.md``: the scenario, the figures, the commands and the audit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on servers and CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+from antdt.demo.harness import RunResult  # noqa: E402
+
+
+def cumulative(result: RunResult) -> tuple[list[float], list[float]]:
+    """(times, samples trained by then) from every worker's reports."""
+    tracks, _, _ = result.timeline.snapshot()
+    points = sorted((p.t, p.samples) for track in tracks.values() for p in track.points)
+    times, totals, done = [0.0], [0.0], 0
+    for t, samples in points:
+        done += samples
+        times.append(max(0.0, t))
+        totals.append(done)
+    return times, totals
+
+
+def reactions(result: RunResult) -> list[dict]:
+    """For each slowdown the scenario injects: how long until the first verdict and the first command on that worker.
+
+    Onsets are the starts of episodes, and time 0 for a worker slower than
+    the base speed throughout. None means nothing came (before the run ended).
+    """
+    rows = []
+    markers = result.timeline.markers
+    for worker in result.scenario.workers:
+        onsets = ([0.0] if worker.speed < 1 else []) + [e.start_s for e in worker.episodes if e.start_s < result.wall_s]
+        for onset in onsets:
+            verdict = next((m.t for m in sorted(markers, key=lambda m: m.t) if m.worker == worker.name
+                            and m.kind == "verdict" and "straggler" in m.label and m.t >= onset), None)
+            command = next((m.t for m in sorted(markers, key=lambda m: m.t) if m.worker == worker.name
+                            and m.kind == "command" and m.t >= onset), None)
+            rows.append({"worker": worker.name, "onset_s": onset,
+                         "verdict_after_s": None if verdict is None else round(verdict - onset, 3),
+                         "command_after_s": None if command is None else round(command - onset, 3)})
+    return rows
+
+
+SPLIT = ("compute", "data_wait", "sync_wait")
+
+
+def worker_splits(result: RunResult) -> dict[str, dict[str, float]]:
+    """Per worker, seconds of paced compute, waiting for data (shards) and waiting at the barrier."""
+    tracks, _, _ = result.timeline.snapshot()
+    return {worker: {name: round(getattr(track, f"{name}_s"), 3) for name in SPLIT} for worker, track in tracks.items()}
+
+
+def time_split(result: RunResult) -> dict[str, float]:
+    """:func:`worker_splits` averaged over the workers."""
+    splits = worker_splits(result)
+    return {name: round(sum(s[name] for s in splits.values()) / max(1, len(splits)), 3) for name in SPLIT}
+
+
+def plot_throughput(result: RunResult, path: Path) -> Path:
+    scenario = result.scenario
+    tracks, _, _ = result.timeline.snapshot()
+    names = [w.name for w in scenario.workers]
+    figure, axes = plt.subplots(len(names), 1, sharex=True, figsize=(10, 1.4 * len(names) + 1), squeeze=False)
+    end = max(result.wall_s, 1.0)
+    grid = [end * i / 400 for i in range(401)]
+    for rank, (name, axis) in enumerate(zip(names, axes[:, 0])):
+        track = tracks.get(name)
+        if track is not None and track.points:
+            axis.plot([p.t for p in track.points], [p.samples_per_s for p in track.points], lw=1, label="measured")
+        axis.plot(grid, [scenario.speed_at(rank, t) for t in grid], ls="--", lw=0.8, color="grey", label="nominal")
+        for marker in result.timeline.markers:
+            if marker.worker == name and 0 <= marker.t <= end * 1.05:
+                colour = "red" if marker.kind == "verdict" else "green"
+                axis.axvline(marker.t, color=colour, lw=0.8, ls=":" if marker.kind == "command" else "-")
+                axis.annotate(marker.label, (marker.t, 0), xytext=(2, 2), textcoords="offset points", fontsize=6,
+                              color=colour, rotation=90, va="bottom")
+        axis.set_ylabel(name, rotation=0, ha="right", va="center")
+        axis.set_ylim(bottom=0)
+    axes[0, 0].set_title(f"{scenario.name} / {result.plan.label}: samples/s per worker "
+                         "(red: verdicts, green: commands, dashed: nominal speed)", fontsize=9)
+    axes[-1, 0].set_xlabel("seconds since start")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def plot_progress(results: list[RunResult], path: Path) -> Path:
+    figure, axis = plt.subplots(figsize=(9, 5))
+    scenario = results[0].scenario
+    longest = max(r.wall_s for r in results)
+    ideal = scenario.ideal_curve(longest)
+    axis.plot([t for t, _ in ideal], [s for _, s in ideal], color="black", ls="--",
+              label=f"ideal ({results[0].ideal_s:.1f} s)")
+    for result in results:
+        times, totals = cumulative(result)
+        axis.plot(times, totals, label=f"{result.plan.label} ({result.wall_s:.1f} s, efficiency {result.efficiency:.2f})")
+    axis.axhline(scenario.total_samples, color="grey", lw=0.5)
+    axis.set_xlabel("seconds since start")
+    axis.set_ylabel("samples trained")
+    axis.set_title(f"{scenario.name}: cumulative samples against the ideal")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def audit_text(result: RunResult) -> str:
+    if result.audit is None:
+        return "no sharder (static sharding): nothing to audit"
+    if result.audit_ok:
+        epochs = result.audit["epochs"]
+        once = sum(e["samples_done_once"] for e in epochs)
+        return f"clean: {len(epochs)} epoch(s), {once:,} samples each trained exactly once per epoch"
+    return "VIOLATIONS: " + "; ".join(result.audit["violations"][:5]) or "job not finished"
+
+
+def results_table(results: list[RunResult], baseline: RunResult | None = None) -> list[str]:
+    lines = ["| plan | wall time | ideal | efficiency | speedup over baseline | commands | restarts | audit |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        speedup = f"{baseline.wall_s / r.wall_s:.2f}x" if baseline is not None else "-"
+        audit = "-" if r.audit_ok is None else ("clean" if r.audit_ok else "FAILED")
+        lines.append(f"| {r.plan.label} | {r.wall_s:.1f} s | {r.ideal_s:.1f} s | {r.efficiency:.3f} | {speedup} | "
+                     f"{r.commands} | {r.restarts} | {audit} |")
+    return lines
+
+
+def write_summary(results: list[RunResult], out_dir: Path, images: list[Path], baseline: RunResult | None = None) -> Path:
+    scenario = results[0].scenario
+    lines = [f"# antdt run: {scenario.name}", "", scenario.description, "",
+             f"{len(scenario.workers)} workers, base rate {scenario.base_rate:g} samples/s, "
+             f"{scenario.dataset_size:,} samples x {scenario.epochs} epoch(s) in shards of {scenario.shard_size}, "
+             f"noise ±{scenario.noise.amplitude:.0%} every {scenario.noise.period_s:g} s. "
+             "Each step is real torch work plus a calibrated pause to the scenario's speed "
+             "(see antdt/demo/pacing.py).", "",
+             "| worker | speed | episodes |", "|---|---|---|"]
+    lines += [f"| {name} | {speed} | {episodes} |" for name, speed, episodes in scenario.summary_rows()]
+    lines += ["", "## Results", "", *results_table(results, baseline), "",
+              "Ideal time = total work / the workers' summed speed (integrated over the scenario's episodes and noise); "
+              "efficiency = ideal / wall time.", ""]
+    for result in results:
+        lines += [f"## {result.plan.label}", "", f"- job id: `{result.job_id}`",
+                  f"- samples trained: {result.samples:,}; verdicts: {result.timeline.verdicts}; "
+                  f"commands: {result.commands}; restarts: {result.restarts}",
+                  f"- audit: {audit_text(result)}", ""]
+        split = time_split(result)
+        lines.append(f"- per worker, on average: {split['compute']:.1f} s computing, {split['data_wait']:.2f} s waiting "
+                     f"for data, {split['sync_wait']:.2f} s waiting at the barrier")
+        for row in reactions(result):
+            verdict = "no verdict" if row["verdict_after_s"] is None else f"verdict after {row['verdict_after_s']:.1f} s"
+            command = "no command" if row["command_after_s"] is None else f"command after {row['command_after_s']:.1f} s"
+            lines.append(f"- {row['worker']} slowed at {row['onset_s']:g} s: {verdict}, {command}")
+        lines.append("")
+        if result.timeline.commands:
+            lines += ["| at | worker | command | acks |", "|---|---|---|---|"]
+            lines += [f"| {c.t:.1f} s | {c.worker} | {c.text} | "
+                      f"{', '.join(f'{k.lower()} {v}' for k, v in sorted(c.acks.items())) or '-'} |"
+                      for c in result.timeline.commands]
+            lines.append("")
+    lines += ["## Plots", ""] + [f"![{image.stem}]({image.name})" for image in images]
+    path = out_dir / "summary.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_report(results: list[RunResult], out_dir: Path, baseline: RunResult | None = None) -> list[Path]:
+    """Every file of the report, in ``out_dir``; returns their paths (summary first)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images = [plot_progress(results, out_dir / "progress.png")]
+    for result in results:
+        suffix = "" if len(results) == 1 else f"-{result.plan.name}"
+        images.append(plot_throughput(result, out_dir / f"throughput{suffix}.png"))
+    return [write_summary(results, out_dir, images, baseline), *images]

@@ -1,0 +1,215 @@
+"""Scenarios: who trains how fast, when stragglers strike, and the ideal time that allows.
+
+A scenario file (YAML or JSON, see ``scenarios/standard.yaml``) describes the
+workers and their base speeds, straggler episodes (worker, start, end, how
+many times slower, and whether the cause is a sleep or CPU contention),
+speed noise, the cluster mode (``nd``: shared cluster, workers train
+independently; ``dd``: dedicated cluster, synchronous all-reduce), the
+dataset and the epochs.
+
+Speeds are in samples per second. A worker's speed at time ``t`` (seconds
+since the run's start signal) is ``base_rate * speed / factor(t) / noise(t)``
+where ``factor`` is the active episode's slowdown (1 outside episodes) and
+``noise`` is a factor drawn uniformly in ``[1 - amplitude, 1 + amplitude]``,
+held for ``period_s`` and redrawn (seeded, so every run and the ideal see the
+same noise). A step of ``b`` samples starting at ``t`` is paced to last
+``b / speed(t)`` (:mod:`antdt.demo.pacing`).
+
+The ideal (:meth:`Scenario.ideal_time_s`) is the physical limit: the time at
+which the integral of the workers' summed speeds reaches the total work
+(dataset size x epochs). No schedule can train faster on these workers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from enum import Enum
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from antdt.errors import ConfigError
+
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+
+
+class ClusterMode(str, Enum):
+    """How the workers train: independently (shared cluster) or in lockstep (dedicated cluster)."""
+
+    ND = "nd"
+    DD = "dd"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Episode(_Strict):
+    """``start_s <= t < end_s``: the worker runs ``factor`` times slower, from a sleep or from CPU work."""
+
+    start_s: float = Field(ge=0)
+    end_s: float = Field(gt=0)
+    factor: float = Field(ge=1)
+    cause: Literal["sleep", "cpu"] = "sleep"
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Episode:
+        if self.end_s <= self.start_s:
+            raise ValueError(f"episode {self.start_s:g}-{self.end_s:g}: end must be after start")
+        return self
+
+    def covers(self, t: float) -> bool:
+        return self.start_s <= t < self.end_s
+
+
+class WorkerSpec(_Strict):
+    """One worker: its relative speed (1.0 = ``base_rate``) and straggler episodes."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    speed: float = Field(1.0, gt=0)
+    episodes: tuple[Episode, ...] = ()
+
+    @model_validator(mode="after")
+    def _apart(self) -> WorkerSpec:
+        ordered = sorted(self.episodes, key=lambda e: e.start_s)
+        for before, after in zip(ordered, ordered[1:]):
+            if after.start_s < before.end_s:
+                raise ValueError(f"worker {self.name}: episodes starting at {before.start_s:g} and {after.start_s:g} overlap")
+        return self
+
+    def episode_at(self, t: float) -> Episode | None:
+        return next((e for e in self.episodes if e.covers(t)), None)
+
+
+class Noise(_Strict):
+    """Each worker's speed varies by up to ``amplitude`` either way, redrawn every ``period_s``."""
+
+    amplitude: float = Field(0.0, ge=0, lt=1)
+    period_s: float = Field(5.0, gt=0)
+
+
+class Scenario(_Strict):
+    """Everything a demo or benchmark run needs to know about the workload."""
+
+    name: str
+    description: str = ""
+    mode: ClusterMode = ClusterMode.ND
+    base_rate: float = Field(400.0, gt=0, description="samples per second of a speed-1.0 worker")
+    workers: tuple[WorkerSpec, ...] = Field(min_length=1)
+    noise: Noise = Noise()
+    dataset_size: int = Field(gt=0)
+    shard_size: int = Field(gt=0)
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1, description="each worker's initial local batch")
+    seed: int = 0
+    report_interval_s: float = Field(1.0, gt=0)
+    monitor: dict[str, str] = Field(default_factory=dict, description="monitor settings (monitor.<key>)")
+    controller: dict[str, str] = Field(default_factory=dict, description="controller settings (controller.<key>)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        names = [w.name for w in self.workers]
+        if len(set(names)) != len(names):
+            raise ValueError("worker names must be unique")
+        if self.dataset_size % len(self.workers):
+            raise ValueError(f"dataset_size {self.dataset_size} must split evenly over {len(self.workers)} workers "
+                             "(static sharding gives each the same slice)")
+        return self
+
+    # ------------------------------------------------------------ loading
+
+    @classmethod
+    def load(cls, source: str | Path) -> Scenario:
+        """A file path, or the name of a shipped scenario (``standard``, ``short``); ConfigError on one line."""
+        path = Path(source)
+        if not path.exists() and (SCENARIO_DIR / f"{source}.yaml").exists():
+            path = SCENARIO_DIR / f"{source}.yaml"
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            shipped = ", ".join(sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml")))
+            raise ConfigError(f"scenario {source}: {exc.strerror or exc} (shipped scenarios: {shipped})") from None
+        try:
+            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+            return cls.model_validate(data)
+        except (yaml.YAMLError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"scenario {path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                              f"{str(exc).splitlines()[0]}") from None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "top level"
+            raise ConfigError(f"scenario {path}: {where}: {first['msg']}") from None
+
+    def with_workers(self, count: int) -> Scenario:
+        """The first ``count`` workers (plain speed-1.0 ones added if there are fewer); the dataset is trimmed to split evenly."""
+        workers = list(self.workers[:count])
+        workers += [WorkerSpec(name=f"w{i}") for i in range(len(workers), count)]
+        size = max(count, self.dataset_size - self.dataset_size % count)
+        return self.model_copy(update={"workers": tuple(workers), "dataset_size": size})
+
+    # ------------------------------------------------------------ speeds
+
+    @property
+    def total_samples(self) -> int:
+        return self.dataset_size * self.epochs
+
+    def noise_at(self, rank: int, t: float) -> float:
+        """The noise factor on worker ``rank``'s step time at ``t`` (1.0 without noise)."""
+        if not self.noise.amplitude:
+            return 1.0
+        period = math.floor(max(t, 0.0) / self.noise.period_s)
+        draw = random.Random(f"{self.seed}/{rank}/{period}").uniform(-1.0, 1.0)
+        return 1.0 + self.noise.amplitude * draw
+
+    def speed_at(self, rank: int, t: float) -> float:
+        """Worker ``rank``'s speed in samples per second at ``t`` seconds after the start."""
+        worker = self.workers[rank]
+        episode = worker.episode_at(t)
+        factor = episode.factor if episode else 1.0
+        return self.base_rate * worker.speed / factor / self.noise_at(rank, t)
+
+    def change_points(self, horizon_s: float) -> list[float]:
+        """Every time up to ``horizon_s`` at which some worker's speed may change (sorted, from 0)."""
+        points = {0.0, horizon_s}
+        for worker in self.workers:
+            for episode in worker.episodes:
+                points.update(p for p in (episode.start_s, episode.end_s) if p < horizon_s)
+        if self.noise.amplitude:
+            points.update(k * self.noise.period_s for k in range(1, int(horizon_s / self.noise.period_s) + 1))
+        return sorted(p for p in points if p <= horizon_s)
+
+    def ideal_time_s(self, samples: int | None = None) -> float:
+        """When the workers' summed speed has done ``samples`` (default all the work): exact, speeds are piecewise constant."""
+        remaining = float(self.total_samples if samples is None else samples)
+        horizon = 60.0
+        while True:
+            points = self.change_points(horizon)
+            for start, end in zip(points, points[1:]):
+                rate = sum(self.speed_at(rank, start) for rank in range(len(self.workers)))
+                if rate * (end - start) >= remaining:
+                    return start + remaining / rate
+                remaining -= rate * (end - start)
+            remaining = float(self.total_samples if samples is None else samples)
+            horizon *= 4
+
+    def ideal_curve(self, until_s: float, points: int = 200) -> list[tuple[float, float]]:
+        """(t, samples the ideal has done by t), for the report's plot."""
+        curve, done, now = [(0.0, 0.0)], 0.0, 0.0
+        marks = sorted(set(self.change_points(until_s)) | {until_s * i / points for i in range(1, points + 1)})
+        for mark in marks[1:]:
+            done += sum(self.speed_at(r, now) for r in range(len(self.workers))) * (mark - now)
+            now = mark
+            curve.append((now, min(done, float(self.total_samples))))
+        return curve
+
+    def summary_rows(self) -> list[tuple[str, str, str]]:
+        """(worker, speed, episodes) for the report."""
+        rows = []
+        for worker in self.workers:
+            episodes = ", ".join(f"{e.start_s:g}-{e.end_s:g} s x{e.factor:g} ({e.cause})" for e in worker.episodes) or "-"
+            rows.append((worker.name, f"{worker.speed:g}", episodes))
+        return rows

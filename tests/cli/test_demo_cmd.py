@@ -1,0 +1,60 @@
+"""``antdt demo`` and ``antdt bench`` as a user runs them: real services, real workers, the embedded broker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.cli.test_cli import ANTDT
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def antdt(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([ANTDT, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_short_demo_ends_with_a_clean_audit_and_the_report(tmp_path):
+    result = antdt("demo", "--scenario", "short", "--no-dashboard", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "audit: clean: 1 epoch(s), 6,144 samples each trained exactly once per epoch" in result.stdout
+    assert "efficiency" in result.stdout
+    for name in ("progress.png", "throughput.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## antdt, AntDT-ND" in summary and "SET_SHARD_QUOTA 1" in summary  # the slow worker was throttled
+    assert list((tmp_path / "logs").glob("worker-*.log"))
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_bench_measures_the_baseline_and_dd_against_the_ideal(tmp_path):
+    result = antdt("bench", "--scenario", "short", "--plans", "static-bsp,dd", "--json", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    figures = json.loads(result.stdout)
+    baseline, dd = figures["plans"]
+    assert (baseline["plan"], dd["plan"]) == ("static-bsp", "dd")
+    for plan in (baseline, dd):
+        assert plan["samples"] == 6144 and plan["ideal_s"] == figures["ideal_s"]
+        assert plan["efficiency"] == pytest.approx(plan["ideal_s"] / plan["wall_s"], abs=1e-3)
+    assert baseline["audit_clean"] is None and baseline["speedup"] == 1.0
+    assert dd["audit_clean"] is True and dd["commands"] > 0  # batch sizes were rebalanced
+    # BSP waits for the 3x slower worker every step; DD gives it a third of the batch.
+    assert dd["speedup"] > 1.3, figures
+    assert (tmp_path / "summary.md").exists() and (tmp_path / "throughput-dd.png").exists()
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (("demo", "--scenario", "no-such"), "scenario no-such: "),
+    (("demo", "--policy", "fast"), "'fast' is not one of"),
+    (("bench", "--plans", "static-bsp,warp"), "unknown plan(s) warp"),
+    (("demo", "--workers", "1"), "--workers"),
+])
+def test_bad_arguments_are_one_line(args, expected):
+    result = antdt(*args, timeout=60)
+    assert result.returncode == 2
+    assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -1,0 +1,45 @@
+"""Pacing: a step lasts samples / speed, spent asleep or busy as the episode's cause says."""
+
+from __future__ import annotations
+
+import time
+
+from antdt.demo.pacing import Pacer
+from antdt.demo.scenario import Episode, Scenario, WorkerSpec
+
+
+def make(cause: str) -> Scenario:
+    worker = WorkerSpec(name="a", episodes=(Episode(start_s=0, end_s=3600, factor=2, cause=cause),))
+    return Scenario(name="p", workers=(worker,), dataset_size=10, shard_size=1, base_rate=1000.0)
+
+
+def paced(cause: str, samples: int = 50) -> tuple[float, float, float]:
+    pacer = Pacer(make(cause), 0, time.time())
+    wall, cpu = time.perf_counter(), time.thread_time()
+    pacer.pace(samples, pacer.now_s())
+    return time.perf_counter() - wall, time.thread_time() - cpu, samples / pacer.scenario.speed_at(0, 0)
+
+
+def test_a_step_lasts_at_least_samples_over_speed():
+    elapsed, _, target = paced("sleep")
+    assert target == 0.1  # 50 samples at 1000/s, 2x slower
+    assert elapsed >= target
+
+
+def test_a_cpu_episode_keeps_the_core_busy_and_a_sleep_does_not():
+    _, sleep_cpu, target = paced("sleep")
+    busy_elapsed, busy_cpu, _ = paced("cpu")
+    assert busy_elapsed >= target
+    assert busy_cpu > 10 * max(sleep_cpu, 1e-4)
+
+
+def test_the_pause_fills_what_the_real_work_left_and_an_overrun_adds_nothing(monkeypatch):
+    pauses = []
+    monkeypatch.setattr("antdt.demo.pacing.time.sleep", pauses.append)
+    pacer = Pacer(make("sleep"), 0, time.time() - 60)  # a minute into the run
+    pacer.pace(50, pacer.now_s() - 0.03)  # 30 ms of real work already done
+    assert len(pauses) == 1 and 0.06 < pauses[0] <= 0.07
+    pacer.pace(50, pacer.now_s() - 1.0)  # the real work alone took longer than the target
+    assert len(pauses) == 1
+    pacer.pace(0, pacer.now_s())  # a rank with no samples this step
+    assert len(pauses) == 1

@@ -1,0 +1,72 @@
+"""The report: plots and a summary from a run's timeline (a run put together here, no bus)."""
+
+from __future__ import annotations
+
+from antdt.demo.harness import PLANS, RunResult, demo_plan
+from antdt.demo.report import cumulative, write_report
+from antdt.demo.scenario import ClusterMode, Scenario
+from antdt.demo.timeline import CommandLine, Marker, Point, Timeline
+from antdt.settings import load_settings
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def made_up_run(plan: str, wall_s: float, audit: dict | None) -> RunResult:
+    scenario = Scenario.load("short")
+    timeline = Timeline(load_settings(), "job", [w.name for w in scenario.workers])
+    for rank, worker in enumerate(scenario.workers):
+        rate = scenario.speed_at(rank, 0)
+        timeline.workers[worker.name].points = [Point(t * 0.5, rate, 32, int(rate * 0.5)) for t in range(1, 20)]
+    timeline.markers = [Marker(2.0, "w2", "verdict", "DETERMINISTIC straggler x3.0"),
+                        Marker(2.1, "w2", "command", "SET_SHARD_QUOTA 1")]
+    timeline.commands = [CommandLine(2.1, "w2", "SET_SHARD_QUOTA 1", {"APPLIED": 1})]
+    return RunResult(PLANS[plan], scenario, f"job-{plan}", wall_s, scenario.ideal_time_s(), scenario.total_samples, 0,
+                     {}, timeline, audit)
+
+
+def test_the_report_has_the_plots_and_a_summary_with_the_figures(tmp_path):
+    clean = {"ok": True, "finished": True, "violations": [], "epochs": [{"samples_done_once": 6144}]}
+    baseline, nd = made_up_run("static-bsp", 30.0, None), made_up_run("nd", 8.0, clean)
+    files = write_report([baseline, nd], tmp_path, baseline)
+    names = sorted(f.name for f in files)
+    assert names == ["progress.png", "summary.md", "throughput-nd.png", "throughput-static-bsp.png"]
+    for png in (f for f in files if f.suffix == ".png"):
+        assert png.read_bytes()[:8] == PNG and png.stat().st_size > 10_000
+    summary = (tmp_path / "summary.md").read_text()
+    assert f"| antdt, AntDT-ND | 8.0 s | {nd.ideal_s:.1f} s | {nd.efficiency:.3f} | 3.75x | 1 | 0 | clean |" in summary
+    assert "| static sharding, BSP (baseline) | 30.0 s |" in summary
+    assert "| 2.1 s | w2 | SET_SHARD_QUOTA 1 | applied 1 |" in summary
+    assert "clean: 1 epoch(s), 6,144 samples each trained exactly once per epoch" in summary
+
+
+def test_cumulative_samples_add_up_every_worker_report():
+    run = made_up_run("nd", 10.0, None)
+    times, totals = cumulative(run)
+    assert times == sorted(times) and totals == sorted(totals)
+    assert totals[-1] == sum(p.samples for track in run.timeline.workers.values() for p in track.points)
+
+
+def test_the_demo_plan_follows_the_scenario_mode_and_the_policy():
+    short = Scenario.load("short")
+    assert demo_plan(short, None) == PLANS["nd"]
+    assert demo_plan(short, "off") == PLANS["dynamic"]
+    dd = short.model_copy(update={"mode": ClusterMode.DD})
+    assert demo_plan(dd, None) == PLANS["dd"]
+    assert demo_plan(dd, "off").training == "sync" and demo_plan(dd, "off").policy is None
+
+
+def test_the_dashboard_shows_workers_commands_and_progress():
+    from rich.console import Console
+
+    from antdt.demo.dashboard import Dashboard
+
+    run = made_up_run("nd", 10.0, None)
+    run.timeline.workers["w2"].verdict = "DETERMINISTIC straggler"
+    console = Console(record=True, width=140, force_terminal=False)
+    view = Dashboard(run.scenario, "short: antdt, AntDT-ND", console)
+    console.print(view._render(run.timeline, 5.0))
+    text = console.export_text()
+    assert "DETERMINISTIC straggler" in text and "SET_SHARD_QUOTA 1" in text and "applied 1" in text
+    assert "epoch 1/1" in text and "1 commands" in text
+    for worker in ("w0", "w1", "w2"):
+        assert worker in text
