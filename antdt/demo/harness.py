@@ -168,7 +168,8 @@ class WorkerPool:
                 process.wait()
 
 
-def _service_args(prefix: str, values: dict[str, str]) -> list[str]:
+def _set_args(values: dict[str, str]) -> list[str]:
+    """``--set KEY=VALUE`` for each setting (the monitor's and controller's start-up defaults)."""
     return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
 
 
@@ -221,11 +222,11 @@ def run_plan(
 
 def _start_services(stack: ExitStack, settings: Settings, plan: RunPlan, scenario: Scenario, log_dir: Path) -> dict:
     """The sharder (dynamic sharding), the monitor, the controller (a policy): started together, then awaited."""
-    wanted = {"monitor": _service_args("monitor", scenario.monitor)}
+    wanted = {"monitor": _set_args(scenario.monitor)}
     if plan.sharding == "dynamic":
         wanted["sharder"] = []
     if plan.policy is not None:
-        wanted["controller"] = _service_args("controller", {**scenario.controller, "policy": plan.policy})
+        wanted["controller"] = _set_args({**scenario.controller, "policy": plan.policy})
     services = {name: stack.enter_context(service_process(settings, name, *args, log_dir=log_dir))
                 for name, args in wanted.items()}
     for service in services.values():
