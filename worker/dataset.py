@@ -132,8 +132,8 @@ class ShardedDataset(IterableDataset):
                     time.sleep(self.wait_s)  # WAIT: others hold the last shards of the epoch
                 continue
             self.waiting = False
-            # One shard per answer: the next request re-confirms what is still held,
-            # so a prefetched shard whose lease ran out meanwhile is never read.
+            # One shard per answer: the next answer (at most lease/4 old, see above)
+            # re-confirms what is still held, so a shard whose lease ran out is never read.
             shard = fresh[0]
             seen.add((shard.shard_id, shard.attempt))
             if self.prefetch:

@@ -14,9 +14,8 @@ drops the per-event bookkeeping of Faust's own Monitor sensor.
 from __future__ import annotations
 
 import os
-import tempfile
-
 import ssl
+import tempfile
 from typing import Any
 
 import faust

@@ -31,7 +31,7 @@ def bench(
     from pathlib import Path
 
     from antdt.demo.harness import PLANS, run_plan
-    from antdt.demo.report import write_report
+    from antdt.demo.report import audit_word, write_report
 
     chosen = load_scenario(scenario, workers)
     names = [name.strip() for name in plans.split(",") if name.strip()]
@@ -42,7 +42,8 @@ def bench(
     out_dir = Path(out) if out else default_out("bench")
     console = Console(stderr=json_)
     results = []
-    console.print(f"[bold]antdt bench[/bold]: scenario {chosen.name}, ideal {chosen.ideal_time_s():.1f} s")
+    ideal = chosen.ideal_time_s()
+    console.print(f"[bold]antdt bench[/bold]: scenario {chosen.name}, ideal {ideal:.1f} s")
     with interrupt_on_sigterm():
         for name in names:
             # Each plan on a fresh embedded broker: no plan pays for the records an earlier one left.
@@ -55,14 +56,14 @@ def bench(
     files = write_report(results, out_dir, baseline)
     figures = [figures_of(r, baseline) for r in results]
     if json_:
-        typer.echo(orjson.dumps({"scenario": chosen.name, "ideal_s": round(chosen.ideal_time_s(), 3),
+        typer.echo(orjson.dumps({"scenario": chosen.name, "ideal_s": round(ideal, 3),
                                  "plans": figures, "report": [str(f) for f in files]}, option=orjson.OPT_INDENT_2).decode())
         return
     table = Table("plan", "wall s", "ideal s", "efficiency", "speedup", "commands", "restarts", "audit")
     for row in figures:
         table.add_row(row["label"], f"{row['wall_s']:.1f}", f"{row['ideal_s']:.1f}", f"{row['efficiency']:.3f}",
                       "-" if row["speedup"] is None else f"{row['speedup']:.2f}x", str(row["commands"]),
-                      str(row["restarts"]), {None: "-", True: "clean", False: "FAILED"}[row["audit_clean"]])
+                      str(row["restarts"]), audit_word(row["audit_clean"]))
     console.print(table)
     console.print("report: " + ", ".join(str(f) for f in files))
 
@@ -73,7 +74,7 @@ def figures_of(result, baseline) -> dict:
     return {
         "plan": result.plan.name, "label": result.plan.label, "wall_s": round(result.wall_s, 3),
         "ideal_s": round(result.ideal_s, 3), "efficiency": round(result.efficiency, 4),
-        "speedup": None if baseline is None else round(baseline.wall_s / result.wall_s, 3),
+        "speedup": None if baseline is None else round(result.speedup_over(baseline), 3),
         "samples": result.samples, "verdicts": result.timeline.verdicts, "commands": result.commands,
         "restarts": result.restarts, "audit_clean": result.audit_ok, "job_id": result.job_id,
         "mean_worker_s": time_split(result), "per_worker_s": worker_splits(result), "reactions": reactions(result),

@@ -44,7 +44,7 @@ class Dashboard:
             commands.add_column(column)
         if timeline is None:
             return Group(workers, commands, self.progress)
-        tracks, lines, epoch = timeline.snapshot()
+        tracks, lines = timeline.snapshot()
         for rank, spec in enumerate(self.scenario.workers):
             track = tracks.get(spec.name)
             if track is None:
@@ -54,8 +54,7 @@ class Dashboard:
             workers.add_row(spec.name, f"{nominal:.2f}x", f"{track.throughput:.0f}", str(track.batch_size or "-"),
                             str(track.held), f"{track.samples:,}", verdict)
         for line in lines[-COMMAND_LINES:]:
-            acks = ", ".join(f"{status.lower()} {count}" for status, count in sorted(line.acks.items())) or "..."
-            commands.add_row(f"{line.t:6.1f} s", line.worker, escape(line.text), acks)
+            commands.add_row(f"{line.t:6.1f} s", line.worker, escape(line.text), line.acks_text(none="..."))
         done = sum(t.samples for t in tracks.values())
         epoch_now = min(self.scenario.epochs, done * self.scenario.epochs // max(1, self.scenario.total_samples) + 1)
         self.progress.update(self.task, completed=done, description=f"epoch {epoch_now}/{self.scenario.epochs}",

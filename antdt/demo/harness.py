@@ -4,8 +4,8 @@ One :func:`run_plan` call is one measured run. It starts what the plan needs
 as child processes (the sharder for dynamic sharding, the monitor always,
 the controller when a policy is on), waits until each answers ``/readyz``,
 starts one worker process per scenario worker, waits until every worker is
-ready (a file each in the run's handshake directory), then writes the start
-signal (the ``go`` file, holding the start time) and takes the time. The run ends when
+ready, then gives the start signal and takes the time (the files of
+:mod:`antdt.demo.handshake`). The run ends when
 every worker has written its finish time; its wall time is the latest one.
 Everything started is stopped on the way out, Ctrl-C included.
 
@@ -30,9 +30,10 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from antdt.demo.handshake import done_file, give_start, ready_file
 from antdt.demo.scenario import ClusterMode, Scenario
 from antdt.demo.timeline import Timeline
 from antdt.errors import AntdtError, ConfigError
@@ -88,10 +89,8 @@ class RunResult:
     ideal_s: float
     samples: int
     restarts: int
-    worker_results: dict[str, dict]
     timeline: Timeline
     audit: dict | None = None  # the sharder log's audit (dynamic sharding), None without a sharder
-    service_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def efficiency(self) -> float:
@@ -104,6 +103,9 @@ class RunResult:
     @property
     def commands(self) -> int:
         return len(self.timeline.commands)
+
+    def speedup_over(self, baseline: RunResult | None) -> float | None:
+        return None if baseline is None else baseline.wall_s / self.wall_s
 
 
 class WorkerPool:
@@ -190,18 +192,17 @@ def run_plan(
     ideal = scenario.ideal_time_s()
     timeout_s = timeout_s or 60 + 8 * ideal * max(1.0, len(names) * min(w.speed for w in scenario.workers))
     with ExitStack() as stack:
-        services = _start_services(stack, settings, plan, scenario, log_dir)
+        _start_services(stack, settings, plan, scenario, log_dir)
         handshake = run_dir / f"handshake-{job_id}"
         handshake.mkdir()
         timeline = stack.enter_context(Timeline(settings, job_id, names))
         pool = WorkerPool(scenario_path, scenario, plan, handshake, settings, log_dir).start()
         stack.callback(pool.close)
-        _wait_for(lambda: all((handshake / f"ready-{r}").exists() for r in range(len(names))), pool, 180.0,
+        _wait_for(lambda: all(ready_file(handshake, r).exists() for r in range(len(names))), pool, 180.0,
                   "workers ready")
         start = time.time()
         timeline.set_start(start)
-        (handshake / "go.partial").write_text(repr(start))
-        (handshake / "go.partial").replace(handshake / "go")
+        give_start(handshake, start)
         deadline = time.monotonic() + timeout_s
         while not pool.all_finished:
             pool.supervise()
@@ -210,17 +211,17 @@ def run_plan(
             if time.monotonic() > deadline:
                 raise AntdtError(f"the run did not finish within {timeout_s:.0f} s (ideal {ideal:.0f} s); logs in {log_dir}")
             time.sleep(tick_s)
-        results = {names[r]: json.loads((handshake / f"done-{r}.json").read_text()) for r in range(len(names))}
-        _settle(timeline, sum(r["samples"] for r in results.values()))
+        results = [json.loads(done_file(handshake, r).read_text()) for r in range(len(names))]
+        wall = max(r["finished_s"] for r in results)
+        samples = sum(r["samples"] for r in results)
+        _settle(timeline, samples)
         if on_tick is not None:
-            on_tick(timeline, max(r["finished_s"] for r in results.values()))
-        metrics = {name: service.metrics() for name, service in services.items()}
+            on_tick(timeline, wall)
     audit = _audit(settings, job_id) if plan.sharding == "dynamic" else None
-    return RunResult(plan, scenario, job_id, max(r["finished_s"] for r in results.values()), ideal,
-                     sum(r["samples"] for r in results.values()), pool.restarts, results, timeline, audit, metrics)
+    return RunResult(plan, scenario, job_id, wall, ideal, samples, pool.restarts, timeline, audit)
 
 
-def _start_services(stack: ExitStack, settings: Settings, plan: RunPlan, scenario: Scenario, log_dir: Path) -> dict:
+def _start_services(stack: ExitStack, settings: Settings, plan: RunPlan, scenario: Scenario, log_dir: Path) -> None:
     """The sharder (dynamic sharding), the monitor, the controller (a policy): started together, then awaited."""
     wanted = {"monitor": _set_args(scenario.monitor)}
     if plan.sharding == "dynamic":
@@ -231,7 +232,6 @@ def _start_services(stack: ExitStack, settings: Settings, plan: RunPlan, scenari
                 for name, args in wanted.items()}
     for service in services.values():
         service.wait_ready(120.0)
-    return services
 
 
 def _wait_for(condition: Callable[[], bool], pool: WorkerPool, timeout_s: float, what: str) -> None:

@@ -22,7 +22,7 @@ from antdt.demo.harness import RunResult  # noqa: E402
 
 def cumulative(result: RunResult) -> tuple[list[float], list[float]]:
     """(times, samples trained by then) from every worker's reports."""
-    tracks, _, _ = result.timeline.snapshot()
+    tracks, _ = result.timeline.snapshot()
     points = sorted((p.t, p.samples) for track in tracks.values() for p in track.points)
     times, totals, done = [0.0], [0.0], 0
     for t, samples in points:
@@ -39,14 +39,13 @@ def reactions(result: RunResult) -> list[dict]:
     the base speed throughout. None means nothing came (before the run ended).
     """
     rows = []
-    markers = result.timeline.markers
+    markers = sorted(result.timeline.markers, key=lambda m: m.t)
     for worker in result.scenario.workers:
         onsets = ([0.0] if worker.speed < 1 else []) + [e.start_s for e in worker.episodes if e.start_s < result.wall_s]
+        mine = [m for m in markers if m.worker == worker.name]
         for onset in onsets:
-            verdict = next((m.t for m in sorted(markers, key=lambda m: m.t) if m.worker == worker.name
-                            and m.kind == "verdict" and "straggler" in m.label and m.t >= onset), None)
-            command = next((m.t for m in sorted(markers, key=lambda m: m.t) if m.worker == worker.name
-                            and m.kind == "command" and m.t >= onset), None)
+            verdict = next((m.t for m in mine if m.kind == "verdict" and "straggler" in m.label and m.t >= onset), None)
+            command = next((m.t for m in mine if m.kind == "command" and m.t >= onset), None)
             rows.append({"worker": worker.name, "onset_s": onset,
                          "verdict_after_s": None if verdict is None else round(verdict - onset, 3),
                          "command_after_s": None if command is None else round(command - onset, 3)})
@@ -58,7 +57,7 @@ SPLIT = ("compute", "data_wait", "sync_wait")
 
 def worker_splits(result: RunResult) -> dict[str, dict[str, float]]:
     """Per worker, seconds of paced compute, waiting for data (shards) and waiting at the barrier."""
-    tracks, _, _ = result.timeline.snapshot()
+    tracks, _ = result.timeline.snapshot()
     return {worker: {name: round(getattr(track, f"{name}_s"), 3) for name in SPLIT} for worker, track in tracks.items()}
 
 
@@ -70,7 +69,7 @@ def time_split(result: RunResult) -> dict[str, float]:
 
 def plot_throughput(result: RunResult, path: Path) -> Path:
     scenario = result.scenario
-    tracks, _, _ = result.timeline.snapshot()
+    tracks, _ = result.timeline.snapshot()
     names = [w.name for w in scenario.workers]
     figure, axes = plt.subplots(len(names), 1, sharex=True, figsize=(10, 1.4 * len(names) + 1), squeeze=False)
     end = max(result.wall_s, 1.0)
@@ -125,17 +124,24 @@ def audit_text(result: RunResult) -> str:
         epochs = result.audit["epochs"]
         once = sum(e["samples_done_once"] for e in epochs)
         return f"clean: {len(epochs)} epoch(s), {once:,} samples each trained exactly once per epoch"
-    return "VIOLATIONS: " + "; ".join(result.audit["violations"][:5]) or "job not finished"
+    if result.audit["violations"]:
+        return "VIOLATIONS: " + "; ".join(result.audit["violations"][:5])
+    return "job not finished: the log has no end"
+
+
+def audit_word(ok: bool | None) -> str:
+    """The audit column: ``-`` without a sharder, else clean or FAILED."""
+    return "-" if ok is None else ("clean" if ok else "FAILED")
 
 
 def results_table(results: list[RunResult], baseline: RunResult | None = None) -> list[str]:
     lines = ["| plan | wall time | ideal | efficiency | speedup over baseline | commands | restarts | audit |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
-        speedup = f"{baseline.wall_s / r.wall_s:.2f}x" if baseline is not None else "-"
-        audit = "-" if r.audit_ok is None else ("clean" if r.audit_ok else "FAILED")
-        lines.append(f"| {r.plan.label} | {r.wall_s:.1f} s | {r.ideal_s:.1f} s | {r.efficiency:.3f} | {speedup} | "
-                     f"{r.commands} | {r.restarts} | {audit} |")
+        speedup = r.speedup_over(baseline)
+        lines.append(f"| {r.plan.label} | {r.wall_s:.1f} s | {r.ideal_s:.1f} s | {r.efficiency:.3f} | "
+                     f"{'-' if speedup is None else f'{speedup:.2f}x'} | {r.commands} | {r.restarts} | "
+                     f"{audit_word(r.audit_ok)} |")
     return lines
 
 
@@ -167,9 +173,7 @@ def write_summary(results: list[RunResult], out_dir: Path, images: list[Path], b
         lines.append("")
         if result.timeline.commands:
             lines += ["| at | worker | command | acks |", "|---|---|---|---|"]
-            lines += [f"| {c.t:.1f} s | {c.worker} | {c.text} | "
-                      f"{', '.join(f'{k.lower()} {v}' for k, v in sorted(c.acks.items())) or '-'} |"
-                      for c in result.timeline.commands]
+            lines += [f"| {c.t:.1f} s | {c.worker} | {c.text} | {c.acks_text()} |" for c in result.timeline.commands]
             lines.append("")
     lines += ["## Plots", ""] + [f"![{image.stem}]({image.name})" for image in images]
     path = out_dir / "summary.md"

@@ -4,7 +4,7 @@
 assignment from the beginning, no consumer group): the workers' metrics,
 the monitor's verdicts, the controller's commands, the agents' acks and the
 sharder's answers. It keeps, per worker, the throughput and batch-size
-series, the shards held and the current verdict, plus every verdict and
+series, where its time went, the shards held and the current verdict, plus every verdict and
 command as a marker for the plots. Times are seconds since the run's start
 signal (set with :meth:`Timeline.set_start`; before it, since the timeline
 was created).
@@ -63,7 +63,6 @@ class WorkerTrack:
     batch_size: int = 0
     held: int = 0
     verdict: str = ""
-    incarnations: set[str] = field(default_factory=set)
     compute_s: float = 0.0  # where the worker's time went, summed over its reports
     data_wait_s: float = 0.0
     sync_wait_s: float = 0.0
@@ -79,6 +78,10 @@ class CommandLine:
     worker: str
     text: str
     acks: dict[str, int] = field(default_factory=dict)
+
+    def acks_text(self, none: str = "-") -> str:
+        """``applied 1, rejected 2``; ``none`` when no ack came yet."""
+        return ", ".join(f"{status.lower()} {count}" for status, count in sorted(self.acks.items())) or none
 
 
 def describe(command: MitigationCommand) -> str:
@@ -99,7 +102,6 @@ class Timeline:
         self.markers: list[Marker] = []
         self.commands: list[CommandLine] = []
         self.verdicts = 0
-        self.epoch = 0
         self._commands_by_id: dict[str, CommandLine] = {}
         self._start = time.time()
         self._lock = threading.Lock()
@@ -129,12 +131,11 @@ class Timeline:
         with self._lock:
             return sum(track.samples for track in self.workers.values())
 
-    def snapshot(self) -> tuple[dict[str, WorkerTrack], list[CommandLine], int]:
+    def snapshot(self) -> tuple[dict[str, WorkerTrack], list[CommandLine]]:
         """Copies safe to render while the thread goes on."""
         with self._lock:
-            tracks = {name: replace(t, points=list(t.points), incarnations=set(t.incarnations))
-                      for name, t in self.workers.items()}
-            return tracks, [CommandLine(c.t, c.worker, c.text, dict(c.acks)) for c in self.commands], self.epoch
+            tracks = {name: replace(t, points=list(t.points)) for name, t in self.workers.items()}
+            return tracks, [replace(c, acks=dict(c.acks)) for c in self.commands]
 
     # ------------------------------------------------------------ reading
 
@@ -173,7 +174,6 @@ class Timeline:
                                           record.samples))
             track.samples += record.samples
             track.batch_size = record.local_batch_size
-            track.incarnations.add(record.incarnation)
             track.compute_s += record.compute.sum_s
             track.data_wait_s += record.data_wait_s
             track.sync_wait_s += record.sync_wait_s
@@ -195,4 +195,3 @@ class Timeline:
                 line.acks[record.status.value] = line.acks.get(record.status.value, 0) + 1
         elif isinstance(record, ShardAssignment):
             self._track(record.worker_id).held = len(record.shards) if record.status is AssignmentStatus.GRANTED else 0
-            self.epoch = max(self.epoch, record.epoch)

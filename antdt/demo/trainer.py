@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -44,6 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from antdt.demo.feeds import ShardFeed, StaticFeed
+from antdt.demo.handshake import done_file, ready_file, wait_for_start, write_atomically
 from antdt.demo.pacing import Pacer
 from antdt.demo.scenario import Scenario
 from antdt.schemas.models import DatasetSpec
@@ -54,7 +54,6 @@ from antdt.worker.ddp import WeightedGradientAverager
 from antdt.worker.example import SyntheticClassification, batches, make_model
 
 GROUP_TIMEOUT = timedelta(seconds=300)
-POLL_S = 0.005
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -80,13 +79,10 @@ class Trainer:
         self.model = make_model()
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
         self.loss_fn = nn.CrossEntropyLoss()
-        self.losses: list[float] = []
 
     def backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
         self.optimizer.zero_grad()
-        loss = self.loss_fn(self.model(inputs), labels)
-        loss.backward()
-        self.losses.append(loss.item())
+        self.loss_fn(self.model(inputs), labels).backward()
 
 
 def train_async(agent: Agent, trainer: Trainer, pacer: Pacer, data: ShardedDataset) -> int:
@@ -140,20 +136,6 @@ def sync_feed(agent: Agent, source, scenario: Scenario) -> ShardFeed:
     return ShardFeed(data, lambda: 2 * agent.batch_size).start()
 
 
-def wait_for_start(handshake: Path) -> float:
-    """The run's start time, once the harness has written it (at once for a restarted worker)."""
-    go = handshake / "go"
-    while not go.exists():
-        time.sleep(POLL_S)
-    return float(go.read_text())
-
-
-def write_atomically(path: Path, text: str) -> None:
-    partial = path.with_suffix(".partial")
-    partial.write_text(text)
-    partial.replace(path)
-
-
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     scenario = Scenario.load(args.scenario)
@@ -175,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
                 feed = (StaticFeed(source.inputs, source.labels, rank, world, scenario.epochs, scenario.seed)
                         if args.sharding == "static"
                         else sync_feed(agent, source, scenario))
-            write_atomically(handshake / f"ready-{rank}", str(os.getpid()))
+            write_atomically(ready_file(handshake, rank), str(os.getpid()))
             pacer = Pacer(scenario, rank, wait_for_start(handshake))
             if feed is None:
                 trained = train_async(agent, trainer, pacer, data)
@@ -184,9 +166,8 @@ def run(args: argparse.Namespace) -> int:
                     trained = train_sync(agent, trainer, pacer, feed)
                 finally:
                     feed.close()
-            result = {"finished_s": pacer.now_s(), "samples": trained, "steps": agent.step_count,
-                      "loss": sum(trainer.losses[-20:]) / max(1, len(trainer.losses[-20:]))}
-            write_atomically(handshake / f"done-{rank}.json", json.dumps(result))
+            result = {"finished_s": pacer.now_s(), "samples": trained, "steps": agent.step_count}
+            write_atomically(done_file(handshake, rank), json.dumps(result))
     except WorkerExit as exc:
         return int(exc.code)
     finally:

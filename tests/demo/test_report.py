@@ -21,7 +21,7 @@ def made_up_run(plan: str, wall_s: float, audit: dict | None) -> RunResult:
                         Marker(2.1, "w2", "command", "SET_SHARD_QUOTA 1")]
     timeline.commands = [CommandLine(2.1, "w2", "SET_SHARD_QUOTA 1", {"APPLIED": 1})]
     return RunResult(PLANS[plan], scenario, f"job-{plan}", wall_s, scenario.ideal_time_s(), scenario.total_samples, 0,
-                     {}, timeline, audit)
+                     timeline, audit)
 
 
 def test_the_report_has_the_plots_and_a_summary_with_the_figures(tmp_path):
@@ -70,3 +70,13 @@ def test_the_dashboard_shows_workers_commands_and_progress():
     assert "epoch 1/1" in text and "1 commands" in text
     for worker in ("w0", "w1", "w2"):
         assert worker in text
+
+
+def test_the_audit_line_names_violations_or_an_unfinished_log():
+    from antdt.demo.report import audit_text
+
+    broken = {"ok": False, "finished": True, "violations": ["epoch 0: shard 3 done twice"], "epochs": []}
+    unfinished = {"ok": True, "finished": False, "violations": [], "epochs": []}
+    assert audit_text(made_up_run("nd", 8.0, broken)) == "VIOLATIONS: epoch 0: shard 3 done twice"
+    assert audit_text(made_up_run("nd", 8.0, unfinished)) == "job not finished: the log has no end"
+    assert audit_text(made_up_run("static-bsp", 8.0, None)).startswith("no sharder")
