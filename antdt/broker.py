@@ -8,6 +8,13 @@ loses everything (DESIGN.md lists the other differences to design around).
 answers a metadata request, and stops it on exit: SIGTERM first, then SIGKILL
 if clients still hold connections open after a grace period (nothing is lost
 by that: the broker has no disk state).
+
+With ``authentication=True`` clients must log in with SASL/SCRAM
+(``SCRAM-SHA-256`` or ``SCRAM-SHA-512``, over ``SASL_PLAINTEXT``) as a user
+created with :meth:`EmbeddedBroker.create_user` or passed in ``users``. The
+broker's own ``--authentication`` cannot do that (its in-memory storage drops
+SCRAM credentials, see :mod:`antdt.sasl_front`), so a SCRAM front on the
+public port checks credentials and relays to the broker on a private port.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from antdt.errors import BrokerError
+from antdt.sasl_front import SaslFront
+from antdt.scram import DEFAULT_ITERATIONS, MECHANISMS
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +90,34 @@ def answers_metadata(bootstrap: str, timeout_s: float = 0.5) -> bool:
         return False
 
 
-class EmbeddedBroker:
-    """Runs Tansu on a loopback port for the lifetime of a ``with`` block."""
+def parse_user(text: str) -> tuple[str, str]:
+    """``NAME:PASSWORD`` -> (name, password); BrokerError naming what is wrong."""
+    name, sep, password = text.partition(":")
+    if not sep or not name or not password:
+        raise BrokerError(f"expected a user as NAME:PASSWORD, got {name + sep or text!r}")
+    return name, password
 
-    def __init__(self, port: int | None = None, host: str = LOOPBACK, start_timeout_s: float = 20.0, stop_grace_s: float = 3.0):
+
+class EmbeddedBroker:
+    """Runs Tansu on a loopback port for the lifetime of a ``with`` block.
+
+    ``users`` maps user names to passwords; each gets a credential for every
+    SCRAM mechanism. Passing users implies ``authentication``.
+    """
+
+    def __init__(
+        self, port: int | None = None, host: str = LOOPBACK, start_timeout_s: float = 20.0, stop_grace_s: float = 3.0,
+        authentication: bool = False, users: dict[str, str] | None = None,
+    ):
         self.host = host
         self.port = port if port else free_port(host)
         self.start_timeout_s = start_timeout_s
         self.stop_grace_s = stop_grace_s
+        self.authentication = authentication or bool(users)
         self.ready_after_s: float | None = None
+        self.front: SaslFront | None = None
+        self._users = dict(users or {})
+        self._broker_port = self.port
         self._process: subprocess.Popen | None = None
         self._log_file = None
 
@@ -105,33 +133,66 @@ class EmbeddedBroker:
         """Start the broker and block until it answers a metadata request."""
         binary = broker_binary()
         ensure_port_free(self.host, self.port)
-        url = f"tcp://{self.host}:{self.port}"
+        if self.authentication:
+            self._start_front()
+        listen, advertise = f"tcp://{self.host}:{self._broker_port}", f"tcp://{self.host}:{self.port}"
         self._log_file = tempfile.NamedTemporaryFile(prefix="antdt-broker-", suffix=".log", delete=False)
         started = time.monotonic()
         self._process = subprocess.Popen(
-            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+            [binary, "broker", "--listener-url", listen, "--advertised-listener-url", advertise, "--storage-engine", "memory://tansu/"],
             stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
         )
-        self._wait_ready(started)
+        try:
+            self._wait_ready(started)
+        except BrokerError:
+            self.stop()
+            raise
         self.ready_after_s = time.monotonic() - started
         log.info("embedded broker ready on %s in %.3f s", self.bootstrap_servers, self.ready_after_s)
         return self
+
+    def _start_front(self) -> None:
+        """Bind the SCRAM front on the public port; the broker moves to a private one behind it."""
+        self._broker_port = free_port(self.host)
+        self.front = SaslFront(self.host, self.port, (self.host, self._broker_port)).bind().serve_in_background()
+        for name, password in self._users.items():
+            self.create_user(name, password)
+
+    def create_user(
+        self, name: str, password: str, mechanisms: tuple[str, ...] = tuple(MECHANISMS), iterations: int = DEFAULT_ITERATIONS,
+    ) -> None:
+        """Create (or replace) a SCRAM user, at once usable by new connections.
+
+        Like Kafka's ``AlterUserScramCredentials``: only the salted keys are
+        kept. Needs ``authentication``; a user on a broker that asks for no
+        credentials would be a silent no-op.
+        """
+        if self.front is None:
+            raise BrokerError("create_user needs a broker started with authentication=True")
+        unknown = sorted(set(mechanisms) - set(MECHANISMS))
+        if unknown:
+            raise BrokerError(f"unknown SCRAM mechanism(s) {', '.join(unknown)}: use {' or '.join(MECHANISMS)}")
+        if not name or not password:
+            raise BrokerError("a SCRAM user needs a name and a password")
+        for mechanism in mechanisms:
+            self.front.users.add(name, password, mechanism, iterations)
 
     def _wait_ready(self, started: float) -> None:
         """Poll the port cheaply until it accepts, then until metadata is answered.
 
         A TCP probe first, because a Kafka client that meets a refused
         connection backs off ~100 ms before retrying, which would blur the
-        start-up time by that much.
+        start-up time by that much. With authentication the probes go to the
+        broker behind the front, which asks for no credentials.
         """
         while time.monotonic() - started < self.start_timeout_s:
             if self._process.poll() is not None:
                 raise BrokerError(f"embedded broker exited with code {self._process.returncode}: {self._log_tail()}")
-            if accepts_connections(self.host, self.port) and answers_metadata(self.bootstrap_servers):
+            behind = f"{self.host}:{self._broker_port}"
+            if accepts_connections(self.host, self._broker_port) and answers_metadata(behind):
                 return
             time.sleep(0.005)
-        self.stop()
         raise BrokerError(f"embedded broker did not answer within {self.start_timeout_s:.0f} s on {self.bootstrap_servers}")
 
     def _log_tail(self) -> str:
@@ -150,6 +211,9 @@ class EmbeddedBroker:
     def stop(self) -> None:
         """Stop the broker: SIGTERM, then SIGKILL after the grace period."""
         process, self._process = self._process, None
+        if self.front is not None:
+            self.front.close()
+            self.front = None
         if process is not None and process.poll() is None:
             process.terminate()
             try:

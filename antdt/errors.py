@@ -21,6 +21,10 @@ class BusError(AntdtError):
     """A Kafka client operation failed (topic creation, delivery, metadata)."""
 
 
+class AuthenticationError(BusError):
+    """The broker refused the client's credentials (or its SASL mechanism); retrying cannot help."""
+
+
 class SchemaError(AntdtError):
     """An Avro schema is missing, malformed, or disagrees with its model."""
 

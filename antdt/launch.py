@@ -53,7 +53,8 @@ class ServiceProcess:
         self.http_port = http_port
         self.log_path = log_path
 
-    def _get(self, path: str, timeout_s: float = 2.0) -> tuple[int, str]:
+    def get(self, path: str, timeout_s: float = 2.0) -> tuple[int, str]:
+        """GET a path of the health endpoint: (status, body), status 0 when nothing answers."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=timeout_s) as answer:
                 return answer.status, answer.read().decode()
@@ -63,11 +64,11 @@ class ServiceProcess:
             return 0, ""
 
     def is_ready(self) -> bool:
-        return self._get("/readyz")[0] == 200
+        return self.get("/readyz")[0] == 200
 
     def metrics(self) -> dict[str, float]:
         """Current samples, keyed ``name`` or ``name{label="v",...}`` (labels sorted)."""
-        status, text = self._get("/metrics")
+        status, text = self.get("/metrics")
         if status != 200:
             return {}
         samples = {}

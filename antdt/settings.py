@@ -130,11 +130,11 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError(describe_validation_error(exc)) from None
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line naming the first offending ``ANTDT_*`` variable and what is wrong with it."""
+def describe_validation_error(exc: ValidationError, prefix: str = ENV_PREFIX) -> str:
+    """One line naming the first offending ``<prefix>*`` variable and what is wrong with it."""
     error = exc.errors()[0]
     field = str(error["loc"][0]) if error["loc"] else ""
-    variable = f"{ENV_PREFIX}{field.upper()}" if field else "ANTDT settings"
+    variable = f"{prefix}{field.upper()}" if field else "ANTDT settings"
     message = error["msg"].removeprefix("Value error, ")
     shown = error.get("input")
     suffix = "" if not field or isinstance(shown, dict) or _is_secret(field) else f" (got {shown!r})"

@@ -140,6 +140,7 @@ class Agent:
         key = self.settings.signing_key.get_secret_value().encode() if self.settings.signing_key else None
         self.verifier = CommandVerifier(self.spec.job_id, self.spec.worker_id, key)
         self._listener: CommandListener | None = None
+        self._datasets: list = []  # made by shards(): their shard clients' dead letters count as ours
         self._reporter = threading.Thread(target=self._report_loop, name="antdt-reporter", daemon=True)
         self._sampler = None
         self._injector = None
@@ -155,8 +156,12 @@ class Agent:
         self._emitter.start()
         self._lifecycle(LifecycleEvent.JOINED)
         if self._listen:
-            self._listener = CommandListener(self.settings, self.spec.job_id, self.spec.worker_id, self._codec,
-                                             self.verifier, self._on_verdict).start()
+            try:
+                self._listener = CommandListener(self.settings, self.spec.job_id, self.spec.worker_id, self._codec,
+                                                 self.verifier, self._on_verdict).start()
+            except BaseException:  # e.g. a refused login: leave no thread or retrying producer behind
+                self._close_parts()
+                raise
         self.state = AgentState.RUNNING
         self._mark = time.perf_counter()
         self._reporter.start()
@@ -174,6 +179,9 @@ class Agent:
             self._reporter.join(5)
         self._report()  # the last partial interval
         self._lifecycle(LifecycleEvent.LEFT, exit_code=code, reason=reason)
+        self._close_parts()
+
+    def _close_parts(self) -> None:
         if self._listener is not None:
             self._listener.close()
         if self._injector is not None:
@@ -236,6 +244,7 @@ class Agent:
         dataset = ShardedDataset(source, dataset_spec, settings=self.settings, job_id=self.spec.job_id,
                                  worker_id=self.spec.worker_id, quota=self.shard_quota, **options)
         self.on_shard_quota(lambda quota: setattr(dataset, "quota", quota))
+        self._datasets.append(dataset)
         return dataset
 
     # ------------------------------------------------------------ checkpoints
@@ -411,6 +420,19 @@ class Agent:
             reason=reason, applied_step=step, controller_epoch=command.controller_epoch, timestamp=utc_now(),
         )
         self._emitter.emit(self._topics["acks"], self.spec.job_id, ack)
+
+    @property
+    def deadlettered(self) -> int:
+        """Records on this worker's keys its readers could not use, sent to the dead-letter topic.
+
+        Commands that are no command at all (a refused command is acked and
+        counted in ``verifier.rejected`` instead), and shard answers that are
+        not assignments for this worker, as read by this process's shard
+        clients while they are open (a DataLoader worker process counts its own).
+        """
+        commands = self._listener.deadlettered if self._listener is not None else 0
+        clients = (getattr(dataset, "_client", None) for dataset in self._datasets)
+        return commands + sum(client.deadlettered for client in clients if client is not None)
 
     @property
     def dropped_events(self) -> int:

@@ -16,7 +16,10 @@ may be obeyed:
 Every rejection is counted by reason. :class:`CommandListener` reads the
 worker's own partition of ``controller.commands`` (manual assignment, no
 group), verifies, and queues accepted commands for the training thread,
-which applies them at step boundaries (see :mod:`antdt.worker.agent`).
+which applies them at step boundaries (see :mod:`antdt.worker.agent`). A
+record on the worker's key that is not a command at all (it does not decode,
+or decodes into another type) cannot be acknowledged, since it has no id: it
+goes to the dead-letter topic with its provenance and is counted.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 
-from antdt.bus.clients import make_consumer, make_producer
+from antdt.bus.clients import drain, make_consumer, make_producer
+from antdt.bus.deadletter import DeadLetter
 from antdt.bus.markers import marker_id
-from antdt.bus.readers import follow_key, poll_batch
-from antdt.errors import AntdtError
+from antdt.bus.readers import decode_or_deadletter, follow_key, poll_batch
 from antdt.schemas.codec import Codec
 from antdt.schemas.models import AckStatus, MitigationCommand
 from antdt.settings import Settings
@@ -107,14 +110,20 @@ class CommandListener:
         self._on_verdict = on_verdict
         self._settings = settings
         self._consumer = make_consumer(settings, client_id=f"antdt-agent-{worker_id}", low_latency=True)
+        # Writes the positioning marker, then the dead letters (records on our key that are not commands).
+        self._producer = make_producer(settings, client_id=f"antdt-agent-{worker_id}")
+        self._deadletter = DeadLetter(self._producer, topic_spec("", "deadletter").full_name(settings.topic_prefix), "agent")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="antdt-commands", daemon=True)
-        self.undecodable = 0
+
+    @property
+    def deadlettered(self) -> int:
+        """Records on this worker's key that did not decode into a command (sent to the dead-letter topic)."""
+        return self._deadletter.count
 
     def start(self, timeout_s: float = 30.0) -> CommandListener:
         """Position at the end of the partition (proven with a marker), then listen."""
-        producer = make_producer(self._settings)
-        for _ in follow_key(self._settings, self._consumer, producer, self._topic, self._key, timeout_s=timeout_s):
+        for _ in follow_key(self._settings, self._consumer, self._producer, self._topic, self._key, timeout_s=timeout_s):
             pass  # commands from before this incarnation started are not ours to apply
         self._thread.start()
         return self
@@ -123,20 +132,20 @@ class CommandListener:
         while not self._stop.is_set():
             for message in poll_batch(self._consumer, 100, 0.1):
                 if message.key() != self._key or marker_id(message) is not None:
-                    continue
+                    continue  # another worker's command (the partition is shared), or a marker
                 try:
-                    command = self._codec.decode(message.value())
-                except AntdtError as exc:
-                    self.undecodable += 1
-                    log.warning("undecodable command at offset %d: %s", message.offset(), exc)
-                    continue
-                if not isinstance(command, MitigationCommand):
-                    self.undecodable += 1
-                    continue
-                self._on_verdict(command, self._verifier.check(command))
+                    self._handle(message)
+                except Exception:  # a bug on one record must not end the thread: no later command would be heard
+                    log.exception("handling the command at offset %d failed", message.offset())
+
+    def _handle(self, message) -> None:
+        command = decode_or_deadletter(message, self._codec, self._deadletter, expected=MitigationCommand)
+        if command is not None:
+            self._on_verdict(command, self._verifier.check(command))
 
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5)
         self._consumer.close()
+        drain(self._producer, timeout_s=2.0)

@@ -99,3 +99,5 @@ class EventEmitter:
         if remaining:
             self.dropped += remaining
             log.warning("agent shutdown: %d event(s) not delivered", remaining)
+            self._producer.purge()  # else the producer lives on, retrying them, until the process exits
+            self._producer.poll(0)

@@ -5,6 +5,8 @@ worker's own partition of ``shard.assignments`` (keyed ``<job>/<worker>``),
 read by manual assignment with no consumer group. Before the first request
 the reader proves it is positioned by reading back a marker it wrote, so no
 answer can slip past it. Answers are matched to requests by ``in_reply_to``.
+A record on the worker's key that is not an assignment for this worker goes
+to the dead-letter topic and is counted; the wait for the answer goes on.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import uuid
 
 
 from antdt.bus.clients import make_consumer, make_producer
+from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.markers import marker_id, send_marker
-from antdt.bus.readers import follow_key, poll_batch
+from antdt.bus.readers import decode_or_deadletter, follow_key, poll_batch
 from antdt.errors import AntdtError
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import DatasetSpec, ProgressKind, ShardAssignment, ShardProgress
@@ -47,6 +50,7 @@ class ShardClient:
         self._key = worker_key(job_id, worker_id).encode()
         self._producer = make_producer(settings, client_id=f"antdt-worker-{worker_id}", **{"linger.ms": 0})
         self._consumer = make_consumer(settings, client_id=f"antdt-worker-{worker_id}", low_latency=True)
+        self._deadletter = DeadLetter(self._producer, topic_spec("", "deadletter").full_name(settings.topic_prefix), "agent")
         self._highest_writer_epoch = 0
         self._position_reader(settings)
 
@@ -118,13 +122,33 @@ class ShardClient:
             for message in poll_batch(self._consumer, 100, min(0.05, max(0.001, deadline - time.monotonic()))):
                 if message.key() != self._key or marker_id(message) is not None:
                     continue
-                answer = self.codec.decode(message.value())
-                if answer.writer_epoch < self._highest_writer_epoch:
+                answer = self._usable_answer(message)
+                if answer is None or answer.writer_epoch < self._highest_writer_epoch:
                     continue
                 self._highest_writer_epoch = answer.writer_epoch
                 if answer.in_reply_to == seq:
                     return answer
         raise NoAnswer(f"no answer from the sharder to {self.worker_id}'s request {seq} within {timeout_s:.0f} s")
+
+    def _usable_answer(self, message) -> ShardAssignment | None:
+        """The assignment in a record on our key, or None after dead-lettering a record that is none.
+
+        A record that does not decode, is not an assignment, or is an
+        assignment for another job or worker cannot be an answer to us
+        (the sharder keys every answer by the worker it names); trusting
+        it could hand us someone else's shards.
+        """
+        answer = decode_or_deadletter(message, self.codec, self._deadletter, expected=ShardAssignment)
+        if answer is not None and (answer.job_id, answer.worker_id) != (self.job_id, self.worker_id):
+            self._deadletter.send(SourceRecord.from_confluent(message),
+                                  f"assignment for {worker_key(answer.job_id, answer.worker_id)} on key {self._key.decode()}")
+            return None
+        return answer
+
+    @property
+    def deadlettered(self) -> int:
+        """Records on our key that were not usable answers (sent to the dead-letter topic)."""
+        return self._deadletter.count
 
     def _nudge(self) -> None:
         """Append a marker to our answer partition: a late answer becomes readable.

@@ -4,28 +4,90 @@ DESIGN.md: topics are created explicitly, with their configs, at start-up;
 never by auto-creation. Creating a topic that exists is not an error; a topic
 that exists with fewer partitions than the registry asks for is reported,
 because per-key readers compute partitions from the live count.
+
+Every service creates its topics first thing, and the agent looks up partition
+counts before its first request, so :func:`cluster_metadata` is where a
+process learns that the broker is unreachable or refuses its credentials,
+and stops with one line.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
+from antdt.broker import accepts_connections
 from antdt.errors import BusError
-from antdt.settings import Settings
+from antdt.settings import SecurityProtocol, Settings
 from antdt.topics import TOPICS, TopicSpec
 
 log = logging.getLogger(__name__)
+
+#: How long the first metadata request may wait before the error callback is looked at;
+#: each next one waits twice as long, up to the last (a far broker's round trip may exceed the first).
+METADATA_SLICES_S = (0.2, 2.0)
+
+
+def cluster_metadata(admin: AdminClient, settings: Settings | None = None, timeout_s: float = 10.0) -> ClusterMetadata:
+    """The cluster's metadata; AuthenticationError as soon as a login is refused, BusError at the deadline.
+
+    librdkafka reports a refused login only to the error callback (served by
+    ``poll``) and meanwhile retries it, while ``list_topics`` would wait out
+    its whole timeout; so wait in growing slices and look in between.
+    """
+    watch = getattr(admin, "error_watch", None)
+    settings = settings or (watch.settings if watch is not None else None)
+    deadline = time.monotonic() + timeout_s
+    wait_s, longest_s = METADATA_SLICES_S
+    while True:
+        slice_s = max(min(wait_s, deadline - time.monotonic()), 0.01)
+        started = time.monotonic()
+        try:
+            return admin.list_topics(timeout=slice_s)
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+        admin.poll(0)
+        if watch is not None:
+            watch.raise_if_refused()
+        if time.monotonic() >= deadline:
+            raise BusError(_unreachable(settings, error, timeout_s))
+        time.sleep(max(slice_s - (time.monotonic() - started), 0))
+        wait_s = min(wait_s * 2, longest_s)
+
+
+def _unreachable(settings: Settings | None, error: KafkaError, timeout_s: float) -> str:
+    """Why metadata did not come, with a hint when a broker takes connections but answers nothing."""
+    where = f" from {settings.bootstrap_servers}" if settings else ""
+    message = f"cannot read cluster metadata{where} within {timeout_s:.0f} s: {error.str()}"
+    if settings and settings.security_protocol is SecurityProtocol.PLAINTEXT and _any_accepts(settings.bootstrap_servers):
+        message += (
+            " (a broker accepts connections but closes them: if it requires authentication, set"
+            " ANTDT_SECURITY_PROTOCOL=SASL_PLAINTEXT and ANTDT_SASL_MECHANISM, ANTDT_SASL_USERNAME, ANTDT_SASL_PASSWORD)"
+        )
+    return message
+
+
+def _any_accepts(bootstrap_servers: str) -> bool:
+    for server in bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        if accepts_connections(host, int(port)):
+            return True
+    return False
 
 
 def ensure_topics(
     admin: AdminClient, settings: Settings, specs: Iterable[TopicSpec] = TOPICS, timeout_s: float = 15.0
 ) -> dict[str, int]:
-    """Create the topics that are missing; return ``{name: partition count}`` for all of them."""
+    """Create the topics that are missing; return ``{name: partition count}`` for all of them.
+
+    Raises AuthenticationError at once when the broker refuses the credentials.
+    """
     specs = list(specs)
+    cluster_metadata(admin, settings, timeout_s)
     wanted = {spec.full_name(settings.topic_prefix): spec for spec in specs}
     new_topics = [
         NewTopic(name, num_partitions=spec.partitions, replication_factor=-1, config=dict(spec.configs))
@@ -34,7 +96,9 @@ def ensure_topics(
     futures = admin.create_topics(new_topics, operation_timeout=timeout_s, request_timeout=timeout_s)
     for name, future in futures.items():
         _wait_created(name, future, timeout_s)
-    return partition_counts(admin, list(wanted), timeout_s, expected={n: s.partitions for n, s in wanted.items()})
+    return partition_counts(
+        admin, list(wanted), timeout_s, expected={n: s.partitions for n, s in wanted.items()}, settings=settings
+    )
 
 
 def _wait_created(name: str, future, timeout_s: float) -> None:
@@ -48,13 +112,11 @@ def _wait_created(name: str, future, timeout_s: float) -> None:
 
 
 def partition_counts(
-    admin: AdminClient, names: list[str], timeout_s: float = 10.0, expected: dict[str, int] | None = None
+    admin: AdminClient, names: list[str], timeout_s: float = 10.0, expected: dict[str, int] | None = None,
+    settings: Settings | None = None,
 ) -> dict[str, int]:
     """Live partition count of each named topic; BusError if one is missing."""
-    try:
-        metadata = admin.list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        raise BusError(f"cannot read cluster metadata: {exc.args[0].str()}") from None
+    metadata = cluster_metadata(admin, settings, timeout_s)
     counts = {}
     for name in names:
         topic = metadata.topics.get(name)

@@ -3,29 +3,111 @@
 Nothing else in antdt constructs a ``confluent_kafka`` client: the defaults
 (:mod:`antdt.bus.config`) live in one place. Overrides are for the rare
 caller that needs one knob changed, e.g. a bounded queue in the agent.
+
+Every client gets an :class:`ErrorWatch` as its error callback, so a refused
+login is noticed (librdkafka itself would retry it for ever); the admin
+client carries its watch as ``error_watch`` for
+:func:`antdt.bus.admin.cluster_metadata` to turn into one
+:class:`~antdt.errors.AuthenticationError`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
-from antdt.bus.config import admin_config, consumer_config, producer_config
-from antdt.errors import BusError
+from antdt.bus.config import KAFKA_LOG, admin_config, consumer_config, producer_config
+from antdt.errors import AuthenticationError, BusError
 from antdt.settings import Settings
 
 log = logging.getLogger(__name__)
 
+#: A client that keeps failing to log in says so again (with the count) this often.
+AUTH_REMINDER_S = 30.0
+_BROKER_PREFIX = re.compile(r"^\S+://\S+: (SASL authentication error: )?")
+_STATE_SUFFIX = re.compile(r" \(after \d+ms in state \w+\)$")
+
+
+def describe_auth_failure(settings: Settings, error: KafkaError) -> str:
+    """One line: who was refused, by which mechanism, where, and the broker's reason."""
+    reason = _STATE_SUFFIX.sub("", _BROKER_PREFIX.sub("", error.str()))
+    mechanism = settings.sasl_mechanism.value if settings.sasl_mechanism else settings.security_protocol.value
+    return f"authentication failed for user {settings.sasl_username!r} ({mechanism}) on {settings.bootstrap_servers}: {reason}"
+
+
+class ErrorWatch:
+    """librdkafka's ``error_cb`` for antdt's clients: remembers a refused login.
+
+    librdkafka never gives up on a refused login: it reconnects and tries
+    again for as long as the client lives (measured against the embedded
+    broker: a consumer about 20 times a second, a producer about 3). This
+    callback keeps the failure for the caller waiting on the client to raise
+    (:meth:`raise_if_refused`), logs it once and then a reminder with the
+    count every :data:`AUTH_REMINDER_S`. Other errors only at DEBUG: without
+    a callback librdkafka drops them too (its own log lines already say
+    what failed).
+    """
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.refusal: KafkaError | None = None
+        self.refusals = 0
+        self._logged_at = float("-inf")
+
+    def __call__(self, error: KafkaError) -> None:
+        if error.code() != KafkaError._AUTHENTICATION:
+            KAFKA_LOG.debug("%s", error.str())
+            return
+        self.refusal, self.refusals = error, self.refusals + 1
+        if time.monotonic() - self._logged_at >= AUTH_REMINDER_S:
+            self._logged_at = time.monotonic()
+            KAFKA_LOG.error("%s (refused %d time(s) so far)", describe_auth_failure(self.settings, error), self.refusals)
+
+    def raise_if_refused(self) -> None:
+        if self.refusal is not None:
+            raise AuthenticationError(describe_auth_failure(self.settings, self.refusal))
+
+
+class RepeatedLoginFailures(logging.Filter):
+    """Lets librdkafka's line for a refused login through once per :data:`AUTH_REMINDER_S` per client and broker.
+
+    librdkafka logs every failed attempt itself; the
+    :class:`ErrorWatch` keeps the count, so the repeats say nothing new.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._shown_at: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "SASL authentication error" not in text and "mechanism handshake failed" not in text:
+            return True
+        key, now = _STATE_SUFFIX.sub("", text), time.monotonic()
+        if now - self._shown_at.get(key, float("-inf")) < AUTH_REMINDER_S:
+            return False
+        self._shown_at[key] = now
+        return True
+
+
+KAFKA_LOG.addFilter(RepeatedLoginFailures())
+
+
+def _with_watch(settings: Settings, conf: dict[str, Any]) -> dict[str, Any]:
+    return conf if "error_cb" in conf else {**conf, "error_cb": ErrorWatch(settings)}
+
 
 def make_producer(settings: Settings, client_id: str | None = None, **overrides: Any) -> Producer:
     """An idempotent, ``acks=all``, murmur2-partitioned producer."""
-    return Producer({**producer_config(settings, client_id), **overrides})
+    return Producer(_with_watch(settings, {**producer_config(settings, client_id), **overrides}))
 
 
 def make_consumer(
@@ -38,12 +120,15 @@ def make_consumer(
     shortens the fetch wait, which bounds latency there.
     """
     group = group_id or f"{settings.topic_prefix}.reader.{uuid.uuid4().hex[:12]}"
-    return Consumer({**consumer_config(settings, group, client_id, low_latency), **overrides})
+    return Consumer(_with_watch(settings, {**consumer_config(settings, group, client_id, low_latency), **overrides}))
 
 
 def make_admin(settings: Settings, client_id: str | None = None, **overrides: Any) -> AdminClient:
-    """An admin client."""
-    return AdminClient({**admin_config(settings, client_id), **overrides})
+    """An admin client; ``error_watch`` is its :class:`ErrorWatch` (None with an ``error_cb`` override)."""
+    conf = _with_watch(settings, {**admin_config(settings, client_id), **overrides})
+    admin = AdminClient(conf)
+    admin.error_watch = conf["error_cb"] if isinstance(conf["error_cb"], ErrorWatch) else None
+    return admin
 
 
 def flush_or_raise(producer: Producer, timeout_s: float = 10.0) -> None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from confluent_kafka import KafkaError, KafkaException
+
 log = logging.getLogger(__name__)
 
 HEADER_TOPIC = "antdt.source.topic"
@@ -23,6 +25,7 @@ HEADER_ERROR = "antdt.error"
 HEADER_ERROR_TYPE = "antdt.error.type"
 HEADER_SERVICE = "antdt.service"
 HEADER_FAILED_AT = "antdt.failed.at"
+HEADER_VALUE_DROPPED = "antdt.value.dropped"
 
 
 @dataclass(frozen=True)
@@ -61,14 +64,26 @@ class RecordSink(Protocol):
     def poll(self, timeout: float = 0) -> int: ...
 
 
-class DeadLetter:
-    """Publishes failed records to the dead-letter topic and counts them."""
+class Tally(Protocol):
+    """A counter the dead letters are also counted in, e.g. a Prometheus ``Counter``."""
 
-    def __init__(self, producer: RecordSink, topic: str, service: str):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class DeadLetter:
+    """Publishes failed records to the dead-letter topic and counts them.
+
+    ``counter`` is the service's own metric (``antdt_<service>_deadlettered_total``):
+    counting here, where the record is sent, means no path can send without
+    counting or count without sending.
+    """
+
+    def __init__(self, producer: RecordSink, topic: str, service: str, counter: Tally | None = None):
         self._producer = producer
         self.topic = topic
         self.service = service
         self.count = 0
+        self._counter = counter
 
     def send(self, record: SourceRecord, error: BaseException | str) -> None:
         """Copy ``record`` to the dead-letter topic with provenance headers."""
@@ -84,10 +99,28 @@ class DeadLetter:
             (HEADER_SERVICE, self.service.encode()),
             (HEADER_FAILED_AT, datetime.now(timezone.utc).isoformat().encode()),
         ]
-        self._producer.produce(self.topic, key=record.key, value=record.value, headers=headers)
+        self._produce(record, headers)
         self._producer.poll(0)
         self.count += 1
+        if self._counter is not None:
+            self._counter.inc()
         log.warning(
             "dead-lettered %s[%d]@%d: %s", record.topic, record.partition, record.offset, message,
             extra={"service": self.service},
         )
+
+    def _produce(self, record: SourceRecord, headers: list[tuple[str, bytes]]) -> None:
+        """Copy the record; one too large to copy with its headers goes without its value.
+
+        A record just under the source topic's size limit no longer fits once
+        the provenance headers are added. Failing here would stop the service
+        on every redelivery of that record, so the provenance is kept and the
+        value (still in the source topic, at the offset named) is left out.
+        """
+        try:
+            self._producer.produce(self.topic, key=record.key, value=record.value, headers=headers)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                raise
+            size = str(len(record.value or b"")).encode()
+            self._producer.produce(self.topic, key=record.key, value=None, headers=[*headers, (HEADER_VALUE_DROPPED, size)])

@@ -19,7 +19,7 @@ from antdt.bus.admin import partition_counts
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.markers import marker_id, write_marker
 from antdt.bus.murmur2 import partition_for
-from antdt.errors import AntdtError, BusError
+from antdt.errors import AntdtError, BusError, CodecError
 from antdt.schemas.codec import Codec
 from antdt.schemas.models import AvroModel
 from antdt.settings import Settings
@@ -30,18 +30,49 @@ BEGINNING = OFFSET_BEGINNING
 END = OFFSET_END
 
 
-def decode_or_deadletter(message: Message, codec: Codec, deadletter: DeadLetter | None) -> AvroModel | None:
-    """The decoded value of ``message``, or None after dead-lettering it."""
+def decode_or_deadletter(
+    message: Message, codec: Codec, deadletter: DeadLetter | None,
+    expected: type[AvroModel] | tuple[type[AvroModel], ...] | None = None,
+) -> AvroModel | None:
+    """The decoded value of ``message``, or None after dead-lettering it.
+
+    ``expected`` names the message types the topic carries: a record that
+    decodes into another type (valid Avro, wrong topic) is as unusable as
+    one that does not decode.
+    """
     try:
         if message.value() is None:
             raise AntdtError("record has no value")
-        return codec.decode(message.value(), message.topic())
+        value = codec.decode(message.value(), message.topic())
+        if expected is not None and not isinstance(value, expected):
+            raise CodecError(f"expected {_names(expected)} on {message.topic()}, got {type(value).__name__}")
+        return value
     except AntdtError as exc:
         if deadletter is None:
             log.warning("undecodable record %s[%d]@%d: %s", message.topic(), message.partition(), message.offset(), exc)
         else:
             deadletter.send(SourceRecord.from_confluent(message), exc)
         return None
+
+
+class MisroutedRecord(AntdtError):
+    """A record keyed otherwise than its value says it must be (e.g. not by its job id).
+
+    Keys decide partitions, and partitions decide which instance of a
+    service owns a job: a misrouted record could make two instances act for
+    one job, so it is refused rather than processed.
+    """
+
+
+def check_key(key: bytes | None, expected: str) -> None:
+    """MisroutedRecord unless ``key`` is ``expected``."""
+    if key != expected.encode():
+        shown = "no key" if key is None else f"key {key[:100]!r}"
+        raise MisroutedRecord(f"{shown}, but the record belongs under {expected!r}")
+
+
+def _names(types: type | tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
 
 
 def assign_now(consumer: Consumer, partitions: list[TopicPartition], timeout_s: float = 10.0) -> None:

@@ -29,7 +29,7 @@ from antdt.schemas.codec import make_codec
 from antdt.schemas.models import ControlComponent, ControlConfig
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.core import validate_policy
-from antdt.services.controller.service import EPOCH_KEY, claimed_epoch
+from antdt.services.controller.epoch import EPOCH_KEY, claimed_epoch
 from antdt.services.monitor.detection import DetectorConfig
 from antdt.settings import load_settings
 

@@ -11,7 +11,6 @@ from antdt.errors import ConfigError
 from antdt.observability import HealthServer
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.policy import load_policy
-from antdt.services.controller.service import ControllerService
 from antdt.settings import load_settings
 from antdt.shutdown import stop_on_signals
 
@@ -30,9 +29,15 @@ def controller(
         load_policy(defaults.policy)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--set") from None
+    # Imported here, not at the top: every command shares one process registry, and a
+    # service's /metrics must show its own metrics only.
+    from antdt.services.controller.k8s import KubernetesActuator, load_kubernetes_settings
+    from antdt.services.controller.service import ControllerService
+
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = load_settings()
-    service = ControllerService(settings, defaults)
+    actuator = KubernetesActuator.from_settings(load_kubernetes_settings())
+    service = ControllerService(settings, defaults, actuator=actuator)
     health = HealthServer(http_port, service.ready.is_set).start() if http_port else None
     try:
         with stop_on_signals() as stop:

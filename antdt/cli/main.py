@@ -12,7 +12,7 @@ import sys
 import typer
 
 from antdt import __version__
-from antdt.cli import bench_cmd, broker_cmd, check_cmd, control_cmd, controller_cmd, demo_cmd, monitor_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd, worker_cmd
+from antdt.cli import bench_cmd, broker_cmd, chaos_cmd, check_cmd, control_cmd, controller_cmd, demo_cmd, monitor_cmd, probe_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd, worker_cmd
 from antdt.errors import AntdtError
 
 # typer >= 0.29 vendors click; its argument errors live here.
@@ -44,6 +44,7 @@ app.command("broker")(broker_cmd.broker)
 app.command("topics")(topics_cmd.topics)
 app.command("demo")(demo_cmd.demo)
 app.command("bench")(bench_cmd.bench)
+app.command("chaos")(chaos_cmd.chaos)
 app.command("check")(check_cmd.check)
 app.command("sharder")(sharder_cmd.sharder)
 app.command("worker")(worker_cmd.worker)
@@ -52,6 +53,7 @@ app.command("controller")(controller_cmd.controller)
 app.add_typer(control_cmd.app, name="control")
 app.command("replay")(sharder_tools_cmd.replay)
 app.command("audit")(sharder_tools_cmd.audit)
+app.command("probe")(probe_cmd.probe)
 
 
 def fail(message: str, code: int) -> int:

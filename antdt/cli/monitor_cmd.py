@@ -11,7 +11,6 @@ from antdt.bus.faust_tuning import tune_gc_for_streaming
 from antdt.control import parse_assignments
 from antdt.errors import ConfigError
 from antdt.observability import HealthServer
-from antdt.services.monitor.app import MonitorConfig, MonitorService
 from antdt.services.monitor.detection import DetectorConfig
 from antdt.settings import load_settings
 
@@ -30,6 +29,10 @@ def monitor(
         defaults = DetectorConfig().with_changes(parse_assignments(set_))
     except ConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--set") from None
+    # Imported here, not at the top: every command shares one process registry, and a
+    # service's /metrics must show its own metrics only.
+    from antdt.services.monitor.app import MonitorConfig, MonitorService
+
     settings = load_settings()
     service = MonitorService(settings, defaults, MonitorConfig(batch_max=batch))
     health = HealthServer(http_port, service.ready.is_set).start() if http_port else None

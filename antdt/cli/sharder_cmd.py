@@ -7,7 +7,6 @@ import logging
 import typer
 
 from antdt.observability import HealthServer
-from antdt.services.sharder.service import SharderConfig, SharderService
 from antdt.settings import load_settings
 from antdt.shutdown import stop_on_signals
 
@@ -20,6 +19,10 @@ def sharder(
     log_level: str = typer.Option("INFO", help="Logging level."),
 ) -> None:
     """Serve data shards to workers from an event-sourced, replayable log."""
+    # Imported here, not at the top: every command shares one process registry, and a
+    # service's /metrics must show its own metrics only.
+    from antdt.services.sharder.service import SharderConfig, SharderService
+
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = load_settings()
     config = SharderConfig(default_quota=default_quota, snapshot_every_events=snapshot_every, snapshot_every_s=snapshot_seconds)

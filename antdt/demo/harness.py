@@ -30,14 +30,15 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from antdt.demo.chaos import Chaos, Kill
 from antdt.demo.handshake import done_file, give_start, ready_file
 from antdt.demo.scenario import ClusterMode, Scenario
 from antdt.demo.timeline import Timeline
 from antdt.errors import AntdtError, ConfigError
-from antdt.launch import service_process, settings_env
+from antdt.launch import ServiceProcess, service_process, settings_env
 from antdt.settings import Settings
 from antdt.worker.agent import EXIT_RESTART
 
@@ -91,6 +92,7 @@ class RunResult:
     restarts: int
     timeline: Timeline
     audit: dict | None = None  # the sharder log's audit (dynamic sharding), None without a sharder
+    kills: list[Kill] = field(default_factory=list)  # what a chaos run killed, and when each came back
 
     @property
     def efficiency(self) -> float:
@@ -109,12 +111,18 @@ class RunResult:
 
 
 class WorkerPool:
-    """The worker processes of one run; a worker that exits with EXIT_RESTART is started again (async only)."""
+    """The worker processes of one run.
+
+    A worker that exits with EXIT_RESTART is started again (async only). With
+    ``restart_failed`` (chaos runs), so is one that died any other way, as
+    an orchestrator's restart policy would; otherwise a failure ends the run.
+    """
 
     def __init__(self, scenario_path: Path, scenario: Scenario, plan: RunPlan, handshake: Path, settings: Settings,
-                 log_dir: Path):
+                 log_dir: Path, restart_failed: bool = False):
         self.scenario_path, self.scenario, self.plan = scenario_path, scenario, plan
         self.handshake, self.settings, self.log_dir = handshake, settings, log_dir
+        self.restart_failed = restart_failed
         self.processes: dict[int, subprocess.Popen] = {}
         self.finished: set[int] = set()
         self.restarts = 0
@@ -147,11 +155,20 @@ class WorkerPool:
             name = self.scenario.workers[rank].name
             if code == 0:
                 self.finished.add(rank)
-            elif code == EXIT_RESTART and self.plan.training == "async":
+            elif (code == EXIT_RESTART and self.plan.training == "async") or self.restart_failed:
                 self.restarts += 1
                 self._launch(rank)
             else:
                 raise AntdtError(f"worker {name} exited with code {code}; its log ends:\n{self.log_tail(rank)}")
+
+    def running(self) -> list[int]:
+        """Ranks whose process is alive and not finished."""
+        return [rank for rank, p in self.processes.items() if p.poll() is None and rank not in self.finished]
+
+    def kill(self, rank: int) -> None:
+        """SIGKILL: no clean-up, no last report, shards left held (chaos)."""
+        self.processes[rank].kill()
+        self.processes[rank].wait()
 
     @property
     def all_finished(self) -> bool:
@@ -178,6 +195,7 @@ def _set_args(values: dict[str, str]) -> list[str]:
 def run_plan(
     scenario: Scenario, plan: RunPlan, settings: Settings, run_dir: Path, *,
     on_tick: Callable[[Timeline, float], None] | None = None, tick_s: float = 0.25, timeout_s: float | None = None,
+    chaos: Chaos | None = None,
 ) -> RunResult:
     """Run ``scenario`` under ``plan`` on the bus ``settings`` point at; files go under ``run_dir``."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -192,11 +210,12 @@ def run_plan(
     ideal = scenario.ideal_time_s()
     timeout_s = timeout_s or 60 + 8 * ideal * max(1.0, len(names) * min(w.speed for w in scenario.workers))
     with ExitStack() as stack:
-        _start_services(stack, settings, plan, scenario, log_dir)
+        services = Services(stack, settings, log_dir).start(_wanted_services(plan, scenario))
         handshake = run_dir / f"handshake-{job_id}"
         handshake.mkdir()
         timeline = stack.enter_context(Timeline(settings, job_id, names))
-        pool = WorkerPool(scenario_path, scenario, plan, handshake, settings, log_dir).start()
+        pool = WorkerPool(scenario_path, scenario, plan, handshake, settings, log_dir,
+                          restart_failed=chaos is not None).start()
         stack.callback(pool.close)
         _wait_for(lambda: all(ready_file(handshake, r).exists() for r in range(len(names))), pool, 180.0,
                   "workers ready")
@@ -206,6 +225,8 @@ def run_plan(
         deadline = time.monotonic() + timeout_s
         while not pool.all_finished:
             pool.supervise()
+            if chaos is not None:
+                chaos.tick(time.time() - start, pool, services, timeline)
             if on_tick is not None:
                 on_tick(timeline, time.time() - start)
             if time.monotonic() > deadline:
@@ -218,20 +239,49 @@ def run_plan(
         if on_tick is not None:
             on_tick(timeline, wall)
     audit = _audit(settings, job_id) if plan.sharding == "dynamic" else None
-    return RunResult(plan, scenario, job_id, wall, ideal, samples, pool.restarts, timeline, audit)
+    return RunResult(plan, scenario, job_id, wall, ideal, samples, pool.restarts, timeline, audit,
+                     chaos.kills if chaos is not None else [])
 
 
-def _start_services(stack: ExitStack, settings: Settings, plan: RunPlan, scenario: Scenario, log_dir: Path) -> None:
-    """The sharder (dynamic sharding), the monitor, the controller (a policy): started together, then awaited."""
+def _wanted_services(plan: RunPlan, scenario: Scenario) -> dict[str, list[str]]:
+    """The services a plan needs and their arguments: the monitor, the sharder (dynamic sharding), the controller (a policy)."""
     wanted = {"monitor": _set_args(scenario.monitor)}
     if plan.sharding == "dynamic":
         wanted["sharder"] = []
     if plan.policy is not None:
         wanted["controller"] = _set_args({**scenario.controller, "policy": plan.policy})
-    services = {name: stack.enter_context(service_process(settings, name, *args, log_dir=log_dir))
-                for name, args in wanted.items()}
-    for service in services.values():
-        service.wait_ready(120.0)
+    return wanted
+
+
+class Services:
+    """The run's service processes by name: started together, then awaited; one can be killed and started again."""
+
+    def __init__(self, stack: ExitStack, settings: Settings, log_dir: Path):
+        self._stack, self._settings, self._log_dir = stack, settings, log_dir
+        self._args: dict[str, list[str]] = {}
+        self.processes: dict[str, ServiceProcess] = {}
+
+    def start(self, wanted: dict[str, list[str]], timeout_s: float = 120.0) -> Services:
+        for name, args in wanted.items():
+            self._launch(name, args)
+        for service in self.processes.values():
+            service.wait_ready(timeout_s)
+        return self
+
+    def _launch(self, name: str, args: list[str]) -> None:
+        self._args[name] = args
+        self.processes[name] = self._stack.enter_context(
+            service_process(self._settings, name, *args, log_dir=self._log_dir))
+
+    def kill_and_restart(self, name: str) -> None:
+        """SIGKILL ``name`` and start a new one at once, as an orchestrator would; do not wait for it."""
+        old = self.processes[name].process
+        old.kill()
+        old.wait()
+        self._launch(name, self._args[name])
+
+    def is_ready(self, name: str) -> bool:
+        return self.processes[name].is_ready()
 
 
 def _wait_for(condition: Callable[[], bool], pool: WorkerPool, timeout_s: float, what: str) -> None:

@@ -131,6 +131,13 @@ class Timeline:
         with self._lock:
             return sum(track.samples for track in self.workers.values())
 
+    def trained_after(self, worker: str, t: float) -> float | None:
+        """When the worker first reported trained samples in a window ending after ``t`` (back after a kill)."""
+        with self._lock:
+            track = self.workers.get(worker)
+            points = track.points if track else []
+            return next((p.t for p in points if p.t > t and p.samples > 0), None)
+
     def snapshot(self) -> tuple[dict[str, WorkerTrack], list[CommandLine]]:
         """Copies safe to render while the thread goes on."""
         with self._lock:

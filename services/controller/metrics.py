@@ -4,8 +4,11 @@ from prometheus_client import Counter, Gauge
 
 VERDICTS = Counter("antdt_controller_verdicts_total", "Verdicts read")
 COMMANDS = Counter("antdt_controller_commands_total", "Commands published", ["action", "dry_run"])
+DEADLETTERED = Counter("antdt_controller_deadlettered_total", "Input records sent to the dead-letter topic")
 SKIPPED = Counter("antdt_controller_skipped_total", "Actions a policy or a safety rule held back")
 CONFIG_CHANGES = Counter("antdt_controller_config_changes_total", "Control records for the controller", ["result"])
 EPOCH = Gauge("antdt_controller_epoch", "The epoch this controller holds")
 FENCED = Gauge("antdt_controller_fenced", "1 once a newer controller has taken over")
 FENCED_DROPS = Counter("antdt_controller_fenced_drops_total", "Commands not sent because this controller was replaced")
+K8S_ACTIONS = Counter("antdt_controller_k8s_actions_total", "Kubernetes calls made for commands (remediation)",
+                      ["action", "result"])

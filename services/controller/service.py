@@ -41,7 +41,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from confluent_kafka import OFFSET_END, TopicPartition
+from confluent_kafka import OFFSET_END, Message, TopicPartition
 
 from antdt.bus.admin import ensure_topics, partition_counts
 from antdt.bus.clients import drain, flush_or_raise, make_admin, make_consumer, make_producer
@@ -50,11 +50,13 @@ from antdt.bus.readers import assign_now, decode_or_deadletter, poll_batch
 from antdt.control import ControlFollower, apply_and_count, control_topic
 from antdt.errors import BusError
 from antdt.schemas.codec import Codec, make_codec
-from antdt.schemas.models import ControlComponent, ControlConfig, StragglerVerdict, WorkerMetrics
+from antdt.schemas.models import ControlConfig, MitigationCommand, StragglerVerdict, WorkerMetrics
 from antdt.services.controller import metrics
 from antdt.services.controller.audit import read_commands
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.core import ControllerCore, Outcome
+from antdt.services.controller.epoch import claimed_epoch, epoch_claim
+from antdt.services.controller.k8s import KubernetesActuator
 from antdt.services.controller.safety import Stamp
 from antdt.service_loop import LoopService
 from antdt.settings import Settings
@@ -62,7 +64,6 @@ from antdt.topics import topic_spec, worker_key
 
 log = logging.getLogger(__name__)
 
-EPOCH_KEY = "controller.epoch"
 #: How far back a starting controller reads its predecessors' commands: the
 #: longest budget window (restarts per hour) and cooldown it must honour.
 RECALL = timedelta(hours=1)
@@ -75,24 +76,13 @@ class ServiceConfig:
     control_poll_s: float = 0.25
 
 
-def epoch_claim(epoch: int, controller_id: str) -> ControlConfig:
-    """The control record by which a controller takes ``epoch``."""
-    return ControlConfig(config_id=f"epoch-{epoch}-{controller_id}", job_id=None, component=ControlComponent.CONTROLLER,
-                         changes={EPOCH_KEY: str(epoch)}, issued_by=controller_id, issued_at=datetime.now(timezone.utc))
-
-
-def claimed_epoch(change: ControlConfig) -> int | None:
-    """The epoch a control record claims, if it is an epoch claim."""
-    value = change.changes.get(EPOCH_KEY)
-    return int(value) if value is not None and value.isdigit() else None
-
-
 class ControllerService(LoopService):
     """See the module docstring."""
 
     def __init__(self, settings: Settings, defaults: ControllerConfig | None = None, config: ServiceConfig | None = None,
-                 controller_id: str | None = None):
+                 controller_id: str | None = None, actuator: KubernetesActuator | None = None):
         self.settings = settings
+        self.actuator = actuator
         self.config = config or ServiceConfig()
         self.controller_id = controller_id or f"controller-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.codec: Codec = make_codec(settings.schema_registry_url)
@@ -101,7 +91,8 @@ class ControllerService(LoopService):
         self.fenced = False
         self.highest_epoch = 0
         self._producer = make_producer(settings, client_id=self.controller_id, **{"linger.ms": 0})
-        self._deadletter = DeadLetter(self._producer, topic_spec("", "deadletter").full_name(settings.topic_prefix), "controller")
+        deadletter_topic = topic_spec("", "deadletter").full_name(settings.topic_prefix)
+        self._deadletter = DeadLetter(self._producer, deadletter_topic, "controller", counter=metrics.DEADLETTERED)
         self._follower = ControlFollower(settings, self.codec, client_id=f"{self.controller_id}-control")
         self._commands_topic = settings.topic("controller", "commands")
         self._inputs = [settings.topic("monitor", "verdicts"), settings.topic("worker", "metrics")]
@@ -122,6 +113,8 @@ class ControllerService(LoopService):
         self._consumer = make_consumer(self.settings, group_id=f"{self.settings.topic_prefix}.controller",
                                        client_id=self.controller_id, low_latency=True)
         assign_now(self._consumer, self._start_positions())
+        if self.actuator is not None:
+            self.actuator.start()
         if not self.fenced:
             self.ready.set()
         log.info("controller %s serving with epoch %d", self.controller_id, self.core.stamp.epoch)
@@ -168,6 +161,8 @@ class ControllerService(LoopService):
 
     def close(self) -> None:
         self.ready.clear()
+        if self.actuator is not None:
+            self.actuator.close()
         drain(self._producer)
         self._follower.close()
         if self._consumer is not None:
@@ -182,18 +177,30 @@ class ControllerService(LoopService):
         messages = poll_batch(self._consumer, self.config.batch_size, self.config.poll_timeout_s)
         if not messages:
             return 0
-        published = 0
+        published: list[MitigationCommand] = []
         for message in messages:
-            event = decode_or_deadletter(message, self.codec, self._deadletter)
-            if isinstance(event, (StragglerVerdict, WorkerMetrics)):
-                published += self._publish(self._decide(event))
-            elif event is not None:
-                self._deadletter.send(SourceRecord.from_confluent(message),
-                                      f"expected StragglerVerdict or WorkerMetrics, got {type(event).__name__}")
+            event = decode_or_deadletter(message, self.codec, self._deadletter, expected=(StragglerVerdict, WorkerMetrics))
+            if event is not None:
+                published += self._publish(self._decide_or_deadletter(message, event))
         if published:
             flush_or_raise(self._producer)  # commands durable before the input is committed
+            self._actuate(published)
         self._consumer.commit(asynchronous=True)
         return len(messages)
+
+    def _decide_or_deadletter(self, message: Message, event: StragglerVerdict | WorkerMetrics) -> Outcome:
+        """The decision on one event; a policy that fails on it costs that record, not the controller.
+
+        The failure is a bug (the event passed every check of its model), so
+        it is logged with its traceback; nothing was published for it, and
+        the view a policy reads is rebuilt by the next reports of the worker.
+        """
+        try:
+            return self._decide(event)
+        except Exception as exc:
+            log.exception("deciding failed for %s[%d]@%d", message.topic(), message.partition(), message.offset())
+            self._deadletter.send(SourceRecord.from_confluent(message), exc)
+            return Outcome()
 
     def _decide(self, event: StragglerVerdict | WorkerMetrics) -> Outcome:
         now = datetime.now(timezone.utc)
@@ -202,20 +209,26 @@ class ControllerService(LoopService):
             return self.core.on_verdict(event, now)
         return self.core.on_metrics(event, now)
 
-    def _publish(self, outcome: Outcome) -> int:
+    def _publish(self, outcome: Outcome) -> list[MitigationCommand]:
         for reason in outcome.skipped:
             metrics.SKIPPED.inc()
             log.info("not done: %s", reason)
         if self.fenced:
             metrics.FENCED_DROPS.inc(len(outcome.commands))
-            return 0
+            return []
         for command in outcome.commands:
             key = worker_key(command.job_id, command.target_worker).encode()
             self._producer.produce(self._commands_topic, key=key, value=self.codec.encode(command))
             metrics.COMMANDS.labels(command.action.value, str(command.dry_run).lower()).inc()
             log.info("command %s %s %s: %s", command.command_id, command.action.value, key.decode(), command.reason)
         self._producer.poll(0)
-        return len(outcome.commands)
+        return list(outcome.commands)
+
+    def _actuate(self, commands: list[MitigationCommand]) -> None:
+        """Hand durable commands to the cluster actuator, if remediation is on (it never blocks)."""
+        if self.actuator is not None:
+            for command in commands:
+                self.actuator.submit(command)
 
     # ------------------------------------------------------------ control
 

@@ -6,8 +6,9 @@ Data flow (one Faust worker process; run several, they split the jobs):
   partition and the detector for a job lives in exactly one instance: no
   repartitioning and no tables. Records are consumed as raw bytes in batches
   (``stream.take_events``) and decoded by :class:`MonitorEngine`, so a record
-  that does not decode or validate can be dead-lettered with its provenance
-  while the batch goes on.
+  that does not decode or validate, or is not keyed by its job id (it would
+  start a second detector for the job in another instance), can be
+  dead-lettered with its provenance and counted while the batch goes on.
 * Verdicts go to ``monitor.verdicts`` keyed by job, published before the
   batch is acknowledged (at-least-once; redelivered reports are dropped by
   the detector's per-worker sequence check).
@@ -32,6 +33,7 @@ from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.faust_app import FaustRecordSink, make_faust_app
+from antdt.bus.readers import check_key
 from antdt.control import ControlFollower, apply_and_count
 from antdt.errors import AntdtError
 from antdt.schemas.codec import make_codec
@@ -53,6 +55,7 @@ class MonitorConfig:
     batch_within_s: float = 0.01
     control_poll_s: float = 0.25
     idle_job_s: float = 600.0
+    max_clock_jump_s: float = 3600.0
 
 
 class MonitorService:
@@ -62,7 +65,7 @@ class MonitorService:
         self.settings = settings
         self.config = config or MonitorConfig()
         codec = make_codec(settings.schema_registry_url)
-        self.engine = MonitorEngine(codec, defaults, self.config.idle_job_s)
+        self.engine = MonitorEngine(codec, defaults, self.config.idle_job_s, self.config.max_clock_jump_s)
         self.app = make_faust_app(settings, "monitor", topic_allow_declare=False)
         self.ready = threading.Event()
         self._partitions_assigned = False
@@ -70,7 +73,8 @@ class MonitorService:
         prefix = settings.topic_prefix
         self._metrics_topic = self.app.topic(topic_spec("worker", "metrics").full_name(prefix), value_serializer="raw")
         self._verdicts_topic = self.app.topic(topic_spec("monitor", "verdicts").full_name(prefix))
-        self._deadletter = DeadLetter(FaustRecordSink(self.app), topic_spec("", "deadletter").full_name(prefix), "monitor")
+        self._deadletter = DeadLetter(FaustRecordSink(self.app), topic_spec("", "deadletter").full_name(prefix), "monitor",
+                                      counter=metrics.DEADLETTERED)
         self._follower = ControlFollower(settings, codec, client_id=f"{settings.client_id}-monitor-control")
         self._define_agents()
 
@@ -133,6 +137,7 @@ class MonitorService:
     def _verdicts_for(self, message: Any, wall: float) -> list[StragglerVerdict]:
         try:
             report = self.engine.decode(message.value, message.topic)
+            check_key(message.key, report.job_id)  # a job's detector lives with the partition its id hashes to
             metrics.REPORT_AGE_SECONDS.observe(max(wall - report.window_end.timestamp(), 0.0))
             return self.engine.observe(report)
         except AntdtError as exc:
@@ -144,7 +149,6 @@ class MonitorService:
 
     def _reject(self, message: Any, error: BaseException) -> None:
         self._deadletter.send(SourceRecord.from_faust(message), error)
-        metrics.DEADLETTERED.inc()
 
     def apply_control(self, change: ControlConfig) -> None:
         """Apply a control record meant for the monitor; an invalid one is logged and counted."""

@@ -52,6 +52,10 @@ from antdt.schemas.models import (
 
 MAD_SCALE = 1.4826
 
+#: Per-sample times at or below this are not measurements (a picosecond): a job whose median
+#: is that small has reported no time at all, and ratios against it would be meaningless or infinite.
+MEASURABLE_S = 1e-12
+
 
 @dataclass(frozen=True)
 class DetectorConfig:
@@ -224,10 +228,13 @@ class JobDetector:
         config = self.config
         median, spread = self.baseline
         track.ticks_seen += 1
+        if median <= MEASURABLE_S:  # no time measured (all of it at a barrier): nothing to compare against
+            return []
         window_stat = track.window_stat() or self.stats[track.worker_id]
         recent = track.recent_stat(config.recent_reports) or window_stat
         ratio = recent / median
-        scores = ((recent - median) / spread, window_stat / (track.best_window or window_stat), ratio)
+        individual = window_stat / track.best_window if track.best_window else 1.0
+        scores = ((recent - median) / spread, individual, ratio)
         due = self._step(track, now, ratio, scores[0])
         if due is None:
             return []

@@ -3,7 +3,9 @@
 The Faust app (:mod:`app`) hands each record's bytes here. The engine decodes
 and validates them (anything that is not a valid ``WorkerMetrics`` raises
 :class:`~antdt.errors.AntdtError`, which the app turns into a dead letter),
-keeps one :class:`JobDetector` per job, and applies run-time configuration:
+keeps one :class:`JobDetector` per job (refusing a report that would break
+its job's detection: absurd dates or durations, a clock far ahead of the
+job's), and applies run-time configuration:
 job-wide defaults and per-job overrides, both from the control topic. A change
 is validated for every job it touches before any of it is applied, so a bad
 change leaves the running configuration as it was.
@@ -16,12 +18,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from antdt.control import ConfigLayers
 from antdt.errors import AntdtError
 from antdt.schemas.codec import Codec
 from antdt.schemas.models import ControlComponent, ControlConfig, StragglerVerdict, WorkerMetrics
 from antdt.services.monitor.detection import DetectorConfig, JobDetector
+
+#: Report dates the monitor accepts (see MonitorEngine._refuse_implausible).
+EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
+LATEST = datetime(2200, 1, 1, tzinfo=timezone.utc)
+#: The most compute or waiting time one report may claim (about 11.6 days).
+MAX_REPORT_S = 1e6
 
 
 @dataclass
@@ -33,10 +42,12 @@ class JobEntry:
 class MonitorEngine:
     """Decode, route by job, detect; configuration changes at run time."""
 
-    def __init__(self, codec: Codec, defaults: DetectorConfig | None = None, idle_job_s: float = 600.0):
+    def __init__(self, codec: Codec, defaults: DetectorConfig | None = None, idle_job_s: float = 600.0,
+                 max_clock_jump_s: float = 3600.0):
         self._codec = codec
         self.config = ConfigLayers(ControlComponent.MONITOR, defaults or DetectorConfig())
         self.idle_job_s = idle_job_s
+        self.max_clock_jump_s = max_clock_jump_s
         self.jobs: dict[str, JobEntry] = {}
 
     # ------------------------------------------------------------ metrics in
@@ -51,12 +62,41 @@ class MonitorEngine:
         return report
 
     def observe(self, report: WorkerMetrics, now: float | None = None) -> list[StragglerVerdict]:
-        """Feed one report to its job's detector; the verdicts it causes."""
+        """Feed one report to its job's detector; the verdicts it causes.
+
+        AntdtError, and nothing changed, for a report the detector must not
+        take in (see :meth:`_refuse_implausible`).
+        """
         entry = self.jobs.get(report.job_id)
+        self._refuse_implausible(report, entry.detector.clock if entry is not None else None)
         if entry is None:
             entry = self.jobs[report.job_id] = JobEntry(JobDetector(report.job_id, self.config_for(report.job_id)), 0.0)
         entry.last_seen = time.monotonic() if now is None else now
         return entry.detector.observe(report)
+
+    def _refuse_implausible(self, report: WorkerMetrics, job_clock: datetime | None) -> None:
+        """AntdtError for a report that is valid on its own but would break its job's detection.
+
+        * dated outside [EARLIEST, LATEST]: no job trains then, and window
+          arithmetic near the ends of ``datetime`` overflows;
+        * more than ``MAX_REPORT_S`` of compute or waiting in one report:
+          the statistics would overflow to infinity and the verdicts with them;
+        * ending more than ``max_clock_jump_s`` after the job's latest report:
+          the job's clock is its latest window end, so one report from far
+          ahead (a broken clock, a forged record) would expire every other
+          worker's window and stall the baseline. A live job reports
+          continuously, and one silent for ``idle_job_s`` is forgotten, so a
+          real jump that large does not happen.
+        """
+        if report.window_start < EARLIEST or report.window_end > LATEST:
+            raise AntdtError(f"window {report.window_start.isoformat()} - {report.window_end.isoformat()} "
+                             f"is outside {EARLIEST.year}-{LATEST.year}")
+        longest = max(report.compute.sum_s, report.compute.max_s, report.data_wait_s, report.sync_wait_s)
+        if longest > MAX_REPORT_S:
+            raise AntdtError(f"{longest:g} s of compute or waiting in one report (at most {MAX_REPORT_S:g})")
+        if job_clock is not None and (report.window_end - job_clock).total_seconds() > self.max_clock_jump_s:
+            raise AntdtError(f"window_end {report.window_end.isoformat()} is more than {self.max_clock_jump_s:g} s "
+                             f"after job {report.job_id}'s latest report ({job_clock.isoformat()})")
 
     def forget_idle(self, now: float | None = None) -> list[str]:
         """Drop jobs silent for ``idle_job_s``; their ids."""

@@ -25,6 +25,10 @@ What each report does (the state machine is in :mod:`state`):
   shards go back to TODO.
 * After each change, if nothing is TODO or DOING, the epoch closes and the
   next opens (or the job is finished).
+* A report that no history could make valid (a shard id beyond the dataset,
+  a rewind before any dataset, a dataset too large to hold, a dataset that
+  contradicts the job's) raises :class:`ProgressRejected` before anything
+  changes; the service dead-letters it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 from antdt.errors import AntdtError
 from antdt.schemas.models import (
     AssignmentStatus,
+    DatasetSpec,
     ProgressKind,
     Shard,
     ShardAssignment,
@@ -56,6 +61,10 @@ class CoreConfig:
 
     default_quota: int = 2
     max_quota: int = 64
+    #: A dataset the sharder could not hold, or a lease so long its expiry
+    #: cannot be represented, is refused rather than defined.
+    max_shards: int = 1_000_000
+    max_lease_s: float = 7 * 24 * 3600.0
 
 
 @dataclass
@@ -120,6 +129,7 @@ class ShardCore:
 
     def on_progress(self, report: ShardProgress, now_ms: int) -> Outcome:
         """Apply one worker report; return the events and the answer."""
+        self._refuse_impossible(report)
         out = Outcome()
         state = self.state
         if report.dataset is not None:
@@ -140,6 +150,33 @@ class ShardCore:
             raise ProgressRejected("REWIND needs the log; the service handles it through ShardCore.rewind")
         handler(report, now_ms, out)
         return out
+
+    def _refuse_impossible(self, report: ShardProgress) -> None:
+        """ProgressRejected for a report no sequence of events could make valid; nothing is changed.
+
+        Only what can never be right is refused: a shard id beyond the
+        dataset, a rewind of a job that has no dataset, a dataset too large
+        to hold. A report about a shard the worker no longer holds, from an
+        old epoch or attempt, is a normal race and is merely ignored by the
+        handlers.
+        """
+        dataset = self.state.dataset
+        if report.dataset is not None and dataset is None:
+            self._refuse_unmanageable(report.dataset)
+        if dataset is None:
+            if report.kind is ProgressKind.REWIND:
+                raise ProgressRejected(f"job {self.state.job_id} has no dataset yet: there is nothing to rewind")
+            return
+        if report.shard_id is not None and report.shard_id >= dataset.shard_count:
+            raise ProgressRejected(
+                f"shard {report.shard_id} does not exist: job {self.state.job_id} has {dataset.shard_count} shards"
+            )
+
+    def _refuse_unmanageable(self, dataset: DatasetSpec) -> None:
+        if dataset.shard_count > self.config.max_shards:
+            raise ProgressRejected(f"{dataset.shard_count} shards is more than this sharder holds ({self.config.max_shards})")
+        if dataset.lease_s > self.config.max_lease_s:
+            raise ProgressRejected(f"lease_s {dataset.lease_s:g} is longer than {self.config.max_lease_s:g} s")
 
     def _define_dataset(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
         if self.state.dataset is None:
@@ -266,6 +303,7 @@ class ShardCore:
         passes ``target``, the fold of the log up to the version; the event
         then carries the target epoch and the shards DONE in it.
         """
+        self._refuse_impossible(report)
         state = self.state
         version = report.version
         if version > state.last_seq or version < 1:
@@ -274,8 +312,11 @@ class ShardCore:
         if version >= state.epoch_opened_seq:
             self._emit(out.events, T.REWOUND, now_ms, version=version, worker_id=report.worker_id)
         else:
-            if target is None or target.last_seq != version or target.dataset is None:
+            if target is None:
                 raise ValueError("a rewind across an epoch boundary needs the state folded up to the version")
+            if target.last_seq != version or target.dataset is None:
+                raise ProgressRejected(f"version {version} is not a state of job {state.job_id} with a dataset "
+                                       f"(it predates the dataset, or a fenced writer issued it)")
             done = [s.shard_id for s in target.slots if s.state is ShardState.DONE]
             attempt = 1 + max((s.attempt for s in state.slots), default=0)
             self._emit(out.events, T.REWOUND, now_ms, version=version, worker_id=report.worker_id,

@@ -17,8 +17,11 @@ One loop, one thread. Each cycle it
    offsets. Input is at-least-once: a redelivered report is harmless because
    reports name the grant they are about (see :mod:`core`).
 
-A record that does not decode, is not a report, or that the core rejects
-(e.g. a dataset that contradicts the job's) goes to the dead-letter topic.
+A record that does not decode, is not a report, is not keyed by its job id,
+or that the core rejects (e.g. a shard id beyond the dataset, a dataset that
+contradicts the job's) goes to the dead-letter topic and is counted. A record
+whose processing fails unexpectedly goes there too, and its job is recovered
+from the log on the next report: one bad record never stops the service.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from confluent_kafka import KafkaException, Message
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import drain, make_admin, make_consumer, make_producer
 from antdt.bus.deadletter import DeadLetter, SourceRecord
-from antdt.bus.readers import decode_or_deadletter, key_partition, poll_batch
+from antdt.bus.readers import MisroutedRecord, check_key, decode_or_deadletter, key_partition, poll_batch
+from antdt.errors import BusError
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import LifecycleEvent, ProgressKind, ShardAssignment, ShardLogEvent, ShardProgress, WorkerLifecycle
 from antdt.services.sharder import metrics
@@ -95,7 +99,8 @@ class SharderService(LoopService):
             settings, client_id=self.writer_id, **{"linger.ms": 0, "compression.type": "lz4", "message.max.bytes": 64 << 20}
         )
         self._log = LogWriter(self._producer, log_topic(settings), self.codec)
-        self._deadletter = DeadLetter(self._producer, topic_spec("", "deadletter").full_name(settings.topic_prefix), "sharder")
+        deadletter_topic = topic_spec("", "deadletter").full_name(settings.topic_prefix)
+        self._deadletter = DeadLetter(self._producer, deadletter_topic, "sharder", counter=metrics.DEADLETTERED)
         self._progress_topic = topic_spec("shard", "progress").full_name(settings.topic_prefix)
         self._lifecycle_topic = topic_spec("worker", "lifecycle").full_name(settings.topic_prefix)
         self._assignments_topic = topic_spec("shard", "assignments").full_name(settings.topic_prefix)
@@ -149,20 +154,32 @@ class SharderService(LoopService):
         return len(messages)
 
     def _handle(self, message: Message, now_ms: int, events: list, answers: list) -> None:
-        value = decode_or_deadletter(message, self.codec, self._deadletter)
+        value = decode_or_deadletter(message, self.codec, self._deadletter, expected=(ShardProgress, WorkerLifecycle))
         if value is None:
-            metrics.DEADLETTERED.inc()
             return
         try:
+            check_key(message.key(), value.job_id)  # the key decides which instance writes for the job
             if isinstance(value, ShardProgress):
                 self._on_report(value, now_ms, events, answers)
-            elif isinstance(value, WorkerLifecycle):
-                self._on_lifecycle(value, now_ms, events)
             else:
-                raise ProgressRejected(f"{type(value).__name__} does not belong on {message.topic()}")
-        except ProgressRejected as exc:
+                self._on_lifecycle(value, now_ms, events)
+        except (ProgressRejected, MisroutedRecord) as exc:
             self._deadletter.send(SourceRecord.from_confluent(message), exc)
-            metrics.DEADLETTERED.inc()
+        except (BusError, KafkaException):
+            raise  # the bus failed, not the record: stop, and recover from the log on restart
+        except Exception as exc:  # a bug must cost one record, not the service (nor a crash loop on redelivery)
+            log.exception("processing failed for %s[%d]@%d", message.topic(), message.partition(), message.offset())
+            self._deadletter.send(SourceRecord.from_confluent(message), exc)
+            self._forget_job(value.job_id)
+
+    def _forget_job(self, job_id: str) -> None:
+        """Drop a job whose decision failed half-way: its state may hold events the log does not.
+
+        The next report recovers it from the log (the source of truth) and
+        takes it over with a higher writer epoch.
+        """
+        if self.jobs.pop(job_id, None) is not None:
+            metrics.JOBS.set(len(self.jobs))
 
     def _on_report(self, report: ShardProgress, now_ms: int, events: list, answers: list) -> None:
         metrics.REPORTS.labels(report.kind.value).inc()

@@ -12,7 +12,7 @@ from antdt.cli.main import run
 from antdt.launch import settings_env
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.services.controller.core import ControllerCore
-from antdt.services.controller.service import epoch_claim
+from antdt.services.controller.epoch import epoch_claim
 from tests.services.controller.helpers import verdict
 
 

@@ -53,6 +53,7 @@ def test_bench_measures_the_baseline_and_dd_against_the_ideal(tmp_path):
     (("demo", "--policy", "fast"), "'fast' is not one of"),
     (("bench", "--plans", "static-bsp,warp"), "unknown plan(s) warp"),
     (("demo", "--workers", "1"), "--workers"),
+    (("chaos", "--services-at", "broker=3"), "expected sharder|monitor|controller=SECONDS"),
 ])
 def test_bad_arguments_are_one_line(args, expected):
     result = antdt(*args, timeout=60)

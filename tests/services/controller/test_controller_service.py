@@ -14,7 +14,7 @@ from antdt.bus.markers import marker_id
 from antdt.bus.readers import assign_now, poll_batch
 from antdt.launch import service_process
 from antdt.schemas.codec import SingleObjectCodec
-from antdt.schemas.models import AckStatus, CommandAction, ControlComponent, ControlConfig
+from antdt.schemas.models import AckStatus, CommandAction, ControlComponent, ControlConfig, StragglerClass
 from antdt.services.controller.core import ControllerCore
 from antdt.services.controller.safety import Stamp
 from antdt.settings import load_settings
@@ -22,6 +22,7 @@ from antdt.signing import verify
 from antdt.topics import worker_key
 from antdt.worker import Agent
 from tests.services.controller.helpers import verdict
+from tests.services.controller.k8s_api import RecordingApiServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -125,3 +126,21 @@ def test_dry_run_switched_on_at_run_time(signed, topics, tmp_path):
         assert ack_of(signed, topics, command.command_id).status is AckStatus.IGNORED
         agent.step()
         assert agent.shard_quota == 2  # nothing changed
+
+
+def test_remediation_on_kubernetes_deletes_the_pod_and_labels_the_node(signed, topics, tmp_path):
+    """With ANTDT_K8S_REMEDIATION on, a persistent straggler's node is labelled and its pod deleted."""
+    api = RecordingApiServer()
+    env = {"ANTDT_K8S_REMEDIATION": "true", "ANTDT_K8S_API_URL": api.url, "ANTDT_K8S_NAMESPACE": "training",
+           "ANTDT_K8S_SERVICE_ACCOUNT_DIR": str(tmp_path)}
+    try:
+        with service_process(signed, "controller", log_dir=tmp_path, extra_env=env) as controller:
+            controller.wait_ready()
+            send_verdict(signed, "train-1", 3, cls=StragglerClass.PERSISTENT, node="node-7", ratio=4.0)
+            calls = [(r["method"], r["path"]) for r in api.wait_for(2, timeout_s=30)]
+            assert calls == [("PATCH", "/api/v1/nodes/node-7"), ("DELETE", "/api/v1/namespaces/training/pods/train-1")]
+            controller.wait_until(
+                lambda: controller.metric('antdt_controller_k8s_actions_total{action="RESTART",result="done"}') == 1,
+                "the restart is counted")
+    finally:
+        api.close()

@@ -1,0 +1,103 @@
+"""Chaos for a run: kill -9 workers and services on a schedule, let them be restarted, time the recovery.
+
+What an operator fears in production is a process that dies without a word:
+no final report, shards held, offsets uncommitted, a half-written batch. A
+chaos run does exactly that with SIGKILL, about every ``worker_every_s`` to
+a random running worker and once to each service at its set time, and the
+harness restarts the victim at once, the way an orchestrator's restart
+policy would. The run must still finish with a clean audit: every sample
+trained exactly once.
+
+The time lost to a kill is measured from the kill until the victim serves
+again: for a worker, its first metrics report after the kill that counts
+trained samples (or its exit once the job is over); for a service, its
+``/readyz`` answering again (state recovered, topics there).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from antdt.demo.harness import Services, WorkerPool
+    from antdt.demo.timeline import Timeline
+
+
+@dataclass(frozen=True)
+class ChaosSpec:
+    """When to kill what: workers about every ``worker_every_s`` (±20 %), each service once at its time."""
+
+    worker_every_s: float = 10.0
+    service_at_s: dict[str, float] = field(default_factory=lambda: {"sharder": 6.0, "controller": 12.0, "monitor": 18.0})
+    seed: int = 0
+
+
+@dataclass
+class Kill:
+    """One SIGKILL: what, when (seconds since the start signal), and when the victim served again."""
+
+    target: str
+    kind: str  # "worker" or "service"
+    at_s: float
+    back_s: float | None = None
+
+    @property
+    def lost_s(self) -> float | None:
+        return None if self.back_s is None else self.back_s - self.at_s
+
+    def to_dict(self) -> dict:
+        lost = self.lost_s
+        return {"target": self.target, "kind": self.kind, "at_s": round(self.at_s, 2),
+                "lost_s": None if lost is None else round(lost, 2)}
+
+
+class Chaos:
+    """Carries out a :class:`ChaosSpec` from the harness's supervision loop (one :meth:`tick` per loop)."""
+
+    def __init__(self, spec: ChaosSpec | None = None):
+        self.spec = spec or ChaosSpec()
+        self.kills: list[Kill] = []
+        self._rng = random.Random(self.spec.seed)
+        self._next_worker_s = self._interval()
+        self._services_due = dict(self.spec.service_at_s)
+
+    @property
+    def survived(self) -> int:
+        """Kills the victim came back from."""
+        return sum(kill.back_s is not None for kill in self.kills)
+
+    def tick(self, now_s: float, pool: WorkerPool, services: Services, timeline: Timeline) -> None:
+        self._note_recoveries(now_s, pool, services, timeline)
+        if now_s >= self._next_worker_s:
+            self._kill_a_worker(now_s, pool)
+            self._next_worker_s = now_s + self._interval()
+        for name, at_s in list(self._services_due.items()):
+            if now_s >= at_s and name in services.processes:
+                del self._services_due[name]
+                services.kill_and_restart(name)
+                self.kills.append(Kill(name, "service", now_s))
+
+    def _interval(self) -> float:
+        return self.spec.worker_every_s * self._rng.uniform(0.8, 1.2)
+
+    def _kill_a_worker(self, now_s: float, pool: WorkerPool) -> None:
+        recovering = {kill.target for kill in self.kills if kill.back_s is None}
+        names = {rank: pool.scenario.workers[rank].name for rank in pool.running()}
+        candidates = sorted(rank for rank, name in names.items() if name not in recovering)
+        if candidates:
+            rank = self._rng.choice(candidates)
+            pool.kill(rank)
+            self.kills.append(Kill(names[rank], "worker", now_s))
+
+    def _note_recoveries(self, now_s: float, pool: WorkerPool, services: Services, timeline: Timeline) -> None:
+        finished = {pool.scenario.workers[rank].name for rank in pool.finished}
+        for kill in self.kills:
+            if kill.back_s is not None:
+                continue
+            if kill.kind == "service":
+                kill.back_s = now_s if services.is_ready(kill.target) else None
+            else:
+                trained = timeline.trained_after(kill.target, kill.at_s)
+                kill.back_s = trained if trained is not None else (now_s if kill.target in finished else None)
