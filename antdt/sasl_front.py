@@ -87,7 +87,7 @@ class SaslFront:
     def close(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
-            listener.close()
+            _shut(listener)  # shutdown wakes the thread blocked in accept(); close alone leaves the port open
         with self._lock:
             open_sockets, self._open = list(self._open), set()
         for sock in open_sockets:

@@ -160,7 +160,7 @@ class Agent:
                 self._listener = CommandListener(self.settings, self.spec.job_id, self.spec.worker_id, self._codec,
                                                  self.verifier, self._on_verdict).start()
             except BaseException:  # e.g. a refused login: leave no thread or retrying producer behind
-                self._close_parts()
+                self._close_parts(flush_timeout_s=0.0)  # nothing queued can be delivered: do not wait for it
                 raise
         self.state = AgentState.RUNNING
         self._mark = time.perf_counter()
@@ -181,14 +181,14 @@ class Agent:
         self._lifecycle(LifecycleEvent.LEFT, exit_code=code, reason=reason)
         self._close_parts()
 
-    def _close_parts(self) -> None:
+    def _close_parts(self, flush_timeout_s: float = 5.0) -> None:
         if self._listener is not None:
             self._listener.close()
         if self._injector is not None:
             self._injector.close()
         if self._sampler is not None:
             self._sampler.close()
-        self._emitter.close()
+        self._emitter.close(flush_timeout_s)
 
     # ------------------------------------------------------------ the training thread
 

@@ -94,7 +94,7 @@ class EventEmitter:
         self._stop.set()
         self._wake.set()
         if self._thread.is_alive():
-            self._thread.join(timeout_s)
+            self._thread.join(max(timeout_s, 1.0))  # it stops within one wake-up
         remaining = self._producer.flush(timeout_s)
         if remaining:
             self.dropped += remaining
