@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import (
@@ -58,6 +59,9 @@ from antdt.topics import topic_spec
 from antdt.worker.commands import ACCEPT, CommandListener, CommandVerifier, Verdict
 from antdt.worker.emitter import EventEmitter
 from antdt.worker.steps import StepRecord, summarize
+
+if TYPE_CHECKING:
+    from antdt.worker.dataset import ShardedDataset  # imports torch: only when shards() is used
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +144,7 @@ class Agent:
         key = self.settings.signing_key.get_secret_value().encode() if self.settings.signing_key else None
         self.verifier = CommandVerifier(self.spec.job_id, self.spec.worker_id, key)
         self._listener: CommandListener | None = None
-        self._datasets: list = []  # made by shards(): their shard clients' dead letters count as ours
+        self._datasets: list[ShardedDataset] = []  # made by shards(): their shard clients' dead letters count as ours
         self._reporter = threading.Thread(target=self._report_loop, name="antdt-reporter", daemon=True)
         self._sampler = None
         self._injector = None
@@ -431,8 +435,7 @@ class Agent:
         clients while they are open (a DataLoader worker process counts its own).
         """
         commands = self._listener.deadlettered if self._listener is not None else 0
-        clients = (getattr(dataset, "_client", None) for dataset in self._datasets)
-        return commands + sum(client.deadlettered for client in clients if client is not None)
+        return commands + sum(dataset.deadlettered for dataset in self._datasets)
 
     @property
     def dropped_events(self) -> int:

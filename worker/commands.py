@@ -112,7 +112,7 @@ class CommandListener:
         self._consumer = make_consumer(settings, client_id=f"antdt-agent-{worker_id}", low_latency=True)
         # Writes the positioning marker, then the dead letters (records on our key that are not commands).
         self._producer = make_producer(settings, client_id=f"antdt-agent-{worker_id}")
-        self._deadletter = DeadLetter(self._producer, topic_spec("", "deadletter").full_name(settings.topic_prefix), "agent")
+        self._deadletter = DeadLetter.for_settings(self._producer, settings, "agent")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="antdt-commands", daemon=True)
 

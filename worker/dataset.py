@@ -180,6 +180,11 @@ class ShardedDataset(IterableDataset):
         self.epoch = answer.epoch
         self.finished = False
 
+    @property
+    def deadlettered(self) -> int:
+        """Records on this worker's key that were no usable answer, as this process's open client counted them."""
+        return self._client.deadlettered if self._client is not None else 0
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()

@@ -50,7 +50,7 @@ class ShardClient:
         self._key = worker_key(job_id, worker_id).encode()
         self._producer = make_producer(settings, client_id=f"antdt-worker-{worker_id}", **{"linger.ms": 0})
         self._consumer = make_consumer(settings, client_id=f"antdt-worker-{worker_id}", low_latency=True)
-        self._deadletter = DeadLetter(self._producer, topic_spec("", "deadletter").full_name(settings.topic_prefix), "agent")
+        self._deadletter = DeadLetter.for_settings(self._producer, settings, "agent")
         self._highest_writer_epoch = 0
         self._position_reader(settings)
 

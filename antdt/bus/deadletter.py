@@ -16,6 +16,9 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 
+from antdt.settings import Settings
+from antdt.topics import topic_spec
+
 log = logging.getLogger(__name__)
 
 HEADER_TOPIC = "antdt.source.topic"
@@ -108,6 +111,11 @@ class DeadLetter:
             "dead-lettered %s[%d]@%d: %s", record.topic, record.partition, record.offset, message,
             extra={"service": self.service},
         )
+
+    @classmethod
+    def for_settings(cls, sink: RecordSink, settings: Settings, service: str, counter: Tally | None = None) -> DeadLetter:
+        """The dead-letter writer of ``service``, on the dead-letter topic under ``settings``' prefix."""
+        return cls(sink, topic_spec("", "deadletter").full_name(settings.topic_prefix), service, counter)
 
     def _produce(self, record: SourceRecord, headers: list[tuple[str, bytes]]) -> None:
         """Copy the record; one too large to copy with its headers goes without its value.

@@ -153,7 +153,7 @@ class KubernetesActuator:
         self.api = api
         self.namespace = namespace
         self.degraded_label = degraded_label
-        self._queue: queue.Queue[MitigationCommand | None] = queue.Queue(maxsize=queue_size)
+        self._queue: queue.Queue[tuple[MitigationCommand, list[Call]] | None] = queue.Queue(maxsize=queue_size)
         self._thread = threading.Thread(target=self._drain, name="antdt-k8s-actuator", daemon=True)
 
     @classmethod
@@ -172,10 +172,11 @@ class KubernetesActuator:
 
     def submit(self, command: MitigationCommand) -> None:
         """Queue ``command``; a full queue drops it (counted) rather than stall the controller."""
-        if not calls_for(command, self.namespace, self.degraded_label):
+        calls = calls_for(command, self.namespace, self.degraded_label)
+        if not calls:
             return
         try:
-            self._queue.put_nowait(command)
+            self._queue.put_nowait((command, calls))
         except queue.Full:
             metrics.K8S_ACTIONS.labels(command.action.value, Outcome.FAILED.value).inc()
             log.error("kubernetes: queue full, %s %s not carried out", command.action.value, command.target_worker)
@@ -188,14 +189,17 @@ class KubernetesActuator:
 
     def act(self, command: MitigationCommand) -> list[Outcome]:
         """Carry out ``command`` now; one outcome per call, each counted."""
-        outcomes = [self._send(command, call) for call in calls_for(command, self.namespace, self.degraded_label)]
+        return self._carry_out(command, calls_for(command, self.namespace, self.degraded_label))
+
+    def _carry_out(self, command: MitigationCommand, calls: list[Call]) -> list[Outcome]:
+        outcomes = [self._send(command, call) for call in calls]
         for outcome in outcomes:
             metrics.K8S_ACTIONS.labels(command.action.value, outcome.value).inc()
         return outcomes
 
     def _drain(self) -> None:
-        while (command := self._queue.get()) is not None:
-            self.act(command)
+        while (item := self._queue.get()) is not None:
+            self._carry_out(*item)
 
     def _send(self, command: MitigationCommand, call: Call) -> Outcome:
         try:

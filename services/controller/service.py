@@ -91,8 +91,7 @@ class ControllerService(LoopService):
         self.fenced = False
         self.highest_epoch = 0
         self._producer = make_producer(settings, client_id=self.controller_id, **{"linger.ms": 0})
-        deadletter_topic = topic_spec("", "deadletter").full_name(settings.topic_prefix)
-        self._deadletter = DeadLetter(self._producer, deadletter_topic, "controller", counter=metrics.DEADLETTERED)
+        self._deadletter = DeadLetter.for_settings(self._producer, settings, "controller", counter=metrics.DEADLETTERED)
         self._follower = ControlFollower(settings, self.codec, client_id=f"{self.controller_id}-control")
         self._commands_topic = settings.topic("controller", "commands")
         self._inputs = [settings.topic("monitor", "verdicts"), settings.topic("worker", "metrics")]

@@ -73,8 +73,8 @@ class MonitorService:
         prefix = settings.topic_prefix
         self._metrics_topic = self.app.topic(topic_spec("worker", "metrics").full_name(prefix), value_serializer="raw")
         self._verdicts_topic = self.app.topic(topic_spec("monitor", "verdicts").full_name(prefix))
-        self._deadletter = DeadLetter(FaustRecordSink(self.app), topic_spec("", "deadletter").full_name(prefix), "monitor",
-                                      counter=metrics.DEADLETTERED)
+        self._deadletter = DeadLetter.for_settings(FaustRecordSink(self.app), settings, "monitor",
+                                                   counter=metrics.DEADLETTERED)
         self._follower = ControlFollower(settings, codec, client_id=f"{settings.client_id}-monitor-control")
         self._define_agents()
 

@@ -99,8 +99,7 @@ class SharderService(LoopService):
             settings, client_id=self.writer_id, **{"linger.ms": 0, "compression.type": "lz4", "message.max.bytes": 64 << 20}
         )
         self._log = LogWriter(self._producer, log_topic(settings), self.codec)
-        deadletter_topic = topic_spec("", "deadletter").full_name(settings.topic_prefix)
-        self._deadletter = DeadLetter(self._producer, deadletter_topic, "sharder", counter=metrics.DEADLETTERED)
+        self._deadletter = DeadLetter.for_settings(self._producer, settings, "sharder", counter=metrics.DEADLETTERED)
         self._progress_topic = topic_spec("shard", "progress").full_name(settings.topic_prefix)
         self._lifecycle_topic = topic_spec("worker", "lifecycle").full_name(settings.topic_prefix)
         self._assignments_topic = topic_spec("shard", "assignments").full_name(settings.topic_prefix)

@@ -24,7 +24,6 @@ SERVICES = ("sharder", "monitor", "controller")
 NAME = re.compile(r"^antdt_(sharder|monitor|controller)_[a-z][a-z0-9_]*$")
 UNBOUNDED_LABELS = {"job", "job_id", "worker", "worker_id", "node", "node_id", "shard", "shard_id", "command_id",
                     "verdict_id", "pod", "epoch"}
-BASE_UNITS = ("_seconds", "_bytes", "_total", "_count", "_sum", "_bucket", "_created")
 
 
 def antdt_families(text: str) -> list:

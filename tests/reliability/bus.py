@@ -78,6 +78,13 @@ def dead_letters(settings: Settings, want: int, timeout_s: float = 30.0, settle_
     return found
 
 
+def assert_service_dead_lettered(service, name: str, settings: Settings, sent: list[Sent], bad: int) -> None:
+    """``antdt <name>`` counted every bad record, is still ready, and the dead-letter topic holds exactly them."""
+    service.wait_until(lambda: service.metric(f"antdt_{name}_deadlettered_total") == bad, "every bad record counted")
+    assert service.is_ready()
+    assert_dead_lettered_exactly(dead_letters(settings, bad), sent, name)
+
+
 def assert_dead_lettered_exactly(dead: list, sent: list[Sent], service: str) -> None:
     """One dead letter per bad record sent (none for the good ones), a copy with its provenance and the reason."""
     bad = {s.origin: s.record for s in sent if s.record.because is not None}

@@ -46,7 +46,9 @@ from antdt.topics import worker_key
 from antdt.worker import Agent
 from antdt.worker.shard_client import ShardClient
 from tests.reliability.agents import signed_settings, step_until
-from tests.reliability.bus import Record, assert_dead_lettered_exactly, dead_letters, read_until, send
+from tests.reliability.bus import (
+    Record, assert_dead_lettered_exactly, assert_service_dead_lettered, dead_letters, read_until, send,
+)
 from tests.reliability.fuzz import CODEC, damaged, draw_batch, framed, garbage
 from tests.services.controller.helpers import verdict
 
@@ -270,9 +272,7 @@ def test_the_monitor_dead_letters_bad_reports_and_keeps_judging(settings, topics
         assert decoded(found)[0].worker_id == "w3"  # judged after the bad records
         monitor.wait_until(lambda: monitor.metric(APPLIED.format("monitor")) == 1, "a valid control change still applies")
         bad = len(records)
-        monitor.wait_until(lambda: monitor.metric("antdt_monitor_deadlettered_total") == bad, "every bad record counted")
-        assert monitor.is_ready()
-        assert_dead_lettered_exactly(dead_letters(settings, bad), sent, "monitor")
+        assert_service_dead_lettered(monitor, "monitor", settings, sent, bad)
     print(f"monitor: {FUZZED_PER_TOPIC} fuzzed + {bad - FUZZED_PER_TOPIC} meaningless metrics dead-lettered, "
           f"{FUZZED_PER_TOPIC} fuzzed control records ignored")
 
@@ -312,10 +312,7 @@ def test_the_controller_dead_letters_bad_verdicts_and_reports_and_keeps_deciding
         assert [c.target_worker for c in decoded(found) if c.verdict_id == good.verdict_id] == ["w1"]
         controller.wait_until(lambda: controller.metric(APPLIED.format("controller")) == 1, "a valid control change applies")
         bad = sum(r.because is not None for r in records)
-        controller.wait_until(lambda: controller.metric("antdt_controller_deadlettered_total") == bad,
-                              "every bad record counted")
-        assert controller.is_ready()
-        assert_dead_lettered_exactly(dead_letters(settings, bad), sent, "controller")
+        assert_service_dead_lettered(controller, "controller", settings, sent, bad)
     print(f"controller: {2 * FUZZED_PER_TOPIC} fuzzed + {bad - 2 * FUZZED_PER_TOPIC} meaningless records dead-lettered, "
           f"{FUZZED_PER_TOPIC} fuzzed control records ignored")
 
