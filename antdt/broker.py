@@ -7,7 +7,9 @@ loses everything (DESIGN.md lists the other differences to design around).
 :class:`EmbeddedBroker` starts the binary on a loopback port, waits until it
 answers a metadata request, and stops it on exit: SIGTERM first, then SIGKILL
 if clients still hold connections open after a grace period (nothing is lost
-by that: the broker has no disk state).
+by that: the broker has no disk state). Each start gets a new cluster id, so
+clients can tell a restarted, empty broker from the one they knew
+(:mod:`antdt.bus.watch`); :meth:`EmbeddedBroker.restart` does that on purpose.
 
 With ``authentication=True`` clients must log in with SASL/SCRAM
 (``SCRAM-SHA-256`` or ``SCRAM-SHA-512``, over ``SASL_PLAINTEXT``) as a user
@@ -25,6 +27,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from confluent_kafka import KafkaException
@@ -63,8 +66,13 @@ def free_port(host: str = LOOPBACK) -> int:
 
 
 def ensure_port_free(host: str, port: int) -> None:
-    """BrokerError if ``port`` is taken (the broker itself would only panic in its log)."""
+    """BrokerError if ``port`` is taken (the broker itself would only panic in its log).
+
+    SO_REUSEADDR, as the broker binds: a port our previous broker left in
+    TIME_WAIT is free for a restart, one somebody listens on is not.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -115,11 +123,13 @@ class EmbeddedBroker:
         self.stop_grace_s = stop_grace_s
         self.authentication = authentication or bool(users)
         self.ready_after_s: float | None = None
+        self.cluster_id: str | None = None
         self.front: SaslFront | None = None
         self._users = dict(users or {})
         self._broker_port = self.port
         self._process: subprocess.Popen | None = None
         self._log_file = None
+        self._binary = ""
 
     @property
     def bootstrap_servers(self) -> str:
@@ -131,15 +141,22 @@ class EmbeddedBroker:
 
     def start(self) -> EmbeddedBroker:
         """Start the broker and block until it answers a metadata request."""
-        binary = broker_binary()
+        self._binary = broker_binary()
         ensure_port_free(self.host, self.port)
         if self.authentication:
             self._start_front()
-        listen, advertise = f"tcp://{self.host}:{self._broker_port}", f"tcp://{self.host}:{self.port}"
         self._log_file = tempfile.NamedTemporaryFile(prefix="antdt-broker-", suffix=".log", delete=False)
+        self._spawn()
+        return self
+
+    def _spawn(self) -> None:
+        """Run the binary with a new cluster id; wait until it answers (stop everything if it does not)."""
+        listen, advertise = f"tcp://{self.host}:{self._broker_port}", f"tcp://{self.host}:{self.port}"
         started = time.monotonic()
+        self.cluster_id = f"antdt-{uuid.uuid4().hex[:12]}"
         self._process = subprocess.Popen(
-            [binary, "broker", "--listener-url", listen, "--advertised-listener-url", advertise, "--storage-engine", "memory://tansu/"],
+            [self._binary, "broker", "--listener-url", listen, "--advertised-listener-url", advertise,
+             "--storage-engine", "memory://tansu/", "--cluster-id", self.cluster_id],
             stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
         )
@@ -149,8 +166,7 @@ class EmbeddedBroker:
             self.stop()
             raise
         self.ready_after_s = time.monotonic() - started
-        log.info("embedded broker ready on %s in %.3f s", self.bootstrap_servers, self.ready_after_s)
-        return self
+        log.info("embedded broker ready on %s in %.3f s (cluster %s)", self.bootstrap_servers, self.ready_after_s, self.cluster_id)
 
     def _start_front(self) -> None:
         """Bind the SCRAM front on the public port; the broker moves to a private one behind it."""
@@ -225,6 +241,22 @@ class EmbeddedBroker:
             self._log_file.close()
             Path(self._log_file.name).unlink(missing_ok=True)
             self._log_file = None
+
+    def restart(self, down_s: float = 0.0) -> float:
+        """Kill the broker (SIGKILL, as a crash would) and start it again on the same port, empty.
+
+        Users stay (the SCRAM front keeps running). Returns the seconds from
+        the kill until the new broker answered metadata.
+        """
+        if self._process is None:
+            raise BrokerError("restart needs a running broker")
+        killed = time.monotonic()
+        self._process.kill()
+        self._process.wait()
+        self._process = None
+        time.sleep(down_s)
+        self._spawn()
+        return time.monotonic() - killed
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

@@ -26,6 +26,7 @@ from antdt.bus.admin import partition_counts
 from antdt.bus.clients import make_admin, make_consumer, make_producer
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import poll_batch, read_to_markers
+from antdt.bus.watch import BusWatch, Rewinder
 from antdt.errors import AntdtError, ConfigError
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import ControlComponent, ControlConfig
@@ -182,7 +183,13 @@ class ControlFollower:
         self._client_id = client_id
         self.topic = control_topic(settings)
         self._consumer = make_consumer(settings, client_id=client_id)
+        self._rewinder: Rewinder | None = None
         self.unusable = 0
+
+    def follow_resets(self, watch: BusWatch) -> ControlFollower:
+        """After a bus reset, read the (new, empty) topic from its beginning again."""
+        self._rewinder = Rewinder(self._consumer, watch)
+        return self
 
     def catch_up(self, timeout_s: float = 30.0) -> list[ControlConfig]:
         """Every change written so far (proven by markers); afterwards :meth:`poll` returns new ones."""
@@ -193,6 +200,8 @@ class ControlFollower:
 
     def poll(self, timeout_s: float = 0.0, max_records: int = 500) -> list[ControlConfig]:
         """Changes that arrived since the last call."""
+        if self._rewinder is not None:
+            self._rewinder.check()
         return self._decode(poll_batch(self._consumer, max_records, timeout_s))
 
     def _decode(self, messages: Iterable[Message]) -> list[ControlConfig]:

@@ -35,6 +35,7 @@ from antdt.bus.clients import drain, make_consumer, make_producer
 from antdt.bus.deadletter import DeadLetter
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import decode_or_deadletter, follow_key, poll_batch
+from antdt.bus.watch import Rewinder, shared_watch
 from antdt.schemas.codec import Codec
 from antdt.schemas.models import AckStatus, MitigationCommand
 from antdt.settings import Settings
@@ -115,6 +116,8 @@ class CommandListener:
         self._deadletter = DeadLetter.for_settings(self._producer, settings, "agent")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="antdt-commands", daemon=True)
+        self._watch = shared_watch(settings)
+        self._rewinder = Rewinder(self._consumer, self._watch)  # after a bus reset, commands start at offset 0 again
 
     @property
     def deadlettered(self) -> int:
@@ -130,6 +133,7 @@ class CommandListener:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._rewinder.check()
             for message in poll_batch(self._consumer, 100, 0.1):
                 if message.key() != self._key or marker_id(message) is not None:
                     continue  # another worker's command (the partition is shared), or a marker
@@ -148,4 +152,5 @@ class CommandListener:
         if self._thread.is_alive():
             self._thread.join(5)
         self._consumer.close()
+        self._watch.release()
         drain(self._producer, timeout_s=2.0)

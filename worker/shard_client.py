@@ -7,19 +7,23 @@ the reader proves it is positioned by reading back a marker it wrote, so no
 answer can slip past it. Answers are matched to requests by ``in_reply_to``.
 A record on the worker's key that is not an assignment for this worker goes
 to the dead-letter topic and is counted; the wait for the answer goes on.
+After a bus reset (:mod:`antdt.bus.watch`) the reader starts over at offset
+0 and the last seconds of reports are sent again.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 import uuid
-
+from collections import deque
 
 from antdt.bus.clients import make_consumer, make_producer
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.markers import marker_id, send_marker
 from antdt.bus.readers import decode_or_deadletter, follow_key, poll_batch
+from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
 from antdt.errors import AntdtError
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import DatasetSpec, ProgressKind, ShardAssignment, ShardProgress
@@ -31,6 +35,11 @@ from antdt.topics import topic_spec, worker_key
 #: When an answer is this late, write a marker to our partition (see ShardClient._nudge), then again every second.
 NUDGE_AFTER_S = 0.25
 NUDGE_EVERY_S = 1.0
+#: After a bus reset, the reports of this many last seconds are sent again (at most RESEND_MAX of them).
+RESEND_WINDOW_S = 15.0
+RESEND_MAX = 512
+
+log = logging.getLogger(__name__)
 
 
 class NoAnswer(AntdtError):
@@ -53,6 +62,9 @@ class ShardClient:
         self._deadletter = DeadLetter.for_settings(self._producer, settings, "agent")
         self._highest_writer_epoch = 0
         self._position_reader(settings)
+        self._watch = shared_watch(settings)
+        self._rewinder = Rewinder(self._consumer, self._watch)  # after a bus reset, answers come from offset 0 again
+        self._recent: deque[tuple[float, bytes]] = deque(maxlen=RESEND_MAX)
 
     def _position_reader(self, settings: Settings) -> None:
         """Read our partition up to a fresh marker: no answer can slip past the reader after this."""
@@ -68,9 +80,30 @@ class ShardClient:
             job_id=self.job_id, worker_id=self.worker_id, incarnation=self.incarnation, seq=seq, kind=kind,
             epoch=epoch, timestamp=utc_now(), **fields,
         )
-        self._producer.produce(self._progress_topic, key=self.job_id.encode(), value=self.codec.encode(report, self._progress_topic))
+        self._after_bus_reset()
+        value = self.codec.encode(report, self._progress_topic)
+        self._producer.produce(self._progress_topic, key=self.job_id.encode(), value=value)
         self._producer.poll(0)
+        self._recent.append((time.monotonic(), value))
         return seq
+
+    def _after_bus_reset(self) -> None:
+        """If the bus came back empty: answers from offset 0, and the recent reports sent again.
+
+        A report the old broker took but the sharder had not read yet, or an
+        answer we had not read yet, is gone; without this a request would
+        wait out its timeout. Every report is idempotent at the sharder
+        (reports name their grant; a repeated request answers what we hold).
+        """
+        if not self._rewinder.check():
+            return
+        refresh_metadata(self._producer)
+        since = time.monotonic() - RESEND_WINDOW_S
+        again = [value for at, value in self._recent if at >= since]
+        for value in again:
+            self._producer.produce(self._progress_topic, key=self.job_id.encode(), value=value)
+        self._producer.poll(0)
+        log.warning("the bus was reset: %d report(s) of the last %.0f s sent again", len(again), RESEND_WINDOW_S)
 
     def ask(self, epoch: int, quota: int | None = None) -> int:
         """Ask for shards up to ``quota`` without waiting; :meth:`wait_answer` with the seq returned collects the answer."""
@@ -116,6 +149,7 @@ class ShardClient:
         deadline = time.monotonic() + timeout_s
         nudge_at = time.monotonic() + NUDGE_AFTER_S
         while time.monotonic() < deadline:
+            self._after_bus_reset()
             if time.monotonic() >= nudge_at:
                 self._nudge()
                 nudge_at = time.monotonic() + NUDGE_EVERY_S
@@ -165,6 +199,7 @@ class ShardClient:
     def close(self) -> None:
         self._producer.flush(5)
         self._consumer.close()
+        self._watch.release()
 
     def __enter__(self) -> ShardClient:
         return self

@@ -98,7 +98,13 @@ class RepeatedLoginFailures(logging.Filter):
         return True
 
 
+def not_a_cluster_id_change(record: logging.LogRecord) -> bool:
+    """Drops librdkafka's warning that the cluster id changed: :mod:`antdt.bus.watch` reports that reset itself, once."""
+    return "reports different ClusterId" not in record.getMessage()
+
+
 KAFKA_LOG.addFilter(RepeatedLoginFailures())
+KAFKA_LOG.addFilter(not_a_cluster_id_change)
 
 
 def _with_watch(settings: Settings, conf: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +112,7 @@ def _with_watch(settings: Settings, conf: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_producer(settings: Settings, client_id: str | None = None, **overrides: Any) -> Producer:
-    """An idempotent, ``acks=all``, murmur2-partitioned producer."""
+    """An ``acks=all``, murmur2-partitioned producer (idempotent on Kafka; see :mod:`antdt.bus.config`)."""
     return Producer(_with_watch(settings, {**producer_config(settings, client_id), **overrides}))
 
 

@@ -27,6 +27,15 @@ EMBEDDED_CONSUMER = {
 #: For the few consumers on a request/reply path (sharder requests, a worker's
 #: assignments) on the embedded broker: ~4 ms per hop, at 200 idle fetches/s.
 EMBEDDED_LOW_LATENCY = {"fetch.wait.max.ms": 5}
+#: The embedded broker forgets everything when it restarts (DESIGN.md). An
+#: idempotent producer then hangs for good (measured: nothing delivered
+#: after 15 s, no error), because the broker no longer knows its producer id
+#: and sequence numbers; a plain one delivers what it buffered within a second
+#: of the topics being back. One request in flight keeps retries in order; a
+#: retried duplicate is harmless, every consumer dedupes (seqs, grant ids,
+#: command ids). Reconnects back off to 1 s at most, not librdkafka's 10 s.
+EMBEDDED_PRODUCER = {"enable.idempotence": False, "max.in.flight.requests.per.connection": 1}
+EMBEDDED_RECONNECT = {"reconnect.backoff.max.ms": 1000}
 #: Production defaults that still keep end-to-end latency low (Kafka answers
 #: a waiting fetch as soon as data arrives, so the wait bounds idle polling only).
 KAFKA_CONSUMER = {"fetch.wait.max.ms": 100}
@@ -46,18 +55,29 @@ def common_config(settings: Settings, client_id: str | None = None) -> dict[str,
         conf["sasl.password"] = settings.sasl_password.get_secret_value() if settings.sasl_password else ""
     if settings.tls_ca_path is not None:
         conf["ssl.ca.location"] = str(settings.tls_ca_path)
+    if settings.broker_profile is BrokerProfile.EMBEDDED:
+        conf.update(EMBEDDED_RECONNECT)
     return conf
 
 
 def producer_config(settings: Settings, client_id: str | None = None) -> dict[str, Any]:
-    """Durable, ordered, murmur2-partitioned producer with a short linger."""
+    """Durable, ordered, murmur2-partitioned producer with a short linger.
+
+    It never creates a topic by asking for it: a metadata request for a
+    missing topic would otherwise create it with the broker's default
+    partition count (seen after an embedded broker restart), and per-key
+    readers compute partitions from the registry's counts.
+    """
+    embedded = settings.broker_profile is BrokerProfile.EMBEDDED
     return {
         **common_config(settings, client_id),
         "partitioner": "murmur2_random",
         "acks": "all",
         "enable.idempotence": True,
-        "linger.ms": 2 if settings.broker_profile is BrokerProfile.EMBEDDED else 5,
+        "allow.auto.create.topics": False,
+        "linger.ms": 2 if embedded else 5,
         "message.timeout.ms": 30000,
+        **(EMBEDDED_PRODUCER if embedded else {}),
     }
 
 

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 import typer
 from mode import Worker
 
 from antdt.bus.faust_tuning import tune_gc_for_streaming
+from antdt.bus.watch import shared_watch
 from antdt.control import parse_assignments
 from antdt.errors import ConfigError
 from antdt.observability import HealthServer
 from antdt.services.monitor.detection import DetectorConfig
 from antdt.settings import load_settings
+
+#: Bus resets handled by earlier images of this process (not a setting: set by the restart itself).
+RESETS_ENV = "_ANTDT_MONITOR_BUS_RESETS"
 
 
 def monitor(
@@ -31,13 +37,18 @@ def monitor(
         raise typer.BadParameter(str(exc), param_hint="--set") from None
     # Imported here, not at the top: every command shares one process registry, and a
     # service's /metrics must show its own metrics only.
+    from antdt.services.monitor import metrics
     from antdt.services.monitor.app import MonitorConfig, MonitorService
 
+    metrics.BUS_RESETS.inc(int(os.environ.get(RESETS_ENV, "0")))
     settings = load_settings()
     service = MonitorService(settings, defaults, MonitorConfig(batch_max=batch))
     health = HealthServer(http_port, service.ready.is_set).start() if http_port else None
+    watch = None
     try:
         service.start()
+        watch = shared_watch(settings)
+        watch.on_reset(restart_in_place)
         typer.echo(f"monitor serving on {settings.bootstrap_servers} (prefix {settings.topic_prefix})")
         worker = Worker(service.app, loglevel=log_level.lower(), redirect_stdouts=False)
         tune_gc_for_streaming()
@@ -47,6 +58,27 @@ def monitor(
             pass
         logging.getLogger(__name__).info("monitor stopped")
     finally:
+        if watch is not None:
+            watch.release()
         service.close()
         if health:
             health.stop()
+
+
+def restart_in_place() -> None:
+    """After a bus reset, start this process over (same pid, same arguments), as DESIGN.md advises for Faust.
+
+    A Faust worker does not come back from a broker that forgot its groups,
+    offsets and changelog topics; its tables held only recent windows, which
+    the next reports fill again. The watch has re-created the topics already.
+    """
+    log = logging.getLogger(__name__)
+    log.warning("the bus was reset: restarting the monitor in place")
+    logging.shutdown()
+    os.environ[RESETS_ENV] = str(int(os.environ.get(RESETS_ENV, "0")) + 1)  # the count survives the exec
+    try:
+        os.execv(sys.executable, sys.orig_argv)
+    except OSError as exc:
+        print(f"antdt monitor: cannot restart after a bus reset ({exc}); exiting for the orchestrator to restart it",
+              file=sys.stderr)
+        os._exit(70)

@@ -22,9 +22,9 @@ from antdt.errors import AntdtError
 from antdt.schemas.codec import make_codec, to_json
 from antdt.schemas.models import MitigationCommand, ShardLogEvent
 from antdt.services.controller.audit import read_commands
-from antdt.services.sharder.audit import AuditReport, audit_log
+from antdt.services.sharder.audit import AuditReport
 from antdt.services.sharder.eventlog import log_topic
-from antdt.services.sharder.replay import export_avro, replay_events
+from antdt.services.sharder.replay import audit_job, export_avro, replay_events
 from antdt.settings import Settings, load_settings
 
 JOB_HELP = "Training job id."
@@ -120,7 +120,8 @@ def audit(
     if not rows:
         raise AntdtError(f"no events for job {job} in {log_topic(settings)}")
     export(rows, out)
-    report = audit_log((event for _, _, event in rows), job_id=job, allow_quarantine=allow_quarantine)
+    report = audit_job(settings, job, [event for _, _, event in rows], make_codec(settings.schema_registry_url),
+                       allow_quarantine=allow_quarantine)
     if epoch is not None:
         report = _one_epoch(report, epoch)
     if json_:
@@ -149,6 +150,9 @@ def print_report(report: AuditReport) -> None:
                       str(len(e.duplicate_done)), str(e.gap_samples), str(len(e.quarantined)),
                       str(e.reclaimed), str(e.retries), str(len(e.not_holder_done)))
     console.print(table)
+    if report.from_snapshot_seq is not None:
+        console.print(f"the log before seq {report.from_snapshot_seq} is gone (the bus was reset, or retention): "
+                      f"audited from the snapshot taken there")
     console.print(
         f"events {report.events} (applied {report.applied}, fenced {report.fenced}, duplicate seqs "
         f"{report.duplicate_seqs}, seq gaps {len(report.seq_gaps)}), rewinds {report.rewinds}, "

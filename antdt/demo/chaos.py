@@ -12,6 +12,14 @@ The time lost to a kill is measured from the kill until the victim serves
 again: for a worker, its first metrics report after the kill that counts
 trained samples (or its exit once the job is over); for a service, its
 ``/readyz`` answering again (state recovered, topics there).
+
+With ``broker_at_s`` the embedded broker itself is killed and started again,
+empty, on the same port: every topic, record, offset and group is gone. The
+run has recovered when every unfinished worker has been granted shards by
+the sharder through the new bus and has reported training after that grant
+(a worker trains on for a while on the shards it already held); the parts
+record when the broker answered again and when the sharder and the
+controller had re-announced their state.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from antdt.broker import EmbeddedBroker
     from antdt.demo.harness import Services, WorkerPool
     from antdt.demo.timeline import Timeline
 
@@ -32,6 +41,7 @@ class ChaosSpec:
     worker_every_s: float = 10.0
     service_at_s: dict[str, float] = field(default_factory=lambda: {"sharder": 6.0, "controller": 12.0, "monitor": 18.0})
     seed: int = 0
+    broker_at_s: float | None = None
 
 
 @dataclass
@@ -39,9 +49,10 @@ class Kill:
     """One SIGKILL: what, when (seconds since the start signal), and when the victim served again."""
 
     target: str
-    kind: str  # "worker" or "service"
+    kind: str  # "worker", "service" or "broker"
     at_s: float
     back_s: float | None = None
+    parts: dict[str, float] = field(default_factory=dict)  # a broker restart: when each part was back (s after the kill)
 
     @property
     def lost_s(self) -> float | None:
@@ -50,14 +61,19 @@ class Kill:
     def to_dict(self) -> dict:
         lost = self.lost_s
         return {"target": self.target, "kind": self.kind, "at_s": round(self.at_s, 2),
-                "lost_s": None if lost is None else round(lost, 2)}
+                "lost_s": None if lost is None else round(lost, 2),
+                **({"parts": {k: round(v, 2) for k, v in self.parts.items()}} if self.parts else {})}
 
 
 class Chaos:
     """Carries out a :class:`ChaosSpec` from the harness's supervision loop (one :meth:`tick` per loop)."""
 
-    def __init__(self, spec: ChaosSpec | None = None):
+    def __init__(self, spec: ChaosSpec | None = None, broker: EmbeddedBroker | None = None):
         self.spec = spec or ChaosSpec()
+        self.broker = broker
+        if self.spec.broker_at_s is not None and broker is None:
+            raise ValueError("a broker restart needs the embedded broker")
+        self._broker_due = self.spec.broker_at_s
         self.kills: list[Kill] = []
         self._rng = random.Random(self.spec.seed)
         self._next_worker_s = self._interval()
@@ -73,6 +89,11 @@ class Chaos:
         if now_s >= self._next_worker_s:
             self._kill_a_worker(now_s, pool)
             self._next_worker_s = now_s + self._interval()
+        if self._broker_due is not None and now_s >= self._broker_due:
+            self._broker_due = None
+            kill = Kill("broker", "broker", now_s)
+            kill.parts["broker"] = self.broker.restart()
+            self.kills.append(kill)
         for name, at_s in list(self._services_due.items()):
             if now_s >= at_s and name in services.processes:
                 del self._services_due[name]
@@ -80,6 +101,8 @@ class Chaos:
                 self.kills.append(Kill(name, "service", now_s))
 
     def _interval(self) -> float:
+        if self.spec.worker_every_s <= 0:
+            return float("inf")  # no worker kills
         return self.spec.worker_every_s * self._rng.uniform(0.8, 1.2)
 
     def _kill_a_worker(self, now_s: float, pool: WorkerPool) -> None:
@@ -98,6 +121,30 @@ class Chaos:
                 continue
             if kill.kind == "service":
                 kill.back_s = now_s if services.is_ready(kill.target) else None
+            elif kill.kind == "broker":
+                kill.back_s = self._bus_back(kill, now_s, pool, services, timeline, finished)
             else:
                 trained = timeline.trained_after(kill.target, kill.at_s)
                 kill.back_s = trained if trained is not None else (now_s if kill.target in finished else None)
+
+    @staticmethod
+    def _bus_back(kill: Kill, now_s: float, pool: WorkerPool, services: Services, timeline: Timeline,
+                  finished: set[str]) -> float | None:
+        """When the run is whole again after a broker restart: every unfinished worker granted shards and training since.
+
+        On the way: when the sharder and the controller had re-announced
+        their state, and when the monitor had restarted in place and serves
+        again (each service's bus-reset counter, read from its /metrics).
+        """
+        for name in ("sharder", "controller", "monitor"):
+            if name not in kill.parts and name in services.processes and services.bus_resets(name) > 0 \
+                    and services.is_ready(name):
+                kill.parts[name] = now_s - kill.at_s
+        names = [worker.name for worker in pool.scenario.workers if worker.name not in finished]
+        grants = [timeline.granted_after(name, kill.at_s) for name in names]
+        trained = [None if g is None else timeline.trained_after(name, g) for name, g in zip(names, grants)]
+        if any(t is None for t in trained) or ("monitor" in services.processes and "monitor" not in kill.parts):
+            return None
+        if trained:
+            kill.parts["first worker"], kill.parts["workers"] = min(trained) - kill.at_s, max(trained) - kill.at_s
+        return kill.at_s + max(kill.parts.get("workers", 0.0), kill.parts.get("monitor", 0.0))

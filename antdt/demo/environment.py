@@ -12,17 +12,29 @@ from antdt.bus.clients import make_admin
 from antdt.settings import BrokerProfile, Settings, load_settings
 
 
+def external_bus() -> bool:
+    """True when ``ANTDT_BOOTSTRAP_SERVERS`` names a bus to use instead of an embedded broker."""
+    return "ANTDT_BOOTSTRAP_SERVERS" in os.environ
+
+
 @contextmanager
 def run_bus(create_topics: bool = True) -> Iterator[tuple[Settings, str]]:
     """(settings, a description of where) for the duration; the embedded broker is stopped on exit."""
-    if "ANTDT_BOOTSTRAP_SERVERS" in os.environ:
+    with bus_and_broker(create_topics) as (settings, where, _):
+        yield settings, where
+
+
+@contextmanager
+def bus_and_broker(create_topics: bool = True) -> Iterator[tuple[Settings, str, EmbeddedBroker | None]]:
+    """Like :func:`run_bus`, with the embedded broker (None on an external bus), e.g. to restart it."""
+    if external_bus():
         settings = load_settings()
         if create_topics:
             ensure_topics(make_admin(settings), settings)
-        yield settings, settings.bootstrap_servers
+        yield settings, settings.bootstrap_servers, None
         return
     with EmbeddedBroker() as broker:
         settings = load_settings(bootstrap_servers=broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED)
         if create_topics:
             ensure_topics(make_admin(settings), settings)
-        yield settings, f"embedded broker {broker.bootstrap_servers} (ready in {broker.ready_after_s:.3f} s)"
+        yield settings, f"embedded broker {broker.bootstrap_servers} (ready in {broker.ready_after_s:.3f} s)", broker

@@ -283,6 +283,10 @@ class Services:
     def is_ready(self, name: str) -> bool:
         return self.processes[name].is_ready()
 
+    def bus_resets(self, name: str) -> float:
+        """How many bus resets the service has handled (its ``antdt_<name>_bus_resets_total``)."""
+        return self.processes[name].metrics().get(f"antdt_{name}_bus_resets_total", 0.0)
+
 
 def _wait_for(condition: Callable[[], bool], pool: WorkerPool, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
@@ -302,8 +306,8 @@ def _settle(timeline: Timeline, samples: int, timeout_s: float = 10.0) -> None:
 
 def _audit(settings: Settings, job_id: str) -> dict:
     from antdt.schemas.codec import make_codec
-    from antdt.services.sharder.audit import audit_log
-    from antdt.services.sharder.replay import replay_events
+    from antdt.services.sharder.replay import audit_job, replay_events
 
-    events = [event for _, _, event in replay_events(settings, job_id, make_codec(settings.schema_registry_url))]
-    return audit_log(events, job_id=job_id).to_dict()
+    codec = make_codec(settings.schema_registry_url)
+    events = [event for _, _, event in replay_events(settings, job_id, codec)]
+    return audit_job(settings, job_id, events, codec).to_dict()

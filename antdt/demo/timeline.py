@@ -22,6 +22,7 @@ from antdt.bus.admin import partition_counts
 from antdt.bus.clients import make_admin, make_consumer
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import BEGINNING, assign_now, poll_batch
+from antdt.bus.watch import Rewinder, shared_watch
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import (
     AckStatus,
@@ -62,6 +63,7 @@ class WorkerTrack:
     samples: int = 0
     batch_size: int = 0
     held: int = 0
+    grants: list[float] = field(default_factory=list)  # when the sharder granted it shards
     verdict: str = ""
     compute_s: float = 0.0  # where the worker's time went, summed over its reports
     data_wait_s: float = 0.0
@@ -138,6 +140,12 @@ class Timeline:
             points = track.points if track else []
             return next((p.t for p in points if p.t > t and p.samples > 0), None)
 
+    def granted_after(self, worker: str, t: float) -> float | None:
+        """When the sharder first granted the worker shards after ``t``."""
+        with self._lock:
+            track = self.workers.get(worker)
+            return min((g for g in (track.grants if track else []) if g > t), default=None)
+
     def snapshot(self) -> tuple[dict[str, WorkerTrack], list[CommandLine]]:
         """Copies safe to render while the thread goes on."""
         with self._lock:
@@ -151,8 +159,11 @@ class Timeline:
         names = [topic_spec(c, n).full_name(self.settings.topic_prefix) for c, n in FOLLOWED]
         counts = partition_counts(make_admin(self.settings), names)
         assign_now(consumer, [TopicPartition(t, p, BEGINNING) for t in names for p in range(counts[t])])
+        watch = shared_watch(self.settings)
+        rewinder = Rewinder(consumer, watch)  # a restarted broker's topics start at offset 0 again
         try:
             while not self._stop.is_set():
+                rewinder.check()
                 for message in poll_batch(consumer, 500, 0.1):
                     if message.value() is None or marker_id(message) is not None:
                         continue
@@ -165,6 +176,7 @@ class Timeline:
                             self._take(record)
         finally:
             consumer.close()
+            watch.release()
 
     def _t(self, moment) -> float:
         return moment.timestamp() - self._start
@@ -201,4 +213,7 @@ class Timeline:
             if line is not None and record.status is not AckStatus.SCHEDULED:
                 line.acks[record.status.value] = line.acks.get(record.status.value, 0) + 1
         elif isinstance(record, ShardAssignment):
-            self._track(record.worker_id).held = len(record.shards) if record.status is AssignmentStatus.GRANTED else 0
+            track = self._track(record.worker_id)
+            track.held = len(record.shards) if record.status is AssignmentStatus.GRANTED else 0
+            if record.status is AssignmentStatus.GRANTED and record.shards:
+                track.grants.append(self._t(record.timestamp))

@@ -47,6 +47,7 @@ from antdt.bus.admin import ensure_topics, partition_counts
 from antdt.bus.clients import drain, flush_or_raise, make_admin, make_consumer, make_producer
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.readers import assign_now, decode_or_deadletter, poll_batch
+from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
 from antdt.control import ControlFollower, apply_and_count, control_topic
 from antdt.errors import BusError
 from antdt.schemas.codec import Codec, make_codec
@@ -96,6 +97,8 @@ class ControllerService(LoopService):
         self._commands_topic = settings.topic("controller", "commands")
         self._inputs = [settings.topic("monitor", "verdicts"), settings.topic("worker", "metrics")]
         self._consumer = None
+        self._watch = None
+        self._rewinder: Rewinder | None = None
         self._last_control_poll = 0.0
 
     # ------------------------------------------------------------ lifecycle
@@ -112,6 +115,9 @@ class ControllerService(LoopService):
         self._consumer = make_consumer(self.settings, group_id=f"{self.settings.topic_prefix}.controller",
                                        client_id=self.controller_id, low_latency=True)
         assign_now(self._consumer, self._start_positions())
+        self._watch = shared_watch(self.settings)
+        self._rewinder = Rewinder(self._consumer, self._watch)
+        self._follower.follow_resets(self._watch)
         if self.actuator is not None:
             self.actuator.start()
         if not self.fenced:
@@ -167,11 +173,15 @@ class ControllerService(LoopService):
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        if self._watch is not None:
+            self._watch.release()
+            self._watch = None
 
     # ------------------------------------------------------------ one cycle
 
     def step(self) -> int:
         """Process one batch of input; returns how many records it read."""
+        self._after_bus_reset()
         self._follow_control()
         messages = poll_batch(self._consumer, self.config.batch_size, self.config.poll_timeout_s)
         if not messages:
@@ -228,6 +238,25 @@ class ControllerService(LoopService):
         if self.actuator is not None:
             for command in commands:
                 self.actuator.submit(command)
+
+    def _after_bus_reset(self) -> None:
+        """If the bus came back empty: input from the beginning, and our epoch claimed again.
+
+        The claim is the only state of ours the bus kept; without it a
+        controller started later would claim our epoch again. Budgets,
+        cooldowns and quotas stay in memory; the command log before the
+        reset is gone, so a controller started later cannot recall them.
+        """
+        if self._rewinder is None or not self._rewinder.check():
+            return
+        metrics.BUS_RESETS.inc()
+        if self.fenced:
+            return
+        claim = epoch_claim(self.core.stamp.epoch, self.controller_id)
+        refresh_metadata(self._producer)
+        self._producer.produce(control_topic(self.settings), key=b"*", value=self.codec.encode(claim))
+        flush_or_raise(self._producer)
+        log.warning("the bus was reset: epoch %d claimed again; reading the input from the beginning", self.core.stamp.epoch)
 
     # ------------------------------------------------------------ control
 

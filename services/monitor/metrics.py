@@ -15,3 +15,4 @@ BATCH_SECONDS = Histogram(
     "antdt_monitor_batch_seconds", "Time to process one batch of reports, verdicts published",
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0),
 )
+BUS_RESETS = Counter("antdt_monitor_bus_resets_total", "Times the bus came back empty and the monitor restarted in place")

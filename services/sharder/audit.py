@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from antdt.schemas.models import DatasetSpec, ShardLogEvent, ShardState, ShardTransition as T
+from antdt.schemas.models import DatasetSpec, ShardLogEvent, ShardSnapshot, ShardState, ShardTransition as T
 
 _SETTLED = (ShardState.DONE, ShardState.QUARANTINED)
 
@@ -121,6 +121,7 @@ class AuditReport:
     epochs: list[EpochAudit]
     log_violations: list[str]
     allow_quarantine: bool = False
+    from_snapshot_seq: int | None = None  # the log before this seq is gone; audited from a snapshot taken there
 
     @property
     def violations(self) -> list[str]:
@@ -149,7 +150,7 @@ class AuditReport:
             "events": self.events, "applied": self.applied, "fenced": self.fenced,
             "duplicate_seqs": self.duplicate_seqs, "seq_gaps": [list(gap) for gap in self.seq_gaps],
             "rewinds": self.rewinds, "writer_epoch": self.writer_epoch, "last_seq": self.last_seq,
-            "allow_quarantine": self.allow_quarantine,
+            "allow_quarantine": self.allow_quarantine, "from_snapshot_seq": self.from_snapshot_seq,
             "epochs": [e.to_dict() for e in self.epochs], "violations": self.violations,
         }
 
@@ -230,6 +231,35 @@ class Auditor:
         self._seen: dict[tuple[int, int], ShardLogEvent] = {}
         self._log_violations: list[str] = []
         self._epoch_violations: dict[int, list[str]] = {}
+        self.from_snapshot_seq: int | None = None
+
+    @classmethod
+    def from_snapshot(cls, snapshot: ShardSnapshot) -> Auditor:
+        """An auditor that starts where ``snapshot`` stands, for a log whose beginning is gone.
+
+        That happens after the bus was reset (the sharder re-publishes its
+        state as a snapshot into the empty bus) or when retention deleted old
+        log segments. What the snapshot says is taken as given: its DONE
+        shards count as done once in the pass in progress; only the events
+        after it are checked, so the report covers the work done after it.
+        """
+        auditor = cls(snapshot.job_id)
+        auditor.dataset, auditor.writer_epoch = snapshot.dataset, snapshot.writer_epoch
+        auditor.from_snapshot_seq = auditor.last_seq = snapshot.seq
+        auditor._open(snapshot.epoch, snapshot.epoch_opened_seq)
+        shards = auditor._pass.shards
+        for entry in snapshot.shards:
+            if not 0 <= entry.shard_id < len(shards):
+                auditor._log_violation(f"snapshot at seq {snapshot.seq}: unknown shard {entry.shard_id}")
+                continue
+            shard = shards[entry.shard_id]
+            shard.state, shard.reason = entry.state, entry.reason
+            shard.holder = shard.last_holder = entry.worker_id if entry.state is ShardState.DOING else None
+            shard.done_seq = entry.done_seq if entry.state is ShardState.DONE else None
+        if snapshot.finished:
+            auditor._pass.closed, auditor.finished = True, True
+            auditor._completed[snapshot.epoch] = auditor._pass
+        return auditor
 
     # ------------------------------------------------------------ feeding
 
@@ -381,7 +411,7 @@ class Auditor:
         worker, shard_id = event.worker_id, event.shard_id
         if shard.state is ShardState.DONE:
             current.duplicate_done.add(shard_id)
-            first = f"seq {shard.done_seq} by {shard.done_by}" if shard.done_by else f"restored by the rewind at seq {shard.done_seq}"
+            first = f"seq {shard.done_seq} by {shard.done_by}" if shard.done_by else f"restored at seq {shard.done_seq}"
             self._violation(event.epoch, f"shard {shard_id} DONE twice in one pass ({first}, seq {event.seq} by {worker})")
             return
         holds = shard.state is ShardState.DOING and shard.holder == worker
@@ -482,6 +512,7 @@ class Auditor:
             applied=self.applied, fenced=self.fenced, duplicate_seqs=self.duplicate_seqs,
             seq_gaps=list(self.seq_gaps), rewinds=self.rewinds, writer_epoch=self.writer_epoch,
             last_seq=self.last_seq, epochs=epochs, log_violations=log_violations, allow_quarantine=allow_quarantine,
+            from_snapshot_seq=self.from_snapshot_seq,
         )
 
     def _reported_pass(self, epoch: int) -> tuple[_Pass, EpochStatus]:
@@ -532,9 +563,15 @@ _HANDLERS = {
 }
 
 
-def audit_log(events: Iterable[ShardLogEvent], job_id: str | None = None, allow_quarantine: bool = False) -> AuditReport:
-    """Audit a job's events, given in log order (``job_id`` defaults to the first event's)."""
-    auditor = Auditor(job_id)
+def audit_log(
+    events: Iterable[ShardLogEvent], job_id: str | None = None, allow_quarantine: bool = False,
+    snapshot: ShardSnapshot | None = None,
+) -> AuditReport:
+    """Audit a job's events, given in log order (``job_id`` defaults to the first event's).
+
+    With ``snapshot``, the audit starts from it (:meth:`Auditor.from_snapshot`).
+    """
+    auditor = Auditor.from_snapshot(snapshot) if snapshot is not None else Auditor(job_id)
     for event in events:
         auditor.feed(event)
     return auditor.report(allow_quarantine)

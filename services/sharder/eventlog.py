@@ -103,6 +103,18 @@ def read_job_log(
         yield message.offset(), codec.decode(message.value(), topic)
 
 
+def earliest_snapshot(settings: Settings, job_id: str, codec: Codec, producer: Producer) -> ShardSnapshot | None:
+    """The oldest snapshot of the job still on the bus, or None: where an audit of a log that lost its beginning starts."""
+    for message in read_until_marker(settings, snapshot_topic(settings), job_id.encode(), OFFSET_BEGINNING, producer):
+        return codec.decode(message.value())
+    return None
+
+
+def lacks_beginning(events: list[ShardLogEvent]) -> bool:
+    """True if the log does not start at seq 1: the bus was reset, or retention deleted its start."""
+    return bool(events) and min(event.seq for event in events) > 1
+
+
 def latest_snapshot(settings: Settings, job_id: str, codec: Codec, producer: Producer) -> ShardSnapshot | None:
     """The newest snapshot of the job, or None (only the winner is decoded)."""
     newest = None

@@ -36,7 +36,8 @@ from antdt.bus.readers import assign_now, poll_batch
 from antdt.schemas.codec import Codec, to_avro_dict
 from antdt.schemas.models import AvroModel, ShardLogEvent
 from antdt.schemas.store import default_store
-from antdt.services.sharder.eventlog import job_partition, log_topic, read_until_marker
+from antdt.services.sharder.audit import AuditReport, audit_log
+from antdt.services.sharder.eventlog import earliest_snapshot, job_partition, lacks_beginning, log_topic, read_until_marker
 from antdt.services.sharder.state import from_ms, to_ms
 from antdt.settings import Settings
 
@@ -135,6 +136,16 @@ def replay_events(
                 if not _within(ms, start_ms, end_ms):
                     continue
             yield message.offset(), from_ms(ms), event
+
+
+def audit_job(settings: Settings, job_id: str, events: list[ShardLogEvent], codec: Codec,
+              allow_quarantine: bool = False) -> AuditReport:
+    """Audit the job's whole log; from the earliest snapshot if the log lost its beginning (a reset bus)."""
+    snapshot = None
+    if lacks_beginning(events):
+        with producing(settings, client_id=CLIENT_ID) as producer:
+            snapshot = earliest_snapshot(settings, job_id, codec, producer)
+    return audit_log(events, job_id=job_id, allow_quarantine=allow_quarantine, snapshot=snapshot)
 
 
 def _within(ms: int, start_ms: int | None, end_ms: int | None) -> bool:

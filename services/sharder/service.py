@@ -17,6 +17,14 @@ One loop, one thread. Each cycle it
    offsets. Input is at-least-once: a redelivered report is harmless because
    reports name the grant they are about (see :mod:`core`).
 
+If the bus comes back empty (an embedded broker restarted, see
+:mod:`antdt.bus.watch`), this instance's memory is the only copy of its
+jobs' state: it writes a snapshot of each job, including those whose
+partitions it lost within the last minute (the reset itself revokes them),
+into the new snapshot topic, and reads its input again from the beginning.
+The log then continues after the snapshot; recovery and the audit start from
+it (a log that does not begin at seq 1 is audited from the first snapshot).
+
 A record that does not decode, is not a report, is not keyed by its job id,
 or that the core rejects (e.g. a shard id beyond the dataset, a dataset that
 contradicts the job's) goes to the dead-letter topic and is counted. A record
@@ -41,6 +49,7 @@ from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import drain, make_admin, make_consumer, make_producer
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.readers import MisroutedRecord, check_key, decode_or_deadletter, key_partition, poll_batch
+from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
 from antdt.errors import BusError
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import LifecycleEvent, ProgressKind, ShardAssignment, ShardLogEvent, ShardProgress, WorkerLifecycle
@@ -67,6 +76,10 @@ class SharderConfig:
     batch_size: int = 2000
     poll_timeout_s: float = 0.05
     use_snapshots: bool = True
+
+
+#: How long the state of a job whose partition was revoked is kept, should the bus turn out to have been reset.
+KEEP_REVOKED_S = 60.0
 
 
 @dataclass
@@ -105,6 +118,9 @@ class SharderService(LoopService):
         self._assignments_topic = topic_spec("shard", "assignments").full_name(settings.topic_prefix)
         self._consumer = None
         self._last_lease_check = 0.0
+        self._watch = None
+        self._rewinder: Rewinder | None = None
+        self._revoked: dict[str, tuple[JobRuntime, float]] = {}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -115,6 +131,8 @@ class SharderService(LoopService):
             self.settings, group_id=f"{self.settings.topic_prefix}.sharder", client_id=self.writer_id, low_latency=True
         )
         self._consumer.subscribe([self._progress_topic, self._lifecycle_topic], on_revoke=self._on_revoke)
+        self._watch = shared_watch(self.settings)
+        self._rewinder = Rewinder(self._consumer, self._watch, group=True)
         self.ready.set()
         return self
 
@@ -124,18 +142,56 @@ class SharderService(LoopService):
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        if self._watch is not None:
+            self._watch.release()
+            self._watch = None
 
     def _on_revoke(self, consumer, partitions) -> None:
-        """Partitions moved to another instance: it takes their jobs over, we stop writing for them."""
+        """Partitions moved to another instance: it takes their jobs over, we stop writing for them.
+
+        Their state is kept aside for a while: if the revocation came from a
+        bus reset, it is the only copy left (see :meth:`_republish`).
+        """
         lost = {p.partition for p in partitions if p.topic == self._progress_topic}
+        now = time.monotonic()
         for job_id in [j for j in self.jobs if key_partition(self.settings, self._progress_topic, j) in lost]:
-            del self.jobs[job_id]
+            self._revoked[job_id] = (self.jobs.pop(job_id), now)
+        for job_id in [j for j, (_, at) in self._revoked.items() if now - at > KEEP_REVOKED_S]:
+            del self._revoked[job_id]
         metrics.JOBS.set(len(self.jobs))
+
+    # ------------------------------------------------------------ bus reset
+
+    def _after_bus_reset(self) -> None:
+        """If the bus was reset since the last look: input from the beginning, state re-published."""
+        if self._rewinder is not None and self._rewinder.check():
+            self._republish()
+
+    def _republish(self) -> None:
+        """Snapshot every job we write for, or did a moment ago, into the empty bus.
+
+        The snapshots cover the log up to nothing (``log_offset`` None): a
+        reader folds the new log from its beginning after one, and skips the
+        events the snapshot already holds by their seqs (some of them may
+        have reached the new log before the snapshot: the producer retried them).
+        """
+        self._log.last_offset.clear()
+        refresh_metadata(self._producer)
+        now_ms = wall_ms()
+        kept = {job_id: runtime for job_id, (runtime, _) in self._revoked.items()}
+        for job_id, runtime in {**kept, **self.jobs}.items():
+            if runtime.core.state.dataset is not None:
+                self._write_snapshot(runtime, now_ms, log_offset=None)
+        self._log.flush()
+        metrics.BUS_RESETS.inc()
+        log.warning("the bus was reset: re-published the state of %d job(s); reading the input again from the beginning",
+                    len(self.jobs) + len(kept))
 
     # ------------------------------------------------------------ one cycle
 
     def step(self) -> int:
         """Process one batch of input; returns how many records it consumed."""
+        self._after_bus_reset()
         messages = poll_batch(self._consumer, self.config.batch_size, self.config.poll_timeout_s)
         started = time.perf_counter()
         now_ms = wall_ms()
@@ -206,6 +262,12 @@ class SharderService(LoopService):
         if runtime is not None:
             return runtime
         self._flush_log(pending)  # recovery reads the log: everything decided so far must be in it
+        if job_id in self._revoked and self._watch is not None:
+            # Back on a job we just lost: if a bus reset took it away, the log holds nothing
+            # of it yet; learn that now, and re-publish the kept state before recovering.
+            self._watch.check_now()
+            self._after_bus_reset()
+        self._revoked.pop(job_id, None)
         with metrics.RECOVERY_SECONDS.time():
             core, recovered = take_over(
                 self.settings, job_id, self.codec, self._producer, self._log, self.writer_id,
@@ -279,8 +341,11 @@ class SharderService(LoopService):
 
     def snapshot(self, job_id: str, now_ms: int) -> None:
         """Write a snapshot of the job covering everything appended so far."""
-        runtime = self.jobs[job_id]
-        snapshot = runtime.core.state.to_snapshot(from_ms(now_ms), log_offset=self._log.last_offset.get(job_id))
+        self._write_snapshot(self.jobs[job_id], now_ms, log_offset=self._log.last_offset.get(job_id))
+
+    def _write_snapshot(self, runtime: JobRuntime, now_ms: int, log_offset: int | None) -> None:
+        job_id = runtime.core.state.job_id
+        snapshot = runtime.core.state.to_snapshot(from_ms(now_ms), log_offset=log_offset)
         topic = snapshot_topic(self.settings)
         runtime.events_since_snapshot, runtime.last_snapshot_at = 0, time.monotonic()
         try:

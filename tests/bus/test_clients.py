@@ -21,7 +21,17 @@ def test_producer_defaults_are_durable_and_murmur2():
     assert conf["partitioner"] == "murmur2_random"
     assert conf["acks"] == "all"
     assert conf["enable.idempotence"] is True
+    assert conf["allow.auto.create.topics"] is False
     assert conf["linger.ms"] <= 5
+
+
+def test_embedded_producers_survive_a_broker_that_forgets_them():
+    """The embedded broker loses producer ids on restart: idempotence would hang, so it is off, with order kept."""
+    conf = producer_config(load_settings(broker_profile=BrokerProfile.EMBEDDED))
+    assert conf["enable.idempotence"] is False
+    assert conf["max.in.flight.requests.per.connection"] == 1
+    assert conf["allow.auto.create.topics"] is False
+    assert conf["reconnect.backoff.max.ms"] <= 1000
 
 
 def test_embedded_profile_shortens_sessions_and_fetch_waits():

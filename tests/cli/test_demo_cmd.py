@@ -48,12 +48,20 @@ def test_bench_measures_the_baseline_and_dd_against_the_ideal(tmp_path):
     assert (tmp_path / "summary.md").exists() and (tmp_path / "throughput-dd.png").exists()
 
 
+def test_a_broker_restart_needs_the_embedded_broker(monkeypatch):
+    monkeypatch.setenv("ANTDT_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # an external bus: nothing here can restart it
+    result = antdt("chaos", "--broker-at", "3", timeout=60)
+    assert result.returncode == 2
+    assert "a broker restart needs the embedded broker" in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize(("args", "expected"), [
     (("demo", "--scenario", "no-such"), "scenario no-such: "),
     (("demo", "--policy", "fast"), "'fast' is not one of"),
     (("bench", "--plans", "static-bsp,warp"), "unknown plan(s) warp"),
     (("demo", "--workers", "1"), "--workers"),
     (("chaos", "--services-at", "broker=3"), "expected sharder|monitor|controller=SECONDS"),
+    (("chaos", "--worker-every", "0.5"), "kill workers at most once a second, or 0 for none"),
 ])
 def test_bad_arguments_are_one_line(args, expected):
     result = antdt(*args, timeout=60)

@@ -8,11 +8,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from antdt.schemas.models import ProgressKind as K, ShardLogEvent, ShardTransition as T
+from antdt.schemas.models import ProgressKind as K, ShardLogEvent, ShardState, ShardTransition as T
 from antdt.services.sharder.audit import EpochStatus, audit_log, shard_ranges
+from antdt.services.sharder.eventlog import lacks_beginning
 from antdt.services.sharder.core import ShardCore
 from antdt.services.sharder.dataset import split
-from antdt.services.sharder.state import fold
+from antdt.services.sharder.state import fold, from_ms
 from tests.services.sharder.helpers import JOB, dataset, new_core, report
 from tests.services.sharder.test_core_properties import WORKERS, ShardingMachine
 
@@ -296,3 +297,72 @@ AuditedShardingMachine.TestCase.settings = settings(
     max_examples=120, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestAuditedSharding = AuditedShardingMachine.TestCase
+
+
+# ---------------------------------------------------------------- from a snapshot (the log lost its beginning)
+
+
+def split_at_snapshot(epochs: int = 2, after_events: int = 9):
+    """A job run to the end, with a snapshot of its state after the first ``after_events`` events.
+
+    The snapshot's events are then dropped from the log, as a bus reset or
+    retention would drop them; a few of them stay, as a producer's retries
+    deliver them into the new log before the snapshot.
+    """
+    core, log = new_core(dataset(size=1050, shard_size=100, epochs=epochs), quota=2)
+    snapshot = None
+    for _ in range(1000):
+        if core.state.finished:
+            break
+        for worker in ("w1", "w2"):
+            answer = send(core, log, report(K.REQUESTED, worker, core.state.epoch))
+            if snapshot is None and len(log) >= after_events:
+                snapshot = core.state.to_snapshot(from_ms(0))
+            for shard in answer.shards:
+                send(core, log, report(K.DONE, worker, answer.epoch, shard_id=shard.shard_id, attempt=shard.attempt))
+    kept = [event for event in log if event.seq > snapshot.seq]
+    return snapshot, log[snapshot.seq - 3:snapshot.seq] + kept
+
+
+def test_lacks_beginning_is_a_log_that_does_not_start_at_seq_one():
+    snapshot, events = split_at_snapshot()
+    assert lacks_beginning(events) and not lacks_beginning(clean_job()) and not lacks_beginning([])
+
+
+def test_a_log_audited_from_a_snapshot_is_clean_and_says_where_it_starts():
+    snapshot, events = split_at_snapshot()
+    assert not audit_log(events).ok  # without the snapshot: missing seqs, shards of an unknown dataset
+    report_ = audit_log(events, snapshot=snapshot)
+    assert report_.ok, report_.violations
+    assert report_.from_snapshot_seq == snapshot.seq and report_.finished
+    assert report_.duplicate_seqs == 3  # the events that reached the new log again before the snapshot
+    assert [(e.epoch, e.status, e.samples_done_once, e.gap_samples) for e in report_.epochs] == [
+        (0, EpochStatus.COMPLETE, 1050, 0), (1, EpochStatus.COMPLETE, 1050, 0)]
+
+
+def test_a_duplicate_done_after_the_snapshot_is_still_caught():
+    snapshot, events = split_at_snapshot()
+    done = next(e for e in events if e.transition is T.DONE and e.seq > snapshot.seq and e.epoch == snapshot.epoch)
+    repeat = done.model_copy(update={"seq": events[-1].seq + 1})
+    closing = first(events, T.EPOCH_CLOSED, epoch=snapshot.epoch)
+    tampered = renumbered_from(events[:closing] + [repeat] + events[closing:], snapshot.seq)
+    report_ = audit_log(tampered, snapshot=snapshot)
+    assert not report_.ok
+    assert report_.epoch(snapshot.epoch).duplicate_done == [done.shard_id]
+
+
+def test_a_shard_done_before_the_snapshot_and_again_after_it_is_a_duplicate():
+    snapshot, events = split_at_snapshot()
+    before = next(entry for entry in snapshot.shards if entry.state is ShardState.DONE)
+    done_after = next(e for e in events if e.transition is T.DONE and e.seq > snapshot.seq and e.epoch == snapshot.epoch)
+    again = done_after.model_copy(update={"shard_id": before.shard_id})
+    closing = first(events, T.EPOCH_CLOSED, epoch=snapshot.epoch)
+    tampered = renumbered_from(events[:closing] + [again] + events[closing:], snapshot.seq)
+    assert audit_log(tampered, snapshot=snapshot).epoch(snapshot.epoch).duplicate_done == [before.shard_id]
+
+
+def renumbered_from(events: list[ShardLogEvent], snapshot_seq: int) -> list[ShardLogEvent]:
+    """Gap-free seqs after the snapshot again (the redelivered events before it keep theirs)."""
+    head = [e for e in events if e.seq <= snapshot_seq]
+    tail = [e for e in events if e not in head]
+    return head + [e.model_copy(update={"seq": seq}) for seq, e in enumerate(tail, snapshot_seq + 1)]

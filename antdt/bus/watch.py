@@ -1,0 +1,201 @@
+"""Noticing that the bus was reset (a broker that came back empty), and putting the topics back.
+
+The embedded broker keeps everything in memory: when it restarts, every
+topic, record, committed offset and group is gone, and it answers with a new
+cluster id (:class:`antdt.broker.EmbeddedBroker` gives each start its own).
+A real Kafka cluster keeps its data and its id across restarts, so there
+this fires only when the cluster was truly replaced, or when one of our
+topics was deleted.
+
+:class:`BusWatch` polls cluster metadata on a daemon thread. When the
+cluster id changes, or a topic of the registry is missing, it
+
+1. bumps :attr:`BusWatch.generation` first, so every consumer that checks it
+   (:class:`Rewinder`) moves back to the beginning of its partitions before
+   the new, empty topics exist, and cannot skip a record written to them;
+2. re-creates the topics from the registry (auto-creation is off for every
+   producer, so nothing else creates them, and never with the wrong counts);
+3. calls the callbacks registered with :meth:`BusWatch.on_reset` (the
+   component re-announces its state: the sharder its snapshots, the
+   controller its epoch; the monitor restarts its Faust worker).
+
+:func:`shared_watch` hands out one watch per process and bus, counted, so
+the agent's parts share one thread and one metadata request per interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+
+from antdt.bus.admin import ensure_topics
+from antdt.bus.clients import make_admin
+from antdt.errors import AntdtError
+from antdt.settings import Settings
+from antdt.topics import TOPICS
+
+log = logging.getLogger(__name__)
+
+#: How often the cluster is looked at. One metadata request on an open connection: cheap.
+CHECK_EVERY_S = 0.5
+
+
+class BusWatch:
+    """Watches one bus for resets; see the module docstring."""
+
+    def __init__(self, settings: Settings, every_s: float = CHECK_EVERY_S):
+        self.settings = settings
+        self.every_s = every_s
+        self.generation = 0
+        self.resets: list[float] = []  # wall-clock times at which resets were noticed
+        self.cluster_id: str | None = None
+        self._topics = [spec.full_name(settings.topic_prefix) for spec in TOPICS]
+        self._admin = make_admin(settings, client_id="antdt-bus-watch")
+        self._callbacks: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="antdt-bus-watch", daemon=True)
+        self._users = 0
+        self._unfinished = False
+        self._started = False
+
+    def start(self) -> BusWatch:
+        """Start watching (the first look is on the thread, so a caller never waits for an unreachable bus)."""
+        with self._lock:
+            if not self._started:
+                self._started = True
+                self._thread.start()
+        return self
+
+    def on_reset(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the watch's thread) after each reset, once the topics are back."""
+        self._callbacks.append(callback)
+
+    def check_now(self) -> bool:
+        """Look at the cluster now; True if it was reset (and is now handled). Never raises."""
+        with self._lock:
+            if self._unfinished:
+                self._restore()
+            why = self._reset_reason()
+            if why is None:
+                return False
+            self.generation += 1
+            self.resets.append(time.time())
+            log.warning("the bus at %s was reset (%s): re-creating the topics", self.settings.bootstrap_servers, why)
+            self._restore()
+            return True
+
+    def _reset_reason(self) -> str | None:
+        try:
+            metadata = self._admin.list_topics(timeout=2.0)
+        except KafkaException:
+            return None  # down or unreachable: nothing to conclude until it answers
+        previous, self.cluster_id = self.cluster_id, metadata.cluster_id
+        if previous is None:
+            return None
+        if metadata.cluster_id != previous:
+            return f"cluster id {previous} became {metadata.cluster_id}"
+        missing = [name for name in self._topics if name not in metadata.topics]
+        return f"topics missing: {', '.join(missing)}" if missing else None
+
+    def _restore(self) -> None:
+        """Topics back, then the callbacks; if the topics cannot be made yet, again at the next check."""
+        try:
+            ensure_topics(self._admin, self.settings)
+        except AntdtError as exc:
+            log.error("re-creating the topics failed (trying again at the next check): %s", exc)
+            self._unfinished = True
+            return
+        self._unfinished = False
+        for callback in self._callbacks:
+            try:
+                callback()
+            except Exception:  # one component's failure must not stop the watch
+                log.exception("a bus-reset callback failed")
+
+    def _run(self) -> None:
+        self.check_now()
+        while not self._stop.wait(self.every_s):
+            self.check_now()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5)
+
+    def release(self) -> None:
+        """Give back a watch from :func:`shared_watch`; the last user stops it."""
+        with _SHARED_LOCK:
+            self._users -= 1
+            if self._users > 0:
+                return
+            _SHARED.pop(_key(self.settings), None)
+        self.close()
+
+
+_SHARED: dict[tuple[str, str], BusWatch] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _key(settings: Settings) -> tuple[str, str]:
+    return settings.bootstrap_servers, settings.topic_prefix
+
+
+def shared_watch(settings: Settings) -> BusWatch:
+    """This process's running watch of the bus ``settings`` name; :meth:`BusWatch.release` it when done."""
+    with _SHARED_LOCK:
+        watch = _SHARED.get(_key(settings))
+        if watch is None:
+            watch = _SHARED[_key(settings)] = BusWatch(settings)
+        watch._users += 1
+    return watch.start()
+
+
+def refresh_metadata(client: Producer | Consumer, timeout_s: float = 2.0) -> None:
+    """Ask for cluster metadata now: a producer learns that its topics exist again at once.
+
+    Left alone, librdkafka notices only at its next periodic refresh, and
+    holds the records it buffered for the lost topics until then (about 1-2 s).
+    """
+    try:
+        client.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        log.debug("metadata refresh after a bus reset: %s", exc)
+
+
+class Rewinder:
+    """Moves a consumer back to the beginning of its partitions once per bus reset.
+
+    Call :meth:`check` from the thread that polls the consumer, before each
+    poll. A reset empties every partition, so a consumer left at its old
+    position would wait past records written to the new topics (or, if it
+    asked before they existed, be reset by librdkafka, perhaps after some).
+    With a group (``group=True``) it seeks, leaving the group's assignment
+    alone; otherwise it assigns the same partitions again.
+    """
+
+    def __init__(self, consumer: Consumer, watch: BusWatch | None, group: bool = False):
+        self._consumer = consumer
+        self._watch = watch
+        self._group = group
+        self._seen = watch.generation if watch is not None else 0
+
+    def check(self) -> bool:
+        """True if the bus was reset since the last check (the consumer is now at the beginning)."""
+        if self._watch is None or self._watch.generation == self._seen:
+            return False
+        self._seen = self._watch.generation
+        partitions = [TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in self._consumer.assignment()]
+        if not self._group:
+            self._consumer.assign(partitions)
+            return True
+        for tp in partitions:
+            try:
+                self._consumer.seek(tp)
+            except KafkaException as exc:  # not fetching yet: it starts from the (lost) committed offset, i.e. the beginning
+                log.debug("seek %s[%d] to the beginning: %s", tp.topic, tp.partition, exc)
+        return True

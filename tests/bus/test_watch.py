@@ -1,0 +1,121 @@
+"""The bus watch on a real broker that restarts empty (each test has its own broker: restarting the shared one would break the rest)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from antdt.broker import EmbeddedBroker
+from antdt.bus.admin import ensure_topics, partition_counts
+from antdt.bus.clients import make_admin, make_consumer, make_producer
+from antdt.bus.readers import BEGINNING, assign_now, poll_batch
+from antdt.bus.watch import BusWatch, Rewinder, shared_watch
+from antdt.settings import BrokerProfile, load_settings
+from antdt.topics import TOPICS
+
+
+@pytest.fixture
+def own_broker():
+    with EmbeddedBroker() as broker:
+        yield broker
+
+
+@pytest.fixture
+def bus(own_broker):
+    settings = load_settings(bootstrap_servers=own_broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED,
+                             topic_prefix="watched")
+    ensure_topics(make_admin(settings), settings)
+    return settings
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def registry_counts(settings) -> dict[str, int]:
+    return {spec.full_name(settings.topic_prefix): spec.partitions for spec in TOPICS}
+
+
+def test_a_restarted_broker_is_noticed_and_its_topics_recreated_with_the_registry_counts(own_broker, bus):
+    watch = BusWatch(bus, every_s=0.05).start()
+    called = threading.Event()
+    watch.on_reset(called.set)
+    try:
+        wait_until(lambda: watch.cluster_id == own_broker.cluster_id)
+        old_id = own_broker.cluster_id
+        own_broker.restart()
+        assert own_broker.cluster_id != old_id
+        assert called.wait(10), "the reset callback was not called"
+        assert watch.generation == 1 and watch.cluster_id == own_broker.cluster_id
+        counts = registry_counts(bus)
+        assert partition_counts(make_admin(bus), list(counts)) == counts
+    finally:
+        watch.close()
+
+
+def test_a_deleted_topic_on_the_same_cluster_is_recreated(bus):
+    watch = BusWatch(bus, every_s=0.05).start()
+    try:
+        wait_until(lambda: watch.cluster_id is not None)
+        name = f"{bus.topic_prefix}.shard.log"
+        admin: AdminClient = make_admin(bus)
+        admin.delete_topics([name])[name].result(10)
+        wait_until(lambda: watch.generation == 1)
+        assert partition_counts(make_admin(bus), [name])[name] == registry_counts(bus)[name]
+    finally:
+        watch.close()
+
+
+def test_nothing_is_noticed_while_the_bus_stays_the_same(bus):
+    watch = BusWatch(bus, every_s=0.01)
+    for _ in range(20):
+        assert watch.check_now() is False
+    assert watch.generation == 0 and watch.cluster_id is not None
+
+
+def test_a_record_buffered_during_the_restart_is_delivered_and_read_from_offset_zero(own_broker, bus):
+    """The consumer was at offset 5 of the old topic; the new one holds fewer records: without the rewind it would skip them."""
+    topic = f"{bus.topic_prefix}.control.config"
+    producer = make_producer(bus)
+    for i in range(5):
+        producer.produce(topic, key=b"k", value=b"old %d" % i, partition=0)
+    producer.flush(10)
+    consumer = make_consumer(bus, low_latency=True)
+    assign_now(consumer, [TopicPartition(topic, 0, BEGINNING)])
+    seen = []
+    wait_until(lambda: seen.extend(m.value() for m in poll_batch(consumer, 100, 0.05)) or len(seen) == 5)
+    watch = shared_watch(bus)
+    rewinder = Rewinder(consumer, watch)
+    try:
+        own_broker.restart()
+        producer.produce(topic, key=b"k", value=b"during", partition=0)  # buffered: the topic does not exist yet
+        wait_until(lambda: watch.generation == 1)
+        producer.produce(topic, key=b"k", value=b"after", partition=0)
+        assert producer.flush(10) == 0, "the buffered record was not delivered after the reset"
+        assert rewinder.check() is True and rewinder.check() is False
+        after = []
+        wait_until(lambda: after.extend(m.value() for m in poll_batch(consumer, 100, 0.05)) or len(after) >= 2)
+        assert after == [b"during", b"after"]
+    finally:
+        consumer.close()
+        watch.release()
+
+
+def test_shared_watches_are_one_per_bus_and_stop_with_their_last_user(bus):
+    first, second = shared_watch(bus), shared_watch(bus)
+    assert first is second
+    first.release()
+    assert first._thread.is_alive()
+    second.release()
+    first._thread.join(5)
+    assert not first._thread.is_alive()
+    third = shared_watch(bus)
+    assert third is not first
+    third.release()
