@@ -48,7 +48,8 @@ from confluent_kafka import KafkaException, Message
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import drain, make_admin, make_consumer, make_producer
 from antdt.bus.deadletter import DeadLetter, SourceRecord
-from antdt.bus.readers import MisroutedRecord, check_key, decode_or_deadletter, key_partition, poll_batch
+from antdt.bus.murmur2 import partition_for
+from antdt.bus.readers import MisroutedRecord, check_key, decode_or_deadletter, poll_batch
 from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
 from antdt.errors import BusError
 from antdt.schemas.codec import Codec, make_codec
@@ -117,6 +118,7 @@ class SharderService(LoopService):
         self._lifecycle_topic = topic_spec("worker", "lifecycle").full_name(settings.topic_prefix)
         self._assignments_topic = topic_spec("shard", "assignments").full_name(settings.topic_prefix)
         self._consumer = None
+        self._progress_partitions = 1
         self._last_lease_check = 0.0
         self._watch = None
         self._rewinder: Rewinder | None = None
@@ -126,7 +128,9 @@ class SharderService(LoopService):
 
     def start(self) -> SharderService:
         """Create the topics and join the consumer group."""
-        ensure_topics(make_admin(self.settings), self.settings)
+        counts = ensure_topics(make_admin(self.settings), self.settings)
+        # Known now, while the topic exists: a revocation may come when it does not (a bus reset).
+        self._progress_partitions = counts[self._progress_topic]
         self._consumer = make_consumer(
             self.settings, group_id=f"{self.settings.topic_prefix}.sharder", client_id=self.writer_id, low_latency=True
         )
@@ -154,7 +158,7 @@ class SharderService(LoopService):
         """
         lost = {p.partition for p in partitions if p.topic == self._progress_topic}
         now = time.monotonic()
-        for job_id in [j for j in self.jobs if key_partition(self.settings, self._progress_topic, j) in lost]:
+        for job_id in [j for j in self.jobs if partition_for(j, self._progress_partitions) in lost]:
             self._revoked[job_id] = (self.jobs.pop(job_id), now)
         for job_id in [j for j, (_, at) in self._revoked.items() if now - at > KEEP_REVOKED_S]:
             del self._revoked[job_id]
