@@ -242,7 +242,7 @@ class EmbeddedBroker:
             Path(self._log_file.name).unlink(missing_ok=True)
             self._log_file = None
 
-    def restart(self, down_s: float = 0.0) -> float:
+    def restart(self) -> float:
         """Kill the broker (SIGKILL, as a crash would) and start it again on the same port, empty.
 
         Users stay (the SCRAM front keeps running). Returns the seconds from
@@ -254,7 +254,6 @@ class EmbeddedBroker:
         self._process.kill()
         self._process.wait()
         self._process = None
-        time.sleep(down_s)
         self._spawn()
         return time.monotonic() - killed
 

@@ -16,8 +16,9 @@ cluster id changes, or a topic of the registry is missing, it
 2. re-creates the topics from the registry (auto-creation is off for every
    producer, so nothing else creates them, and never with the wrong counts);
 3. calls the callbacks registered with :meth:`BusWatch.on_reset` (the
-   component re-announces its state: the sharder its snapshots, the
-   controller its epoch; the monitor restarts its Faust worker).
+   monitor restarts its Faust worker in place). Components with a loop of
+   their own (the sharder, the controller, the agent) see the new generation
+   through their :class:`Rewinder` instead and re-announce their state there.
 
 :func:`shared_watch` hands out one watch per process and bus, counted, so
 the agent's parts share one thread and one metadata request per interval.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
@@ -51,7 +51,6 @@ class BusWatch:
         self.settings = settings
         self.every_s = every_s
         self.generation = 0
-        self.resets: list[float] = []  # wall-clock times at which resets were noticed
         self.cluster_id: str | None = None
         self._topics = [spec.full_name(settings.topic_prefix) for spec in TOPICS]
         self._admin = make_admin(settings, client_id="antdt-bus-watch")
@@ -84,7 +83,6 @@ class BusWatch:
             if why is None:
                 return False
             self.generation += 1
-            self.resets.append(time.time())
             log.warning("the bus at %s was reset (%s): re-creating the topics", self.settings.bootstrap_servers, why)
             self._restore()
             return True
@@ -178,15 +176,15 @@ class Rewinder:
     alone; otherwise it assigns the same partitions again.
     """
 
-    def __init__(self, consumer: Consumer, watch: BusWatch | None, group: bool = False):
+    def __init__(self, consumer: Consumer, watch: BusWatch, group: bool = False):
         self._consumer = consumer
         self._watch = watch
         self._group = group
-        self._seen = watch.generation if watch is not None else 0
+        self._seen = watch.generation
 
     def check(self) -> bool:
         """True if the bus was reset since the last check (the consumer is now at the beginning)."""
-        if self._watch is None or self._watch.generation == self._seen:
+        if self._watch.generation == self._seen:
             return False
         self._seen = self._watch.generation
         partitions = [TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in self._consumer.assignment()]

@@ -17,9 +17,10 @@ With ``broker_at_s`` the embedded broker itself is killed and started again,
 empty, on the same port: every topic, record, offset and group is gone. The
 run has recovered when every unfinished worker has been granted shards by
 the sharder through the new bus and has reported training after that grant
-(a worker trains on for a while on the shards it already held); the parts
-record when the broker answered again and when the sharder and the
-controller had re-announced their state.
+(a worker trains on for a while on the shards it already held) and the
+monitor serves again; the parts record when the broker answered again,
+when the sharder and the controller had re-announced their state, and
+when the monitor was back.
 """
 
 from __future__ import annotations
