@@ -51,10 +51,11 @@ LABEL org.opencontainers.image.title="antdt" \
       org.opencontainers.image.licenses="Apache-2.0"
 
 # A fixed numeric uid, so Kubernetes' runAsNonRoot can verify it. The home
-# holds worker checkpoints (mount a volume on /var/lib/antdt/checkpoints).
+# holds what must outlive a container: a parameter server's checkpoints and
+# ledger, a local worker's checkpoints (mount a volume on /var/lib/antdt).
 RUN groupadd --system --gid 10001 antdt \
  && useradd --system --uid 10001 --gid antdt --home-dir /var/lib/antdt --create-home --shell /usr/sbin/nologin antdt \
- && install -d -o antdt -g antdt /var/lib/antdt/checkpoints
+ && install -d -o antdt -g antdt /var/lib/antdt/checkpoints /var/lib/antdt/ps /var/lib/antdt/ledger
 
 COPY --from=build /opt/antdt /opt/antdt
 ENV PATH=/opt/antdt/bin:$PATH \

@@ -20,6 +20,7 @@ bench-e2e: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/codec_bench.py
 	$(BIN)/python bench/broker_start_bench.py
+	$(BIN)/python bench/offset_gap_bench.py
 	$(BIN)/python bench/sharder_bench.py
 	$(BIN)/python bench/agent_bench.py
 	$(BIN)/python bench/monitor_bench.py

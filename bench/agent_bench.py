@@ -7,6 +7,9 @@
   nothing), with the agent fully running on the embedded broker: reporter,
   emitter and command listener threads live. Also whole loops: N iterations
   with and without ``agent.step()``.
+* commit: ``agent.step()`` after a batch of 32 tagged samples from two shard
+  grants, the step that commits them (one COMMIT report produced, not
+  waited for), timed the same way.
 * events: a worker stepping at ~1 kHz for N seconds at default settings
   (1 s report interval, 5 s heartbeat); events counted on the topics.
 """
@@ -27,6 +30,7 @@ from antdt.bus.readers import assign_now, poll_batch
 from antdt.settings import Settings
 from antdt.topics import topic_spec
 from antdt.worker.agent import Agent
+from antdt.worker.provenance import SampleTag, Tagged
 
 
 def timed_calls(call, n: int) -> list[int]:
@@ -60,6 +64,22 @@ def bench_overhead(settings: Settings, steps: int) -> dict:
                                   "mean": round(statistics.fmean(overhead) / 1000, 3)},
         "loop_us_per_step": {"bare": round(bare_loop / steps * 1e6, 3), "with_agent": round(agent_loop / steps * 1e6, 3)},
     }
+
+
+def bench_commit(settings: Settings, steps: int) -> dict:
+    tags = tuple(SampleTag(0, i, i // 16, 0, "w0") for i in range(32))
+    batch = Tagged(None, tags)
+    with Agent("bench-commit", "w0", settings=settings, listen_for_commands=False) as agent:
+        agent.committer  # the sharder client (readers positioned) is made once, before the clock
+        nothing = timed_calls(lambda: agent.untag(batch), steps)
+        with_commit = timed_calls(lambda: (agent.untag(batch), agent.step()), steps)
+        agent.shard_client.flush(30)
+    base = statistics.median(nothing)
+    cost = [max(0, s - base) for s in with_commit]
+    return {"steps": steps, "samples_per_step": len(tags),
+            "step_with_commit_us": {"median": round(statistics.median(cost) / 1000, 3),
+                                    "p99": round(percentile(cost, 0.99) / 1000, 3),
+                                    "mean": round(statistics.fmean(cost) / 1000, 3)}}
 
 
 def count_events(settings: Settings, component: str, name: str, job: str) -> int:
@@ -101,7 +121,9 @@ def main() -> None:
     args = parser.parse_args()
     with embedded_broker() as broker:
         settings = fresh_settings(broker)
-        report = {"overhead": bench_overhead(settings, args.steps), "events": bench_events(settings, args.seconds)}
+        report = {"overhead": bench_overhead(settings, args.steps),
+                  "commit": bench_commit(settings, min(args.steps, 20_000)),
+                  "events": bench_events(settings, args.seconds)}
     print(json.dumps(report, indent=2) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
 
 

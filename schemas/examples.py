@@ -11,6 +11,7 @@ from datetime import timedelta
 
 from antdt.schemas.models import (
     AckStatus,
+    AppliedSamples,
     AssignmentStatus,
     AvroModel,
     CommandAck,
@@ -26,6 +27,7 @@ from antdt.schemas.models import (
     ResourceSnapshot,
     Shard,
     ShardAssignment,
+    ShardCommit,
     ShardLogEvent,
     ShardProgress,
     ShardSnapshot,
@@ -60,6 +62,7 @@ def worker_metrics(seq: int = 7) -> WorkerMetrics:
             net_sent_bytes=20_000_000, net_recv_bytes=19_500_000,
             gpu_utilization_percent=88.0, gpu_memory_used_bytes=12_000_000_000, gpu_memory_total_bytes=80_000_000_000,
         ),
+        role="worker", queue_depth=0,
     )
 
 
@@ -72,18 +75,25 @@ def worker_lifecycle() -> WorkerLifecycle:
 
 def shard_progress() -> ShardProgress:
     return ShardProgress(
-        job_id=JOB, worker_id=WORKER, incarnation="inc-5f2a", seq=31, kind=ProgressKind.FAILED, epoch=1,
-        shard_id=17, step=123, error="OSError: corrupt record", attempt=1, quota=2, dataset=dataset_spec(),
-        timestamp=utc_now(),
+        job_id=JOB, worker_id=WORKER, incarnation="inc-5f2a", seq=31, kind=ProgressKind.COMMIT, epoch=1,
+        step=123, error="OSError: corrupt record", attempt=1, quota=2, dataset=dataset_spec(),
+        commits=shard_commits(), update_id=f"{WORKER}/inc-5f2a/7", timestamp=utc_now(),
     )
+
+
+def shard_commits() -> list[ShardCommit]:
+    return [ShardCommit(holder=WORKER, shard_id=17, attempt=1, samples=[17_003, 17_998]),
+            ShardCommit(holder=f"{WORKER}.loader1", shard_id=18, attempt=0, samples=[18_000])]
 
 
 def shard_assignment() -> ShardAssignment:
     now = utc_now()
     return ShardAssignment(
         job_id=JOB, worker_id=WORKER, seq=120, writer_epoch=2, epoch=1, status=AssignmentStatus.GRANTED,
-        shards=[Shard(shard_id=17, start=17_000, length=1000, attempt=1), Shard(shard_id=18, start=18_000, length=1000, attempt=0)],
-        lease_expires=now + timedelta(seconds=30), quota=2, in_reply_to=30, version=120, timestamp=now,
+        shards=[Shard(shard_id=17, start=17_000, length=1000, attempt=1, done=[17_003, 17_998]),
+                Shard(shard_id=18, start=18_000, length=1000, attempt=0)],
+        lease_expires=now + timedelta(seconds=30), quota=2, in_reply_to=30, version=120, reason="granted",
+        timestamp=now,
     )
 
 
@@ -95,7 +105,8 @@ def shard_log_event() -> ShardLogEvent:
     return ShardLogEvent(
         job_id=JOB, seq=1, writer_epoch=2, transition=ShardTransition.DATASET_DEFINED, epoch=0,
         shard_id=None, worker_id=WORKER, attempt=0, lease_expires=utc_now(), quota=2, reason="job start",
-        dataset=dataset_spec(), version=None, shard_ids=[3, 4], timestamp=utc_now(),
+        dataset=dataset_spec(), version=None, shard_ids=[3, 4], commits=shard_commits(),
+        update_id=f"{WORKER}/inc-5f2a/7", cause=f"{WORKER}/inc-5f2a/30", timestamp=utc_now(),
     )
 
 
@@ -105,10 +116,11 @@ def shard_snapshot() -> ShardSnapshot:
         job_id=JOB, seq=120, writer_epoch=2, writer="writer sharder-1", dataset=dataset_spec(), epoch=1, finished=False,
         shards=[
             ShardStateEntry(shard_id=0, state=ShardState.DONE, worker_id="worker-0", attempt=0, done_seq=57),
-            ShardStateEntry(shard_id=17, state=ShardState.DOING, worker_id=WORKER, lease_expires=now, started=True, attempt=1),
+            ShardStateEntry(shard_id=17, state=ShardState.DOING, worker_id=WORKER, lease_expires=now, started=True, attempt=1,
+                            applied=[AppliedSamples(seq=101, samples=[17_003, 17_998], update_id=f"{WORKER}/inc-5f2a/7")]),
             ShardStateEntry(shard_id=99, state=ShardState.QUARANTINED, attempt=3, reason="failed 3 times"),
         ],
-        quotas={WORKER: 1}, epoch_opened_seq=40, log_offset=1234, timestamp=now,
+        quotas={WORKER: 1}, epoch_opened_seq=40, rewinds={f"{WORKER}/inc-5f2a/30": 88}, log_offset=1234, timestamp=now,
     )
 
 

@@ -47,13 +47,28 @@ class AvroRecord(AvroModel):
     """A nested Avro record (not a top-level message)."""
 
 
+_DEFAULTS: dict[type, dict[str, object]] = {}
+
+
+def _defaults(cls: type[AvroModel]) -> dict[str, object]:
+    """The class's optional fields with their defaults (immutable ones only: lists are made fresh)."""
+    if cls not in _DEFAULTS:
+        _DEFAULTS[cls] = {name: f.get_default(call_default_factory=True)
+                          for name, f in cls.model_fields.items() if not f.is_required()}
+    return {name: (list(value) if isinstance(value, list) else dict(value) if isinstance(value, dict) else value)
+            for name, value in _DEFAULTS[cls].items()}
+
+
 def trusted(cls: type[AvroModel], **values: object):
     """Build a model from values that are valid by construction, skipping validation.
 
     For hot paths that create messages from state they own (the sharder makes
-    tens of thousands of log events a second); every field must be given.
-    Anything that arrives from outside goes through normal validation.
+    tens of thousands of log events a second). Required fields must be given;
+    optional ones left out take their defaults, so a field added to a schema
+    does not break the callers. Anything that arrives from outside goes
+    through normal validation.
     """
+    values = {**_defaults(cls), **values}
     instance = cls.__new__(cls)
     object.__setattr__(instance, "__dict__", values)
     object.__setattr__(instance, "__pydantic_fields_set__", set(values))
@@ -78,6 +93,7 @@ class ProgressKind(str, Enum):
     FAILED = "FAILED"
     CHECKPOINT = "CHECKPOINT"
     REWIND = "REWIND"
+    COMMIT = "COMMIT"
 
 
 #: Progress kinds that are about one shard (and so must name it).
@@ -89,6 +105,7 @@ class AssignmentStatus(str, Enum):
     WAIT = "WAIT"
     EPOCH_END = "EPOCH_END"
     FINISHED = "FINISHED"
+    REFUSED = "REFUSED"
 
 
 class ShardTransition(str, Enum):
@@ -107,6 +124,7 @@ class ShardTransition(str, Enum):
     LEASE_RENEWED = "LEASE_RENEWED"
     CHECKPOINT = "CHECKPOINT"
     REWOUND = "REWOUND"
+    APPLIED = "APPLIED"
 
 
 class ShardState(str, Enum):
@@ -223,6 +241,8 @@ class WorkerMetrics(AvroModel):
     samples: Count64
     local_batch_size: Count32
     resources: ResourceSnapshot
+    role: Name = "worker"
+    queue_depth: Count32 | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerMetrics:
@@ -279,6 +299,17 @@ class DatasetSpec(AvroRecord):
         return cls(name=name, size=size, shard_size=-(-size // shards), **fields)
 
 
+class ShardCommit(AvroRecord):
+    """Samples of one shard grant whose training update is (to be) in the model."""
+
+    avro_name: ClassVar[str] = "antdt.ShardCommit"
+
+    holder: Name | None = None
+    shard_id: Count64
+    attempt: Count32
+    samples: list[Count64]
+
+
 class ShardProgress(AvroModel):
     avro_name: ClassVar[str] = "antdt.ShardProgress"
 
@@ -295,6 +326,9 @@ class ShardProgress(AvroModel):
     quota: Count32 | None = None
     dataset: DatasetSpec | None = None
     version: Count64 | None = None
+    commits: list[ShardCommit] = Field(default_factory=list)
+    update_id: Name | None = None
+    read_shards: list[Count64] = Field(default_factory=list)
     timestamp: Timestamp
 
     @model_validator(mode="after")
@@ -303,6 +337,12 @@ class ShardProgress(AvroModel):
             raise ValueError("shard_id must be set for STARTED, DONE, FAILED and only for them")
         if (self.kind is ProgressKind.REWIND) != (self.version is not None):
             raise ValueError("version must be set for REWIND and only for it")
+        if (self.kind is ProgressKind.COMMIT) != bool(self.commits):
+            raise ValueError("commits must be listed for COMMIT and only for it")
+        if self.update_id is not None and self.kind is not ProgressKind.COMMIT:
+            raise ValueError("update_id belongs to COMMIT only")
+        if self.read_shards and self.kind is not ProgressKind.REQUESTED:
+            raise ValueError("read_shards belongs to REQUESTED only")
         return self
 
 
@@ -313,6 +353,7 @@ class Shard(AvroRecord):
     start: Count64
     length: Positive64
     attempt: Count32
+    done: list[Count64] = Field(default_factory=list)
 
 
 class ShardAssignment(AvroModel):
@@ -329,6 +370,7 @@ class ShardAssignment(AvroModel):
     quota: Count32
     in_reply_to: Count64 | None = None
     version: Count64 | None = None
+    reason: str | None = None
     timestamp: Timestamp
 
     @model_validator(mode="after")
@@ -357,6 +399,9 @@ class ShardLogEvent(AvroModel):
     dataset: DatasetSpec | None = None
     version: Count64 | None = None
     shard_ids: list[Count64] = Field(default_factory=list)
+    commits: list[ShardCommit] = Field(default_factory=list)
+    update_id: Name | None = None
+    cause: str | None = None
     timestamp: Timestamp
 
     @model_validator(mode="after")
@@ -364,6 +409,14 @@ class ShardLogEvent(AvroModel):
         if (self.transition is ShardTransition.DATASET_DEFINED) != (self.dataset is not None):
             raise ValueError("dataset must be set exactly for DATASET_DEFINED")
         return self
+
+
+class AppliedSamples(AvroRecord):
+    avro_name: ClassVar[str] = "antdt.AppliedSamples"
+
+    seq: Count64
+    samples: list[Count64]
+    update_id: Name | None = None
 
 
 class ShardStateEntry(AvroRecord):
@@ -377,6 +430,7 @@ class ShardStateEntry(AvroRecord):
     attempt: Count32
     done_seq: Count64 | None = None
     reason: str | None = None
+    applied: list[AppliedSamples] = Field(default_factory=list)
 
 
 class ShardSnapshot(AvroModel):
@@ -392,6 +446,7 @@ class ShardSnapshot(AvroModel):
     shards: list[ShardStateEntry]
     quotas: dict[str, Count32] = Field(default_factory=dict)
     epoch_opened_seq: Count64 = 0
+    rewinds: dict[str, Count64] = Field(default_factory=dict)
     log_offset: Count64 | None = None
     timestamp: Timestamp
 

@@ -4,18 +4,26 @@ A training script adds about ten lines::
 
     with Agent(job_id="resnet", worker_id=f"rank-{rank}") as agent:
         data = agent.shards(train_set, DatasetSpec(...))        # dynamic sharding
-        loader = DataLoader(data, batch_size=agent.batch_size)
-        for batch in agent.iterate(loader):                      # times data waits
-            loss = model(batch).mean(); loss.backward()
-            averager.sync(model, len(batch), agent.sync_wait)    # DDP: times barriers
-            optimizer.step(); optimizer.zero_grad()
-            agent.step(samples=len(batch))                       # commands apply here
+        batches = loader(data, batch_size=agent.batch_size)      # antdt.worker.dataset.loader
+        while not data.finished:
+            for batch in agent.iterate(batches):                 # times data waits, keeps provenance
+                loss = model(batch).mean(); loss.backward()
+                averager.sync(model, len(batch), agent.sync_wait)    # DDP: times barriers
+                optimizer.step(); optimizer.zero_grad()
+                agent.step(samples=len(batch))                   # commits the batch; commands apply here
 
 What the agent does meanwhile, off the training thread: aggregates step
 timings into one ``WorkerMetrics`` per report interval, samples resources,
 sends heartbeats, listens for commands. :meth:`Agent.step` costs a few
-microseconds: it records one tuple and looks at an (almost always empty)
-inbox.
+microseconds plus, with sharded data, one commit sent to the bus without
+waiting: it records one tuple and looks at an (almost always empty) inbox.
+
+A sample counts as trained once its update is in the model. ``iterate``
+takes each sample's provenance off the data; ``step`` commits the samples
+iterated since the last step (the optimizer step has run by then). With a
+parameter server the update is applied later, by the servers: the
+parameter-server client takes the tags itself (:meth:`take_tags`) and
+commits them as a pending update (:mod:`antdt.worker.ps`).
 
 States (the agent's state machine)::
 
@@ -115,7 +123,8 @@ class Agent:
 
     def __init__(self, job_id: str | None = None, worker_id: str | None = None, rank: int | None = None,
                  node_id: str | None = None, *, settings: Settings | None = None, batch_size: int = 32,
-                 shard_quota: int = 2, device: int | None = None, listen_for_commands: bool = True):
+                 shard_quota: int = 2, device: int | None = None, listen_for_commands: bool = True,
+                 role: str = "worker"):
         self.settings = settings or load_settings()
         self.spec = AgentSpec.from_settings(self.settings, job_id, worker_id, rank, node_id, device)
         self.incarnation = uuid.uuid4().hex
@@ -124,7 +133,13 @@ class Agent:
         self.batch_size = batch_size
         self.shard_quota = shard_quota
         self.exit_reason: str | None = None
+        self.role = role
+        #: Updates waiting to be applied, reported with the metrics (a parameter server sets it).
+        self.queue_depth: int | None = None
         self._listen = listen_for_commands
+        self._tags: list = []  # provenance of the samples iterated since the last step
+        self._shard_client = None
+        self._committer = None
         self._records: deque[StepRecord] = deque()
         self._inbox: deque[MitigationCommand] = deque()
         self._mark = time.perf_counter()
@@ -186,6 +201,8 @@ class Agent:
         self._close_parts()
 
     def _close_parts(self, flush_timeout_s: float = 5.0) -> None:
+        if self._shard_client is not None:
+            self._shard_client.close()
         if self._listener is not None:
             self._listener.close()
         if self._injector is not None:
@@ -197,20 +214,31 @@ class Agent:
     # ------------------------------------------------------------ the training thread
 
     def step(self, samples: int | None = None) -> None:
-        """Mark the end of one training step; apply the commands that are due."""
-        now = time.perf_counter()
-        elapsed = now - self._mark
+        """Mark the end of one training step (its update applied): commit its samples, apply due commands.
+
+        An injected slowdown (``ANTDT_SLOWDOWN``, sleep mode) is booked as
+        compute, as a slower device's would be.
+        """
         data, sync = self._data_wait, self._sync_wait
-        compute = elapsed - data - sync
+        compute = time.perf_counter() - self._mark - data - sync
+        if self._injector is not None:
+            compute += self._injector.after_compute(compute)
         self._records.append(StepRecord(self.step_count, compute, data, sync,
                                         self.batch_size if samples is None else samples, self.batch_size))
+        if self._tags:
+            self.committer.record(self.take_tags(), self.step_count)
         self.step_count += 1
         self._data_wait = self._sync_wait = 0.0
-        if self._injector is not None:
-            self._injector.after_compute(compute)
         if self._inbox:
             self._apply_due()
-        self._mark = time.perf_counter()  # injected delay, pauses and the agent's own work are not the next step's
+        self._mark = time.perf_counter()  # pauses and the agent's own work are not the next step's
+
+    def record(self, compute_s: float, samples: int) -> None:
+        """One step timed by the caller (a parameter server's applied update); due commands apply here."""
+        self._records.append(StepRecord(self.step_count, compute_s, 0.0, 0.0, samples, self.batch_size))
+        self.step_count += 1
+        if self._inbox:
+            self._apply_due()
 
     def data_wait(self):
         """Time spent in this context counts as waiting for data, not compute."""
@@ -229,7 +257,11 @@ class Agent:
             setattr(self, account, getattr(self, account) + time.perf_counter() - started)
 
     def iterate(self, iterable: Iterable) -> Iterator:
-        """Yield from ``iterable``, booking the time to get each item as data wait."""
+        """Yield from ``iterable``, booking the time to get each item as data wait.
+
+        Tagged items (from a :class:`ShardedDataset`, one sample or a batch)
+        are yielded without their tags, which are kept for the next commit.
+        """
         iterator = iter(iterable)
         while True:
             started = time.perf_counter()
@@ -239,14 +271,58 @@ class Agent:
                 return
             finally:
                 self._data_wait += time.perf_counter() - started
-            yield item
+            yield self.untag(item)
+
+    def untag(self, item):
+        """The data of a :class:`~antdt.worker.provenance.Tagged` item, its tags kept for the step (others as they are)."""
+        from antdt.worker.provenance import Tagged
+
+        if isinstance(item, Tagged):
+            self._tags.extend(item.tags)
+            return item.data
+        return item
+
+    @property
+    def pending_tags(self) -> tuple:
+        """The provenance of the samples iterated since the last step or take (not taken)."""
+        return tuple(self._tags)
+
+    def take_tags(self) -> list:
+        """The provenance of the samples iterated since the last step or take; the caller commits them."""
+        tags, self._tags = self._tags, []
+        return tags
+
+    @property
+    def shard_client(self):
+        """This process's sharder client as this worker (made on first use; shared by its datasets and commits)."""
+        if self._shard_client is None:
+            from antdt.worker.shard_client import ShardClient
+
+            self._shard_client = ShardClient(self.settings, self.spec.job_id, self.spec.worker_id,
+                                             incarnation=self.incarnation)
+        return self._shard_client
+
+    @property
+    def committer(self):
+        """Commits this worker's trained samples (see :mod:`antdt.worker.commits`)."""
+        if self._committer is None:
+            from antdt.worker.commits import Committer
+
+            self._committer = Committer(self.shard_client, self._revoke)
+        return self._committer
+
+    def _revoke(self, grants: set) -> None:
+        for dataset in self._datasets:
+            dataset.revoked |= grants
 
     def shards(self, source, dataset_spec, **options):
         """A :class:`ShardedDataset` over ``source`` that pulls shards as this worker."""
         from antdt.worker.dataset import ShardedDataset
 
+        client = self.shard_client
+        client.dataset = dataset_spec
         dataset = ShardedDataset(source, dataset_spec, settings=self.settings, job_id=self.spec.job_id,
-                                 worker_id=self.spec.worker_id, quota=self.shard_quota, **options)
+                                 worker_id=self.spec.worker_id, quota=self.shard_quota, client=client, **options)
         self.on_shard_quota(lambda quota: setattr(dataset, "quota", quota))
         self._datasets.append(dataset)
         return dataset
@@ -272,6 +348,7 @@ class Agent:
 
         info = load_checkpoint(path, model, optimizer)
         dataset.rewind(info.shard_version)
+        self._report()  # the steps before the restore go out as they were: step numbers start again below
         self.step_count = info.step
         return info
 
@@ -392,7 +469,9 @@ class Agent:
                 next_heartbeat += self.spec.heartbeat_interval_s
 
     def _report(self) -> None:
-        """One WorkerMetrics for the steps since the last report."""
+        """One WorkerMetrics for the steps since the last report (none before the first step: nothing to say yet)."""
+        if self._window_start is None and not self._records:
+            return
         records = []
         while self._records:
             records.append(self._records.popleft())
@@ -406,7 +485,8 @@ class Agent:
             seq=self._seq, incarnation=self.incarnation, window_start=window_start, window_end=now,
             step_count=summary.step_count, first_step=summary.first_step, last_step=summary.last_step,
             compute=summary.compute, data_wait_s=summary.data_wait_s, sync_wait_s=summary.sync_wait_s,
-            samples=summary.samples, local_batch_size=self.batch_size, resources=resources,
+            samples=summary.samples, local_batch_size=self.batch_size, resources=resources, role=self.role,
+            queue_depth=self.queue_depth,
         )
         self._emitter.emit(self._topics["metrics"], self.spec.job_id, message)
 
@@ -435,7 +515,9 @@ class Agent:
         clients while they are open (a DataLoader worker process counts its own).
         """
         commands = self._listener.deadlettered if self._listener is not None else 0
-        return commands + sum(dataset.deadlettered for dataset in self._datasets)
+        answers = self._shard_client.deadlettered if self._shard_client is not None else 0
+        return commands + answers + sum(dataset.deadlettered for dataset in self._datasets
+                                        if dataset._client is not self._shard_client)
 
     @property
     def dropped_events(self) -> int:

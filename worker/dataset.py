@@ -1,41 +1,48 @@
 """``ShardedDataset``: a torch ``IterableDataset`` fed by the sharder.
 
 It wraps any indexable dataset. Iterating it asks the sharder for shards (up
-to the worker's quota, its prefetch depth), yields the samples of each
-(in a per-epoch, per-shard shuffled order when ``shuffle=True``), and reports
-STARTED before the first sample and DONE after the last. One iteration is
-one epoch: it ends when the sharder says the epoch is complete.
+to the worker's quota, its prefetch depth) and yields the samples of each
+that are not in the model yet (a shard granted again after its holder died
+has some already), in a per-epoch, per-shard shuffled order when
+``shuffle=True``. Each sample comes as a :class:`~antdt.worker.provenance.Tagged`
+naming its epoch, index and grant; :meth:`Agent.iterate` takes the tags off
+and the agent commits them once the step that trained them is applied. The
+sharder counts a shard DONE when every sample of it is committed, so a
+sample handed out but lost (a crash before the step, samples waiting in a
+DataLoader queue) is simply granted again.
 
-DONE is reported once a shard's last sample has been handed out and the
-consumer comes back for more, or takes a checkpoint (which happens at a step
-boundary, after the step that consumed it).
+A pass ends when the sharder's epoch ends, or when the sharder has nothing
+for this worker right now and the pass has handed something out: the
+consumer can then train and commit what it holds (the last partial batch
+included), and iterates again, which resumes the same epoch. Loop with
+``while not data.finished: for batch in agent.iterate(loader): ...``.
 
 DataLoader worker processes (``num_workers > 0``): each loader process is its
 own sharder client, named ``<worker>.loader<k>``, with its own quota; it pulls
-and reports its shards itself, so no shard is read twice and no coordination
-with the main process is needed. DONE is reported when a shard's last sample
-has been handed to the DataLoader; samples still in the loader's prefetch
-queue when a process dies were reported DONE but not trained. Restoring a
-checkpoint (REWIND) covers that exactly; without one, at most
-``prefetch_factor x num_workers`` batches are affected.
+its shards itself, so no shard is read twice and no coordination with the
+main process is needed; the tags name the loader process as the holder of
+the grant, and the main process commits for it. Use :func:`loader`, which
+sets what dynamic sharding needs:
 
-Two DataLoader settings matter with loader processes (:func:`loader` sets both):
-
+* ``collate_fn``: :func:`~antdt.worker.provenance.collate`, which keeps the
+  tags beside the batch (wrapping a ``collate_fn`` you pass);
 * ``in_order=False``: shards are pulled dynamically, so one loader process
   may wait for shards another holds. A DataLoader that insists on taking
   batches from its processes in turn would wait for the waiting one while the
-  other's queue is full: a deadlock at the end of every epoch.
+  other's queue is full: a deadlock at the end of every epoch;
 * ``multiprocessing_context="spawn"`` (or "forkserver"): the default fork
   copies a process whose Kafka client threads may hold locks at that instant,
-  and the child can hang on them.
+  and the child can hang on them;
+* ``persistent_workers=True``: passes end whenever the sharder has nothing
+  for a while; the loader processes stay up between them.
 
-Epochs: with ``num_workers=0`` the dataset moves to the next epoch by itself;
-with loader processes call :meth:`set_epoch` before each epoch, as with
+With loader processes call :meth:`set_epoch` when an epoch ends, as with
 ``DistributedSampler`` (the loader processes get a copy of the dataset).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -44,15 +51,19 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from antdt.schemas.models import AssignmentStatus, DatasetSpec
 from antdt.settings import Settings
+from antdt.worker.provenance import SampleTag, Tagged, collate
 from antdt.worker.shard_client import NoAnswer, ShardClient
+
+_EPOCH, _FINISHED = 0, 1
 
 
 class ShardedDataset(IterableDataset):
-    """Yields the samples of the shards the sharder grants this worker (one pass = one epoch)."""
+    """Yields the samples of the shards the sharder grants this worker, tagged with their provenance."""
 
     def __init__(self, source: Sequence, spec: DatasetSpec, *, settings: Settings, job_id: str, worker_id: str,
                  quota: int = 2, shuffle: bool = True, request_timeout_s: float = 10.0, wait_s: float = 0.02,
-                 prefetch: bool = True):
+                 prefetch: bool = True, client: ShardClient | None = None):
+        """``client``: the process's sharder client to share (the agent's), else one is made per process."""
         if len(source) != spec.size:
             raise ValueError(f"the dataset has {len(source)} samples but the spec says {spec.size}")
         self.source, self.spec, self.settings = source, spec, settings
@@ -61,45 +72,72 @@ class ShardedDataset(IterableDataset):
         #: True while the sharder has nothing for this worker yet (others hold the epoch's last shards).
         self.waiting = False
         self.request_timeout_s, self.wait_s = request_timeout_s, wait_s
-        self.epoch = 0
-        self.finished = False
-        self._client: ShardClient | None = None
-        self._client_pid: int | None = None
-        self._handed_out: tuple[int, int, int] | None = None
+        #: Grants (epoch, shard, attempt) whose commits were refused: their samples are not read any further.
+        self.revoked: set[tuple[int, int, int]] = set()
+        self._epoch, self._finished = 0, False
+        self._shared = None  # [epoch, finished] in shared memory, when DataLoader processes read for us
+        self._client = client
+        self._client_pid = os.getpid() if client is not None else None
+        self._owns_client = client is None
+        self._read: dict[int, int] = {}  # shard -> attempt: held grants read to the end, this epoch (passes included)
+        self._read_epoch = 0
+
+    # ------------------------------------------------------------ epoch and end, as the sharder says
+
+    @property
+    def epoch(self) -> int:
+        return int(self._shared[_EPOCH]) if self._shared is not None else self._epoch
+
+    @property
+    def finished(self) -> bool:
+        """Every epoch is complete (learnt by whichever process reads the shards)."""
+        return bool(self._shared[_FINISHED]) if self._shared is not None else self._finished
+
+    def _learn(self, epoch: int | None = None, finished: bool | None = None) -> None:
+        if epoch is not None:
+            self._epoch = epoch
+            if self._shared is not None:
+                self._shared[_EPOCH] = epoch
+        if finished is not None:
+            self._finished = finished
+            if self._shared is not None:
+                self._shared[_FINISHED] = int(finished)
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        """The epoch to ask for next (the sharder moves on by itself; kept for DistributedSampler-style loops)."""
+        self._learn(epoch=epoch)
 
-    def __iter__(self) -> Iterator:
+    def share_progress(self, context) -> None:
+        """Keep epoch and end in shared memory, so DataLoader processes tell the main process (``loader`` calls it)."""
+        if self._shared is None:
+            self._shared = context.Array("q", [self._epoch, int(self._finished)], lock=False)
+
+    # ------------------------------------------------------------ reading
+
+    def __iter__(self) -> Iterator[Tagged]:
         client = self._client_for_this_process()
         epoch = self.epoch
         keepalive_s = self.spec.lease_s / 4
-        for shard, sample_epoch in self._shards(client, epoch):
+        handed_out = False
+        if self._read_epoch != epoch:
+            self._read, self._read_epoch = {}, epoch
+        for shard, sample_epoch in self._shards(client, epoch, lambda: handed_out):
+            grant = (sample_epoch, shard.shard_id, shard.attempt)
             client.started(sample_epoch, shard.shard_id, shard.attempt)
-            positions = self._positions(sample_epoch, shard)
             renew_at = time.monotonic() + keepalive_s
-            for position in positions[:-1]:
-                yield self.source[position]
+            for position in self._positions(sample_epoch, shard):
+                if grant in self.revoked:
+                    break
+                handed_out = True
+                yield Tagged(self.source[position], (SampleTag(sample_epoch, position, shard.shard_id, shard.attempt,
+                                                               client.worker_id),))
                 if time.monotonic() >= renew_at:  # a slow consumer must not lose the shard it is reading
                     client.started(sample_epoch, shard.shard_id, shard.attempt)
                     renew_at = time.monotonic() + keepalive_s
-            # The last sample: once the consumer asks for more (or takes a
-            # checkpoint), the whole shard has been handed out.
-            self._handed_out = (sample_epoch, shard.shard_id, shard.attempt)
-            yield self.source[positions[-1]]
-            self._report_handed_out()
-        if get_worker_info() is None:
-            self.epoch = epoch + 1
+            self._read[shard.shard_id] = shard.attempt
 
-    def _report_handed_out(self) -> None:
-        """DONE for the shard whose last sample was handed out, if not reported yet."""
-        if self._handed_out is not None:
-            epoch, shard_id, attempt = self._handed_out
-            self._handed_out = None
-            self._client.done(epoch, shard_id, attempt)
-
-    def _shards(self, client: ShardClient, epoch: int):
-        """Granted shards of ``epoch``, each once, until the sharder ends the epoch.
+    def _shards(self, client: ShardClient, epoch: int, handed_out):
+        """Granted shards of ``epoch``, each once, until the sharder ends the epoch or the pass (module docstring).
 
         With ``prefetch`` the next request is sent as a shard starts, so its
         answer is usually waiting when the shard is finished and reading
@@ -107,7 +145,6 @@ class ShardedDataset(IterableDataset):
         quarter of the lease is not trusted (a long stall may have cost a
         prefetched shard its lease): the request is made again.
         """
-        seen: set[tuple[int, int]] = set()
         ahead: tuple[int, float] | None = None  # (seq, sent at) of the request sent as the last shard started
         while True:
             early = ahead is not None and time.monotonic() - ahead[1] < self.spec.lease_s / 4
@@ -115,19 +152,27 @@ class ShardedDataset(IterableDataset):
                 if early:
                     answer = client.wait_answer(ahead[0], self.request_timeout_s, flush=False)
                 else:
-                    answer = client.request(epoch, quota=self.quota, timeout_s=self.request_timeout_s)
+                    answer = client.request(epoch, quota=self.quota, timeout_s=self.request_timeout_s,
+                                            read_shards=sorted(self._read))
             except NoAnswer:
                 ahead = None
                 continue  # the sharder is restarting or taking the job over: ask again
             ahead = None
             if answer.status is AssignmentStatus.FINISHED:
-                self.finished = True
+                self._learn(finished=True)
                 return
             if answer.status is AssignmentStatus.EPOCH_END or answer.epoch > epoch:
+                self._learn(epoch=max(answer.epoch, epoch + 1))
                 return
-            fresh = [s for s in answer.shards if (s.shard_id, s.attempt) not in seen]
+            held = {s.shard_id: s.attempt for s in answer.shards}
+            # Read grants no longer held are DONE (or reclaimed); a held one is never read twice, pass after pass.
+            self._read = {shard: attempt for shard, attempt in self._read.items() if held.get(shard) == attempt}
+            fresh = [s for s in answer.shards if self._read.get(s.shard_id) != s.attempt]
             if not fresh:
-                if not early:  # an early answer predates the last DONE: ask again at once
+                if handed_out():
+                    self.waiting = True
+                    return  # nothing for us now: the consumer trains and commits what it has, then comes back
+                if not early:  # an early answer predates the last reads: ask again at once
                     self.waiting = True
                     time.sleep(self.wait_s)  # WAIT: others hold the last shards of the epoch
                 continue
@@ -135,26 +180,26 @@ class ShardedDataset(IterableDataset):
             # One shard per answer: the next answer (at most lease/4 old, see above)
             # re-confirms what is still held, so a shard whose lease ran out is never read.
             shard = fresh[0]
-            seen.add((shard.shard_id, shard.attempt))
             if self.prefetch:
-                ahead = (client.ask(epoch, quota=self.quota), time.monotonic())
+                ahead = (client.ask(epoch, quota=self.quota, read_shards=sorted(self._read)), time.monotonic())
             yield shard, answer.epoch
 
     def _positions(self, epoch: int, shard) -> list[int]:
-        positions = list(range(shard.start, shard.start + shard.length))
+        """The shard's samples not in the model yet, in this epoch's order."""
+        done = set(getattr(shard, "done", ()))
+        positions = [i for i in range(shard.start, shard.start + shard.length) if i not in done]
         if self.shuffle:
             random.Random((self.spec.shuffle_seed, epoch, shard.shard_id).__hash__()).shuffle(positions)
         return positions
 
     def _client_for_this_process(self) -> ShardClient:
-        """One client per process: the main one, or each DataLoader worker process."""
-        import os
-
+        """One client per process: the main one (the agent's, when given), or each DataLoader worker process's."""
         if self._client is None or self._client_pid != os.getpid():
             info = get_worker_info()
             identity = self.worker_id if info is None else f"{self.worker_id}.loader{info.id}"
             self._client = ShardClient(self.settings, self.job_id, identity, self.spec)
             self._client_pid = os.getpid()
+            self._owns_client = True
         return self._client
 
     def prepare(self, timeout_s: float = 60.0) -> None:
@@ -168,17 +213,16 @@ class ShardedDataset(IterableDataset):
         self._client_for_this_process().request(self.epoch, quota=self.quota, timeout_s=timeout_s)
 
     def checkpoint_version(self, step: int | None = None) -> int:
-        """The shard-state version to store with a model checkpoint (reports flushed first)."""
+        """The shard-state version to store with a model checkpoint (the commits sent so far flushed first)."""
         client = self._client_for_this_process()
-        self._report_handed_out()  # the step that consumed its last sample is complete
         client.flush()
         return client.checkpoint(self.epoch, step)
 
     def rewind(self, version: int) -> None:
         """Restore the job's shard state to ``version`` (after loading the model checkpoint)."""
         answer = self._client_for_this_process().rewind(self.epoch, version)
-        self.epoch = answer.epoch
-        self.finished = False
+        self._learn(epoch=answer.epoch, finished=False)
+        self.revoked.clear()
 
     @property
     def deadlettered(self) -> int:
@@ -186,22 +230,39 @@ class ShardedDataset(IterableDataset):
         return self._client.deadlettered if self._client is not None else 0
 
     def close(self) -> None:
-        if self._client is not None:
+        if self._client is not None and self._owns_client:
             self._client.close()
-            self._client = None
+        self._client = None
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_client"] = None  # a Kafka client does not cross a process boundary
-        state["_handed_out"] = None
+        state["_owns_client"] = True
         return state
 
 
 def loader(dataset: ShardedDataset, batch_size: int, num_workers: int = 0, **options):
-    """A DataLoader configured for dynamic sharding (see the module docstring)."""
+    """A DataLoader configured for dynamic sharding and provenance (see the module docstring)."""
+    import multiprocessing
+
     from torch.utils.data import DataLoader
 
+    inner = options.pop("collate_fn", None)
+    options["collate_fn"] = collate if inner is None else _Collate(inner)
     if num_workers:
         options.setdefault("in_order", False)
         options.setdefault("multiprocessing_context", "spawn")
+        options.setdefault("persistent_workers", True)
+        context = options["multiprocessing_context"]
+        dataset.share_progress(multiprocessing.get_context(context) if isinstance(context, str) else context)
     return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **options)
+
+
+class _Collate:
+    """A user's ``collate_fn`` with the tags kept beside its batch (picklable, for loader processes)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, items):
+        return collate(items, self.inner)

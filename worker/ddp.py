@@ -15,6 +15,10 @@ collective, so the ranks never need to agree on them beforehand: a rank that
 applies a new size one step early or late changes which samples are trained,
 never the sequence of collectives, and the weights stay exact. The agreed
 effective step (:class:`BatchSizePlan`) is about the data, not about safety.
+
+With a :class:`~antdt.worker.ledger.LedgerSlots` the averager also counts
+every rank's samples of the step into the ledger, in the same all-reduce as
+the gradients: the ledger changes exactly when the model does.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from antdt.errors import AntdtError
+from antdt.worker.ledger import LedgerSlots
 
 SyncTimer = Callable[[], AbstractContextManager[object]]
 """Makes a context manager entered around the collectives, to book their time as synchronisation."""
@@ -84,13 +89,15 @@ class WeightedGradientAverager:
     parameters the model has, and is the same on every rank.
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None, sync_timer: SyncTimer | None = None):
+    def __init__(self, group: dist.ProcessGroup | None = None, sync_timer: SyncTimer | None = None,
+                 ledger: LedgerSlots | None = None):
         self.group = group
         self.sync_timer = sync_timer
+        self.ledger = ledger
 
     def sync(
         self, model_or_params: torch.nn.Module | Iterable[torch.Tensor], local_batch_size: int,
-        sync_timer: SyncTimer | None = None,
+        sync_timer: SyncTimer | None = None, tags: Sequence = (),
     ) -> int:
         """Replace every rank's gradients by the global-batch gradient; returns the global batch size.
 
@@ -107,21 +114,32 @@ class WeightedGradientAverager:
         gradients hold (stale values, even NaN). If the global batch is 0, all
         gradients become None everywhere; skip the optimizer step then.
         Without torch.distributed (or with one rank) nothing changes.
+
+        ``tags``: this rank's samples of the step (``agent.pending_tags``),
+        counted into the ledger when the averager has one.
         """
-        return self.sync_counting(model_or_params, local_batch_size, (), sync_timer)[0]
+        return self.sync_counting(model_or_params, local_batch_size, (), sync_timer, tags)[0]
 
     def sync_counting(
         self, model_or_params: torch.nn.Module | Iterable[torch.Tensor], local_batch_size: int,
-        counters: Sequence[int] = (), sync_timer: SyncTimer | None = None,
+        counters: Sequence[int] = (), sync_timer: SyncTimer | None = None, tags: Sequence = (),
     ) -> tuple[int, list[int]]:
         """:meth:`sync`, plus small non-negative integers summed over the ranks in the same collective.
 
         For loop control that would otherwise cost a collective of its own
         (how many ranks still have data, say). Returns (global batch, sums).
         """
+        counters = [int(c) for c in counters]
+        slots = self.ledger.encode(tags) if self.ledger is not None else []
+        global_batch, sums = self._sync_counting(model_or_params, local_batch_size, counters + slots, sync_timer)
+        if self.ledger is not None:
+            self.ledger.add(sums[len(counters):])
+        return global_batch, sums[:len(counters)]
+
+    def _sync_counting(self, model_or_params, local_batch_size: int, counters: list[int],
+                       sync_timer: SyncTimer | None) -> tuple[int, list[int]]:
         if isinstance(local_batch_size, bool) or not isinstance(local_batch_size, int) or local_batch_size < 0:
             raise ValueError(f"local_batch_size must be an int >= 0, got {local_batch_size!r}")
-        counters = [int(c) for c in counters]
         if any(c < 0 for c in counters):
             raise ValueError(f"counters must be >= 0, got {counters}")
         params = _parameters(model_or_params)

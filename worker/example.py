@@ -1,10 +1,15 @@
 """The example training job behind ``antdt worker``: a real torch model, the agent, dynamic shards.
 
-A small MLP learns a synthetic 10-class problem (Gaussian clusters, generated
-deterministically from a seed, so every worker sees the same dataset without
-downloading anything). Each step is real torch work; ``step_sleep_s`` adds a
+A small MLP learns a synthetic 10-class problem (overlapping Gaussian
+clusters, generated deterministically from a seed, so every worker sees the
+same dataset without downloading anything; a held-out set comes from the
+same clusters). Each step is real torch work; ``step_sleep_s`` adds a
 calibrated sleep so that several workers fit on a small machine, and the
 straggler injector (``--slowdown``) makes chosen workers slower.
+
+With parameter-server addresses the workers share one model (pull, push;
+:mod:`antdt.worker.ps`); without, each trains its own, and a sample counts
+once its local optimizer step has run.
 
 Batches are cut from the sample stream with the agent's *current* batch
 size, so an ADJUST_BATCH_SIZE command takes effect at the next step.
@@ -28,13 +33,25 @@ log = logging.getLogger(__name__)
 
 
 class SyntheticClassification(torch.utils.data.Dataset):
-    """``size`` samples of ``features`` dims in ``classes`` Gaussian clusters, fixed by ``seed``."""
+    """``size`` samples of ``features`` dims in ``classes`` Gaussian clusters, fixed by ``seed``.
 
-    def __init__(self, size: int, features: int = 32, classes: int = 10, seed: int = 0):
-        generator = torch.Generator().manual_seed(seed)
-        centres = torch.randn(classes, features, generator=generator) * 3
+    The clusters overlap (centres drawn with ``spread`` 1 beside unit noise):
+    the model needs thousands of samples to learn them, and a held-out set
+    (:meth:`heldout`) shows how far it got (chance is one in ``classes``).
+    """
+
+    def __init__(self, size: int, features: int = 32, classes: int = 10, seed: int = 0, spread: float = 1.0,
+                 draw: int = 1):
+        centres = torch.randn(classes, features, generator=torch.Generator().manual_seed(seed)) * spread
+        generator = torch.Generator().manual_seed(seed * 7919 + draw)
         self.labels = torch.randint(0, classes, (size,), generator=generator)
         self.inputs = centres[self.labels] + torch.randn(size, features, generator=generator)
+        self._args = (features, classes, seed, spread)
+
+    def heldout(self, size: int) -> SyntheticClassification:
+        """Other samples of the same clusters, never trained on."""
+        features, classes, seed, spread = self._args
+        return SyntheticClassification(size, features, classes, seed, spread, draw=2)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -57,6 +74,15 @@ class ExampleConfig:
     step_sleep_s: float = 0.0
     seed: int = 0
     checkpoint: Path | None = None
+    parameter_servers: tuple[str, ...] = ()
+
+
+def evaluate(model: nn.Module, data: SyntheticClassification) -> tuple[float, float]:
+    """(loss, accuracy) of ``model`` on ``data``."""
+    with torch.no_grad():
+        outputs = model(data.inputs)
+        loss = nn.functional.cross_entropy(outputs, data.labels).item()
+        return loss, (outputs.argmax(1) == data.labels).float().mean().item()
 
 
 def batches(agent: Agent, samples: Iterator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -72,7 +98,7 @@ def batches(agent: Agent, samples: Iterator) -> Iterator[tuple[torch.Tensor, tor
 
 
 def train(agent: Agent, config: ExampleConfig, report=print) -> dict:
-    """Train until the sharder says every epoch is done; returns a summary."""
+    """Train until the sharder says every epoch is done; returns a summary with the held-out figures."""
     torch.manual_seed(config.seed)
     source = SyntheticClassification(config.samples, seed=config.seed)
     spec = DatasetSpec(name="synthetic-clusters", size=config.samples, shard_size=config.shard_size,
@@ -80,26 +106,43 @@ def train(agent: Agent, config: ExampleConfig, report=print) -> dict:
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     data = agent.shards(source, spec)
-    if config.checkpoint is not None:
+    server = None
+    if config.parameter_servers:
+        from antdt.worker.ps.client import ParameterClient
+
+        data.prepare()  # defines the job's dataset: the servers take their first checkpoint once it exists
+        server = ParameterClient(agent, list(config.parameter_servers), model).start()
+    elif config.checkpoint is not None:
         agent.on_restart(lambda: agent.save_checkpoint(config.checkpoint, model, optimizer, data))
         if config.checkpoint.exists():
             agent.restore_checkpoint(config.checkpoint, model, optimizer, data)
     loss_fn = nn.CrossEntropyLoss()
-    started, trained = time.monotonic(), 0
+    started, trained, losses = time.monotonic(), 0, []
     while not data.finished:
-        epoch, losses = data.epoch, []
         for inputs, labels in batches(agent, iter(data)):
-            loss = loss_fn(model(inputs), labels)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            if config.step_sleep_s:
-                time.sleep(config.step_sleep_s)
+            pushed = False
+            while not pushed:
+                if server is not None:
+                    server.pull()
+                loss = loss_fn(model(inputs), labels)
+                optimizer.zero_grad()
+                loss.backward()
+                if config.step_sleep_s:
+                    time.sleep(config.step_sleep_s)
+                if server is None:
+                    optimizer.step()
+                pushed = server is None or server.push()  # False: computed on stale parameters, again
             losses.append(loss.item())
             trained += len(labels)
             agent.step(samples=len(labels))
         if losses:
-            report(f"{agent.spec.worker_id} epoch {epoch}: {len(losses)} steps, mean loss {sum(losses) / len(losses):.3f}")
+            report(f"{agent.spec.worker_id} epoch {data.epoch}: {len(losses)} steps, mean loss {sum(losses) / len(losses):.3f}")
+            losses = []
+    if server is not None:
+        server.pull()
+        server.close()
     data.close()
     elapsed = time.monotonic() - started
-    return {"samples": trained, "seconds": elapsed, "samples_per_s": trained / elapsed if elapsed else 0.0}
+    loss, accuracy = evaluate(model, source.heldout(2048))
+    return {"samples": trained, "seconds": elapsed, "samples_per_s": trained / elapsed if elapsed else 0.0,
+            "heldout_loss": loss, "heldout_accuracy": accuracy}

@@ -4,7 +4,9 @@ Requests go to ``shard.progress`` (keyed by job); answers come back on the
 worker's own partition of ``shard.assignments`` (keyed ``<job>/<worker>``),
 read by manual assignment with no consumer group. Before the first request
 the reader proves it is positioned by reading back a marker it wrote, so no
-answer can slip past it. Answers are matched to requests by ``in_reply_to``.
+answer can slip past it. Answers are matched to requests by ``in_reply_to``;
+several threads may wait at once (a data feed asking for shards while the
+training thread commits), one of them polling for all.
 A record on the worker's key that is not an assignment for this worker goes
 to the dead-letter topic and is counted; the wait for the answer goes on.
 After a bus reset (:mod:`antdt.bus.watch`) the reader starts over at offset
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 import uuid
 from collections import deque
@@ -24,7 +27,7 @@ from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.markers import marker_id, send_marker
 from antdt.bus.readers import decode_or_deadletter, follow_key, poll_batch
 from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
-from antdt.errors import AntdtError
+from antdt.errors import AntdtError, BusError
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import DatasetSpec, ProgressKind, ShardAssignment, ShardProgress
 from antdt.schemas.types import utc_now
@@ -49,9 +52,11 @@ class NoAnswer(AntdtError):
 class ShardClient:
     """Request/reply with the sharder for one worker incarnation."""
 
-    def __init__(self, settings: Settings, job_id: str, worker_id: str, dataset: DatasetSpec | None = None, codec: Codec | None = None):
+    def __init__(self, settings: Settings, job_id: str, worker_id: str, dataset: DatasetSpec | None = None,
+                 codec: Codec | None = None, incarnation: str | None = None):
+        """``incarnation``: the process's (the agent's, so that its reports and its lifecycle events agree)."""
         self.job_id, self.worker_id, self.dataset = job_id, worker_id, dataset
-        self.incarnation = uuid.uuid4().hex
+        self.incarnation = incarnation or uuid.uuid4().hex
         self.codec = codec or make_codec(settings.schema_registry_url)
         self._seq = itertools.count(1)
         self._progress_topic = topic_spec("shard", "progress").full_name(settings.topic_prefix)
@@ -65,6 +70,15 @@ class ShardClient:
         self._watch = shared_watch(settings)
         self._rewinder = Rewinder(self._consumer, self._watch)  # after a bus reset, answers come from offset 0 again
         self._recent: deque[tuple[float, bytes]] = deque(maxlen=RESEND_MAX)
+        self._send_lock = threading.Lock()  # seq order is send order
+        self._poll_lock = threading.Lock()  # one thread polls the reader at a time
+        self._reset_lock = threading.Lock()
+        self._arrived = threading.Condition()
+        self._wanted: set[int] = set()  # seqs whose answer someone will collect
+        self._answers: dict[int, ShardAssignment] = {}
+        self._nudge_at = 0.0
+        self._failed: list[str] = []  # delivery errors since the last flush
+        self._failed_lock = threading.Lock()  # the delivery callback runs in whichever thread polls
 
     def _position_reader(self, settings: Settings) -> None:
         """Read our partition up to a fresh marker: no answer can slip past the reader after this."""
@@ -73,18 +87,27 @@ class ShardClient:
 
     # ------------------------------------------------------------ sending
 
-    def send(self, kind: ProgressKind, epoch: int, **fields) -> int:
-        """Send one report; returns its seq (answers cite it in in_reply_to)."""
-        seq = next(self._seq)
-        report = ShardProgress(
-            job_id=self.job_id, worker_id=self.worker_id, incarnation=self.incarnation, seq=seq, kind=kind,
-            epoch=epoch, timestamp=utc_now(), **fields,
-        )
+    def send(self, kind: ProgressKind, epoch: int, answered: bool = True, **fields) -> int:
+        """Send one report; returns its seq (answers cite it in in_reply_to).
+
+        ``answered``: an answer will be collected with :meth:`wait_answer`
+        (the reader keeps only answers someone asked for).
+        """
         self._after_bus_reset()
-        value = self.codec.encode(report, self._progress_topic)
-        self._producer.produce(self._progress_topic, key=self.job_id.encode(), value=value)
+        with self._send_lock:
+            seq = next(self._seq)
+            report = ShardProgress(
+                job_id=self.job_id, worker_id=self.worker_id, incarnation=self.incarnation, seq=seq, kind=kind,
+                epoch=epoch, timestamp=utc_now(), **fields,
+            )
+            value = self.codec.encode(report, self._progress_topic)
+            if answered:
+                with self._arrived:
+                    self._wanted.add(seq)
+            self._producer.produce(self._progress_topic, key=self.job_id.encode(), value=value,
+                                   on_delivery=self._delivered)
+            self._recent.append((time.monotonic(), value))
         self._producer.poll(0)
-        self._recent.append((time.monotonic(), value))
         return seq
 
     def _after_bus_reset(self) -> None:
@@ -95,32 +118,47 @@ class ShardClient:
         wait out its timeout. Every report is idempotent at the sharder
         (reports name their grant; a repeated request answers what we hold).
         """
-        if not self._rewinder.check():
-            return
+        with self._reset_lock:
+            if not self._rewinder.check():
+                return
         refresh_metadata(self._producer)
         since = time.monotonic() - RESEND_WINDOW_S
         again = [value for at, value in self._recent if at >= since]
         for value in again:
-            self._producer.produce(self._progress_topic, key=self.job_id.encode(), value=value)
+            self._producer.produce(self._progress_topic, key=self.job_id.encode(), value=value,
+                                   on_delivery=self._delivered)
         self._producer.poll(0)
         log.warning("the bus was reset: %d report(s) of the last %.0f s sent again", len(again), RESEND_WINDOW_S)
 
-    def ask(self, epoch: int, quota: int | None = None) -> int:
-        """Ask for shards up to ``quota`` without waiting; :meth:`wait_answer` with the seq returned collects the answer."""
-        return self.send(ProgressKind.REQUESTED, epoch, quota=quota, dataset=self.dataset)
+    def ask(self, epoch: int, quota: int | None = None, read_shards: list[int] = ()) -> int:
+        """Ask for shards up to ``quota`` without waiting; :meth:`wait_answer` with the seq returned collects the answer.
 
-    def request(self, epoch: int, quota: int | None = None, timeout_s: float = 10.0) -> ShardAssignment:
+        ``read_shards``: held shards read to the end (their commits will follow), not counted against the quota.
+        """
+        return self.send(ProgressKind.REQUESTED, epoch, quota=quota, dataset=self.dataset, read_shards=list(read_shards))
+
+    def request(self, epoch: int, quota: int | None = None, timeout_s: float = 10.0, read_shards: list[int] = ()) -> ShardAssignment:
         """Ask for shards up to ``quota``; block until the sharder answers."""
-        return self.wait_answer(self.ask(epoch, quota), timeout_s)
+        return self.wait_answer(self.ask(epoch, quota, read_shards), timeout_s)
 
     def started(self, epoch: int, shard_id: int, attempt: int, step: int | None = None) -> None:
-        self.send(ProgressKind.STARTED, epoch, shard_id=shard_id, attempt=attempt, step=step)
+        self.send(ProgressKind.STARTED, epoch, answered=False, shard_id=shard_id, attempt=attempt, step=step)
 
     def done(self, epoch: int, shard_id: int, attempt: int, step: int | None = None) -> None:
-        self.send(ProgressKind.DONE, epoch, shard_id=shard_id, attempt=attempt, step=step)
+        """The whole shard is trained (for a worker that does not commit samples; see :meth:`commit`)."""
+        self.send(ProgressKind.DONE, epoch, answered=False, shard_id=shard_id, attempt=attempt, step=step)
 
     def failed(self, epoch: int, shard_id: int, attempt: int, error: str) -> None:
-        self.send(ProgressKind.FAILED, epoch, shard_id=shard_id, attempt=attempt, error=error)
+        self.send(ProgressKind.FAILED, epoch, answered=False, shard_id=shard_id, attempt=attempt, error=error)
+
+    def commit(self, epoch: int, commits: list, update_id: str | None = None, step: int | None = None) -> int:
+        """Samples whose update is in the model (``update_id`` None) or waits at the parameter servers.
+
+        Only a commit with an ``update_id`` is answered (REFUSED, or what the
+        worker holds): collect it with :meth:`wait_answer` or :meth:`answer_if_ready`.
+        """
+        return self.send(ProgressKind.COMMIT, epoch, answered=update_id is not None, commits=commits,
+                         update_id=update_id, step=step)
 
     def checkpoint(self, epoch: int, step: int | None = None, timeout_s: float = 10.0) -> int:
         """The shard-state version to store with a model checkpoint."""
@@ -131,8 +169,25 @@ class ShardClient:
         return self.wait_answer(self.send(ProgressKind.REWIND, epoch, version=version), timeout_s)
 
     def flush(self, timeout_s: float = 10.0) -> None:
-        """Wait until every report sent so far is on the bus (before a checkpoint version is asked)."""
-        self._producer.flush(timeout_s)
+        """Wait until every report sent so far is on the bus (before a checkpoint version is asked).
+
+        BusError if one is still waiting after ``timeout_s`` or was dropped
+        since the last flush: a version asked for now might not cover it.
+        """
+        remaining = self._producer.flush(timeout_s)
+        with self._failed_lock:
+            failed, self._failed = self._failed, []
+        if remaining or failed:
+            raise BusError(f"worker {self.worker_id}: {remaining} report(s) undelivered after {timeout_s:g} s, "
+                           f"{len(failed)} dropped ({', '.join(failed[:3]) or 'none'})")
+
+    def _delivered(self, error, message) -> None:
+        """Delivery callback: a report the bus dropped is remembered for :meth:`flush` (and logged)."""
+        if error is None:
+            return
+        log.warning("worker %s: a report was not delivered: %s", self.worker_id, error.str())
+        with self._failed_lock:
+            self._failed.append(error.str())
 
     # ------------------------------------------------------------ receiving
 
@@ -147,22 +202,69 @@ class ShardClient:
         else:
             self._producer.poll(0)
         deadline = time.monotonic() + timeout_s
-        nudge_at = time.monotonic() + NUDGE_AFTER_S
-        while time.monotonic() < deadline:
+        self._nudge_at = max(self._nudge_at, time.monotonic() + NUDGE_AFTER_S)
+        try:
+            while time.monotonic() < deadline:
+                answer = self._take(seq)
+                if answer is not None:
+                    return answer
+                self._poll_or_wait(min(0.05, max(0.001, deadline - time.monotonic())))
+            answer = self._take(seq)
+            if answer is not None:
+                return answer
+        except BaseException:
+            self._forget(seq)
+            raise
+        self._forget(seq)
+        raise NoAnswer(f"no answer from the sharder to {self.worker_id}'s request {seq} within {timeout_s:.0f} s")
+
+    def answer_if_ready(self, seq: int) -> ShardAssignment | None:
+        """The answer to ``seq`` if it has arrived (reading what is there, without waiting), else None."""
+        answer = self._take(seq)
+        if answer is None:
+            self._poll_or_wait(0.0)
+            answer = self._take(seq)
+        return answer
+
+    def _take(self, seq: int) -> ShardAssignment | None:
+        with self._arrived:
+            answer = self._answers.pop(seq, None)
+            if answer is not None:
+                self._wanted.discard(seq)
+            return answer
+
+    def _forget(self, seq: int) -> None:
+        with self._arrived:
+            self._wanted.discard(seq)
+            self._answers.pop(seq, None)
+
+    def _poll_or_wait(self, timeout_s: float) -> None:
+        """Read answers for every waiter, or wait while another thread does."""
+        if not self._poll_lock.acquire(blocking=False):
+            with self._arrived:
+                self._arrived.wait(timeout_s)
+            return
+        try:
             self._after_bus_reset()
-            if time.monotonic() >= nudge_at:
+            if time.monotonic() >= self._nudge_at:
                 self._nudge()
-                nudge_at = time.monotonic() + NUDGE_EVERY_S
-            for message in poll_batch(self._consumer, 100, min(0.05, max(0.001, deadline - time.monotonic()))):
+                self._nudge_at = time.monotonic() + NUDGE_EVERY_S
+            arrived = []
+            for message in poll_batch(self._consumer, 100, timeout_s):
                 if message.key() != self._key or marker_id(message) is not None:
                     continue
                 answer = self._usable_answer(message)
                 if answer is None or answer.writer_epoch < self._highest_writer_epoch:
                     continue
                 self._highest_writer_epoch = answer.writer_epoch
-                if answer.in_reply_to == seq:
-                    return answer
-        raise NoAnswer(f"no answer from the sharder to {self.worker_id}'s request {seq} within {timeout_s:.0f} s")
+                arrived.append(answer)
+            with self._arrived:
+                for answer in arrived:
+                    if answer.in_reply_to in self._wanted:
+                        self._answers[answer.in_reply_to] = answer
+                self._arrived.notify_all()
+        finally:
+            self._poll_lock.release()
 
     def _usable_answer(self, message) -> ShardAssignment | None:
         """The assignment in a record on our key, or None after dead-lettering a record that is none.

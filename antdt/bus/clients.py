@@ -25,8 +25,9 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
 from antdt.bus.config import KAFKA_LOG, admin_config, consumer_config, producer_config
+from antdt.bus.gaps import GuardedConsumer
 from antdt.errors import AuthenticationError, BusError
-from antdt.settings import Settings
+from antdt.settings import BrokerProfile, Settings
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +124,13 @@ def make_consumer(
     """A consumer with manual commits; without a group id it gets a private one (for assign()).
 
     ``low_latency`` is for request/reply paths: on the embedded broker it
-    shortens the fetch wait, which bounds latency there.
+    shortens the fetch wait, which bounds latency there. There it also
+    reads through a gap guard (:mod:`antdt.bus.gaps`): that broker can let a
+    tailing reader skip an offset.
     """
     group = group_id or f"{settings.topic_prefix}.reader.{uuid.uuid4().hex[:12]}"
-    return Consumer(_with_watch(settings, {**consumer_config(settings, group, client_id, low_latency), **overrides}))
+    conf = _with_watch(settings, {**consumer_config(settings, group, client_id, low_latency), **overrides})
+    return GuardedConsumer(conf) if settings.broker_profile is BrokerProfile.EMBEDDED else Consumer(conf)
 
 
 def make_admin(settings: Settings, client_id: str | None = None, **overrides: Any) -> AdminClient:

@@ -144,7 +144,8 @@ def poll_batch(consumer: Consumer, max_records: int, timeout_s: float) -> list[M
     ``t`` passed, which would add up to ``t`` of latency to every request
     path; here the wait ends with the first record and the rest of the batch
     is whatever is already fetched. Transport errors are logged, fatal ones
-    raised.
+    raised. A consumer with a gap guard (:mod:`antdt.bus.gaps`) holds back
+    what came past a hole in a partition's offsets.
     """
     first = consumer.poll(timeout_s)
     if first is None:
@@ -159,7 +160,8 @@ def poll_batch(consumer: Consumer, max_records: int, timeout_s: float) -> list[M
             raise BusError(f"fatal consumer error: {error.str()}")
         elif error.code() != KafkaError._PARTITION_EOF:
             log.warning("consumer error: %s", error.str())
-    return good
+    gaps = getattr(consumer, "gaps", None)
+    return gaps.admit(good) if gaps is not None else good
 
 
 class KeyedReader:

@@ -1,12 +1,23 @@
 """``antdt bench``: one scenario under the baseline and each part of antdt, against the ideal.
 
 Plans, in order: static sharding with BSP (the baseline), dynamic sharding
-alone, antdt with AntDT-ND, antdt with AntDT-DD. For each: wall time, the
-ideal time (total work / the workers' summed speed), efficiency = ideal /
-wall, and the speedup over the baseline.
+alone (parameter server), antdt with AntDT-ND (parameter server), antdt with
+AntDT-DD (all-reduce). For each: wall time, the ideal time (total work / the
+workers' summed speed), efficiency = ideal / wall, the speedup over the
+baseline, the shared model's held-out loss and accuracy, and whether the
+model's ledger shows every sample exactly once (and agrees with the log's
+audit).
+
+``--repeat N`` runs each plan N times (each on a fresh embedded broker) and
+reports every run and the median, min and max; the report's plots show each
+plan's median run. A run that fails (an error, a timeout) is reported with
+its reason and the other runs go on; ``antdt bench`` then exits 1, as it
+does when a run's audit or ledger fails.
 """
 
 from __future__ import annotations
+
+import statistics
 
 import orjson
 import typer
@@ -15,6 +26,7 @@ from rich.table import Table
 
 from antdt.cli.demo_cmd import SCENARIO_HELP, default_out, load_scenario
 from antdt.demo.environment import run_bus
+from antdt.errors import AntdtError
 from antdt.shutdown import interrupt_on_sigterm
 
 ALL_PLANS = "static-bsp,dynamic,nd,dd"
@@ -24,14 +36,15 @@ def bench(
     scenario: str = typer.Option("standard", "--scenario", help=SCENARIO_HELP),
     plans: str = typer.Option(ALL_PLANS, "--plans", help=f"Comma-separated subset of {ALL_PLANS}."),
     workers: int | None = typer.Option(None, "--workers", min=2, max=64, help="Run this many of the scenario's workers."),
+    repeat: int = typer.Option(1, "--repeat", min=1, max=50, help="Run each plan this many times."),
     json_: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
     out: str | None = typer.Option(None, "--out", help="Report directory (default reports/bench-<time>)."),
 ) -> None:
     """Measure a scenario under static BSP, dynamic sharding, AntDT-ND and AntDT-DD."""
     from pathlib import Path
 
-    from antdt.demo.harness import PLANS, run_plan
-    from antdt.demo.report import audit_word, write_report
+    from antdt.demo.plans import PLANS
+    from antdt.demo.report import write_report
 
     chosen = load_scenario(scenario, workers)
     names = [name.strip() for name in plans.split(",") if name.strip()]
@@ -41,34 +54,72 @@ def bench(
                                  param_hint="'--plans'")
     out_dir = Path(out) if out else default_out("bench")
     console = Console(stderr=json_)
-    results = []
     ideal = chosen.ideal_time_s()
-    console.print(f"[bold]antdt bench[/bold]: scenario {chosen.name}, ideal {ideal:.1f} s")
+    console.print(f"[bold]antdt bench[/bold]: scenario {chosen.name}, ideal {ideal:.1f} s, {repeat} run(s) per plan")
     with interrupt_on_sigterm():
-        for name in names:
-            # Each plan on a fresh embedded broker: no plan pays for the records an earlier one left.
-            with run_bus() as (settings, where):
-                console.print(f"running {PLANS[name].label} on {where}...")
-                result = run_plan(chosen, PLANS[name], settings, out_dir / name)
-            console.print(f"  {result.wall_s:.1f} s, efficiency {result.efficiency:.3f}")
-            results.append(result)
-    baseline = next((r for r in results if r.plan.name == "static-bsp"), None)
-    files = write_report(results, out_dir, baseline)
-    figures = [figures_of(r, baseline) for r in results]
+        outcomes = {name: run_repeatedly(chosen, PLANS[name], out_dir / name, repeat, console) for name in names}
+    medians = [median_run(runs) for runs in outcomes.values() if median_run(runs) is not None]
+    baseline = next((r for r in medians if r.plan.name == "static-bsp"), None)
+    files = write_report(medians, out_dir, baseline) if medians else []
+    figures = [plan_figures(name, runs, baseline) for name, runs in outcomes.items()]
     if json_:
-        typer.echo(orjson.dumps({"scenario": chosen.name, "ideal_s": round(ideal, 3),
+        typer.echo(orjson.dumps({"scenario": chosen.name, "ideal_s": round(ideal, 3), "repeat": repeat,
                                  "plans": figures, "report": [str(f) for f in files]}, option=orjson.OPT_INDENT_2).decode())
-        return
-    table = Table("plan", "wall s", "ideal s", "efficiency", "speedup", "commands", "restarts", "audit")
-    for row in figures:
-        table.add_row(row["label"], f"{row['wall_s']:.1f}", f"{row['ideal_s']:.1f}", f"{row['efficiency']:.3f}",
-                      "-" if row["speedup"] is None else f"{row['speedup']:.2f}x", str(row["commands"]),
-                      str(row["restarts"]), audit_word(row["audit_clean"]))
-    console.print(table)
-    console.print("report: " + ", ".join(str(f) for f in files))
+    else:
+        show(console, figures, files)
+    failed = [f"{row['plan']}: {reason}" for row in figures for reason in row["failures"]]
+    if failed:
+        console.print("[red]failed:[/red] " + "; ".join(failed))
+        raise typer.Exit(1)
 
 
-def figures_of(result, baseline) -> dict:
+def run_repeatedly(scenario, plan, out_dir, repeat: int, console) -> list:
+    """Each run's RunResult, or the one-line reason it failed."""
+    from antdt.demo.harness import run_plan
+
+    runs = []
+    for index in range(repeat):
+        # Each run on a fresh embedded broker: no run pays for the records an earlier one left.
+        run_dir = out_dir if repeat == 1 else out_dir / f"run-{index + 1}"
+        try:
+            with run_bus() as (settings, where):
+                console.print(f"running {plan.label} ({index + 1}/{repeat}) on {where}...")
+                result = run_plan(scenario, plan, settings, run_dir)
+        except AntdtError as exc:
+            reason = str(exc).strip().splitlines()[0]
+            console.print(f"  [red]failed[/red]: {reason}")
+            runs.append(reason)
+            continue
+        console.print(f"  {result.wall_s:.1f} s, efficiency {result.efficiency:.3f}")
+        runs.append(result)
+    return runs
+
+
+def median_run(runs: list):
+    """The run of median wall time (the lower middle one of an even count), or None if every run failed."""
+    done = sorted((r for r in runs if not isinstance(r, str)), key=lambda r: r.wall_s)
+    return done[(len(done) - 1) // 2] if done else None
+
+
+def plan_figures(name: str, runs: list, baseline) -> dict:
+    """The plan's runs, their spread, and (at the top level) the median run's figures."""
+    done = [r for r in runs if not isinstance(r, str)]
+    each = [run_figures(r, baseline) for r in done]
+    failures = [r for r in runs if isinstance(r, str)]
+    failures += [f"run {i + 1}: the audit or the ledger does not show every sample exactly once"
+                 for i, row in enumerate(each) if row["audit_clean"] is False or not row["ledger"]["ok"]]
+    median = median_run(runs)
+    row = {"plan": name, **(run_figures(median, baseline) if median is not None else {}), "runs": each,
+           "failures": failures}
+    for key in ("wall_s", "efficiency"):
+        values = [r[key] for r in each]
+        row[f"median_{key}"] = round(statistics.median(values), 4) if values else None
+        row[f"min_{key}"] = min(values) if values else None
+        row[f"max_{key}"] = max(values) if values else None
+    return row
+
+
+def run_figures(result, baseline) -> dict:
     from antdt.demo.report import reactions, time_split, worker_splits
 
     return {
@@ -76,6 +127,29 @@ def figures_of(result, baseline) -> dict:
         "ideal_s": round(result.ideal_s, 3), "efficiency": round(result.efficiency, 4),
         "speedup": None if baseline is None else round(result.speedup_over(baseline), 3),
         "samples": result.samples, "verdicts": result.timeline.verdicts, "commands": result.commands,
-        "restarts": result.restarts, "audit_clean": result.audit_ok, "job_id": result.job_id,
-        "mean_worker_s": time_split(result), "per_worker_s": worker_splits(result), "reactions": reactions(result),
+        "restarts": result.restarts, "audit_clean": result.audit_ok, "ledger": result.ledger.to_dict(),
+        "heldout_loss": None if result.heldout is None else round(result.heldout[0], 4),
+        "heldout_accuracy": None if result.heldout is None else round(result.heldout[1], 4),
+        "job_id": result.job_id, "mean_worker_s": time_split(result), "per_worker_s": worker_splits(result),
+        "reactions": reactions(result),
     }
+
+
+def show(console: Console, figures: list[dict], files) -> None:
+    from antdt.demo.report import audit_word
+
+    table = Table("plan", "runs", "wall s (median, min-max)", "efficiency (median, min-max)", "speedup",
+                  "held-out acc", "commands", "audit", "ledger")
+    for row in figures:
+        if not row["runs"]:
+            table.add_row(row["plan"], "0", "-", "-", "-", "-", "-", "-", "-")
+            continue
+        table.add_row(row["label"], str(len(row["runs"])),
+                      f"{row['median_wall_s']:.1f} ({row['min_wall_s']:.1f}-{row['max_wall_s']:.1f})",
+                      f"{row['median_efficiency']:.3f} ({row['min_efficiency']:.3f}-{row['max_efficiency']:.3f})",
+                      "-" if row["speedup"] is None else f"{row['speedup']:.2f}x",
+                      "-" if row["heldout_accuracy"] is None else f"{row['heldout_accuracy']:.3f}",
+                      str(row["commands"]), audit_word(row["audit_clean"]), "ones" if row["ledger"]["ok"] else "FAILED")
+    console.print(table)
+    if files:
+        console.print("report: " + ", ".join(str(f) for f in files))

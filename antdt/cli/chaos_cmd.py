@@ -1,9 +1,10 @@
-"""``antdt chaos``: one epoch of a scenario under AntDT-ND while workers and services are killed with SIGKILL.
+"""``antdt chaos``: one epoch of a scenario while workers, the parameter server, the services and the broker are killed.
 
-The evidence that a crash loses no data: each victim is restarted at once
-(as an orchestrator would), the epoch must finish, and the shard log's audit
-must show every sample trained exactly once. Prints each kill and the time
-lost to it.
+The evidence that a crash loses nothing and trains nothing twice: each victim
+is restarted at once (as an orchestrator would), the epoch must finish, the
+model's ledger must count every sample exactly once, and the shard log's
+audit must be clean and agree with the ledger. Prints each kill and the time
+lost to it; exits 1 if any of that fails.
 """
 
 from __future__ import annotations
@@ -19,54 +20,71 @@ from antdt.cli.demo_cmd import SCENARIO_HELP, default_out, load_scenario
 from antdt.demo.environment import bus_and_broker, external_bus
 from antdt.shutdown import interrupt_on_sigterm
 
+SERVICES = ("sharder", "monitor", "controller")
+
 
 def chaos(
     scenario: str = typer.Option("standard", "--scenario", help=SCENARIO_HELP),
+    training: str = typer.Option("async", "--training",
+                                 help="async: AntDT-ND with a parameter server; sync: AntDT-DD, all-reduce."),
     epochs: int = typer.Option(1, "--epochs", min=1, max=100, help="Shorten (or lengthen) the scenario to this many epochs."),
-    worker_every: float = typer.Option(10.0, "--worker-every", min=0.0,
+    workers: int | None = typer.Option(None, "--workers", min=2, max=64, help="Run this many of the scenario's workers."),
+    worker_every: float = typer.Option(4.0, "--worker-every", min=0.0,
                                        help="Kill a random worker about this often (s); 0 for none."),
-    services_at: str = typer.Option("sharder=6,controller=12,monitor=18", "--services-at",
-                                    help="SERVICE=SECONDS,...: kill each once at that time ('' for none)."),
-    broker_at: float | None = typer.Option(None, "--broker-at", min=0.0,
+    mid_step_every: int = typer.Option(2, "--mid-step-every", min=0,
+                                       help="Every n-th worker kill lands mid-step (in a push or an all-reduce); 0: none."),
+    services_at: str = typer.Option("sharder=11,ps-0=14,controller=17,monitor=20", "--services-at",
+                                    help="NAME=SECONDS,...: kill each once at that time ('' for none); "
+                                         "names: sharder, monitor, controller, ps-<shard>."),
+    broker_at: float | None = typer.Option(8.0, "--broker-at", min=0.0,
                                            help="Kill the embedded broker at this time (s) and start it again, empty."),
+    no_broker: bool = typer.Option(False, "--no-broker-restart", help="Leave the broker alone."),
     seed: int = typer.Option(0, "--seed", help="Which workers are picked."),
     json_: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
-    out: str | None = typer.Option(None, "--out", help="Run directory (default reports/chaos-<time>)."),
+    out: str | None = typer.Option(None, "--out", help="Run directory, ledger files included (default reports/chaos-<time>)."),
 ) -> None:
-    """Kill -9 workers, services or the broker during an epoch; check the audit and time each recovery."""
+    """Kill -9 workers, the parameter server, services and the broker during an epoch; check the model and the log."""
     from antdt.demo.chaos import Chaos, ChaosSpec
-    from antdt.demo.harness import PLANS, run_plan
+    from antdt.demo.harness import run_plan
+    from antdt.demo.plans import PLANS
 
+    if training not in ("async", "sync"):
+        raise typer.BadParameter(f"{training!r}: choose async or sync", param_hint="'--training'")
     if 0 < worker_every < 1:
         raise typer.BadParameter("kill workers at most once a second, or 0 for none", param_hint="'--worker-every'")
-    spec = ChaosSpec(worker_every, parse_service_times(services_at), seed, broker_at)
-    chosen = load_scenario(scenario, None).model_copy(update={"epochs": epochs})
+    broker_at = None if no_broker else broker_at
+    spec = ChaosSpec(worker_every, parse_service_times(services_at), seed, broker_at, mid_step_every)
+    chosen = load_scenario(scenario, workers).model_copy(update={"epochs": epochs})
+    plan = PLANS["nd" if training == "async" else "dd"]
     out_dir = default_out("chaos") if out is None else Path(out)
     console = Console(stderr=json_)
-    console.print(f"[bold]antdt chaos[/bold]: {chosen.name}, {epochs} epoch(s), ideal {chosen.ideal_time_s():.1f} s")
+    console.print(f"[bold]antdt chaos[/bold]: {chosen.name}, {epochs} epoch(s), {plan.label}, "
+                  f"ideal {chosen.ideal_time_s():.1f} s")
     if broker_at is not None and external_bus():
-        raise typer.BadParameter("a broker restart needs the embedded broker: unset ANTDT_BOOTSTRAP_SERVERS",
-                                 param_hint="'--broker-at'")
+        raise typer.BadParameter("a broker restart needs the embedded broker: unset ANTDT_BOOTSTRAP_SERVERS, "
+                                 "or pass --no-broker-restart", param_hint="'--broker-at'")
     with interrupt_on_sigterm(), bus_and_broker() as (settings, where, broker):
         the_chaos = Chaos(spec, broker)
-        console.print(f"running AntDT-ND on {where}, killing as it goes...")
-        result = run_plan(chosen, PLANS["nd"], settings, out_dir, chaos=the_chaos)
+        console.print(f"running on {where}, killing as it goes...")
+        result = run_plan(chosen, plan, settings, out_dir, chaos=the_chaos)
     figures = chaos_figures(result, the_chaos)
     if json_:
         typer.echo(orjson.dumps(figures, option=orjson.OPT_INDENT_2).decode())
     else:
         show(console, figures)
-    if not figures["audit_clean"] or figures["survived"] < figures["kills"]:
+    if not figures["passed"]:
         raise typer.Exit(1)
 
 
 def parse_service_times(text: str) -> dict[str, float]:
-    """``sharder=6,monitor=18`` → {"sharder": 6.0, "monitor": 18.0}; a bad entry is a one-line usage error."""
+    """``sharder=6,ps-0=9`` → {"sharder": 6.0, "ps-0": 9.0}; a bad entry is a one-line usage error."""
     times = {}
     for entry in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = entry.partition("=")
-        if not sep or name not in ("sharder", "monitor", "controller"):
-            raise typer.BadParameter(f"{entry!r}: expected sharder|monitor|controller=SECONDS", param_hint="'--services-at'")
+        shard = name.removeprefix("ps-")
+        if not sep or not (name in SERVICES or (name.startswith("ps-") and shard.isdigit())):
+            raise typer.BadParameter(f"{entry!r}: expected sharder|monitor|controller|ps-<shard>=SECONDS",
+                                     param_hint="'--services-at'")
         try:
             times[name] = float(value)
         except ValueError:
@@ -76,21 +94,32 @@ def parse_service_times(text: str) -> dict[str, float]:
 
 def chaos_figures(result, the_chaos) -> dict:
     lost = [kill.lost_s for kill in the_chaos.kills if kill.lost_s is not None]
+    passed = bool(result.audit_ok and result.ledger.ok and the_chaos.survived == len(the_chaos.kills))
     return {
         "scenario": result.scenario.name, "epochs": result.scenario.epochs, "job_id": result.job_id,
+        "training": result.plan.training, "plan": result.plan.name,
         "wall_s": round(result.wall_s, 3), "ideal_s": round(result.ideal_s, 3), "efficiency": round(result.efficiency, 4),
-        "kills": len(the_chaos.kills), "survived": the_chaos.survived, "restarts": result.restarts,
+        "kills": len(the_chaos.kills), "survived": the_chaos.survived, "worker_kills": the_chaos.count("worker"),
+        "mid_step_kills": the_chaos.mid_step, "service_kills": the_chaos.count("service"),
+        "broker_restarts": the_chaos.count("broker"), "restarts": result.restarts,
         "max_lost_s": round(max(lost), 2) if lost else None, "audit_clean": result.audit_ok,
+        "ledger": result.ledger.to_dict(), "passed": passed,
+        "heldout_loss": None if result.heldout is None else round(result.heldout[0], 4),
+        "heldout_accuracy": None if result.heldout is None else round(result.heldout[1], 4),
+        "services_exited": [{"service": name, "code": code} for name, code in result.service_exits],
         "audit": result.audit, "killed": [kill.to_dict() for kill in the_chaos.kills],
     }
 
 
 def show(console: Console, figures: dict) -> None:
-    table = Table("at s", "killed", "kind", "back after s", "parts back after s")
+    table = Table("at s", "killed", "kind", "mid-step", "back after s", "parts back after s")
     for kill in figures["killed"]:
         parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in kill.get("parts", {}).items())
-        table.add_row(f"{kill['at_s']:.1f}", kill["target"], kill["kind"],
+        table.add_row(f"{kill['at_s']:.1f}", kill["target"], kill["kind"], kill.get("mid_step", ""),
                       "not back" if kill["lost_s"] is None else f"{kill['lost_s']:.1f}", parts)
     console.print(table)
-    console.print(f"{figures['survived']}/{figures['kills']} kills survived; wall {figures['wall_s']:.1f} s "
-                  f"(ideal {figures['ideal_s']:.1f} s); audit: {'clean' if figures['audit_clean'] else 'NOT CLEAN'}")
+    ledger = figures["ledger"]
+    console.print(f"{figures['survived']}/{figures['kills']} kills survived ({figures['worker_kills']} workers, "
+                  f"{figures['mid_step_kills']} mid-step); wall {figures['wall_s']:.1f} s (ideal {figures['ideal_s']:.1f} s)")
+    console.print(f"audit: {'clean' if figures['audit_clean'] else 'NOT CLEAN'}; ledger: "
+                  f"{'all ones, agrees with the log' if ledger['ok'] else 'FAILED: ' + '; '.join(ledger['findings'][:3])}")

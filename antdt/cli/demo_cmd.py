@@ -51,10 +51,11 @@ def demo(
     out: Path | None = typer.Option(None, "--out", file_okay=False, help="Report directory (default reports/demo-<time>)."),
     dashboard: bool = typer.Option(True, "--dashboard/--no-dashboard", help="Live dashboard (off: one line per 5 s)."),
 ) -> None:
-    """Run a straggler scenario through antdt, live, and write the report."""
+    """Run a straggler scenario through antdt, live, and write the report (exits 1 if a sample was not trained exactly once)."""
     from antdt.demo.dashboard import Dashboard
-    from antdt.demo.harness import demo_plan, run_plan
-    from antdt.demo.report import audit_text, write_report
+    from antdt.demo.harness import run_plan
+    from antdt.demo.plans import demo_plan
+    from antdt.demo.report import audit_text, heldout_text, ledger_text, write_report
 
     chosen = load_scenario(scenario, workers)
     plan = demo_plan(chosen, policy.value if policy else None)
@@ -73,9 +74,11 @@ def demo(
     console.print(f"wall time [bold]{result.wall_s:.1f} s[/bold], ideal {result.ideal_s:.1f} s: "
                   f"efficiency [bold]{result.efficiency:.3f}[/bold]; {result.timeline.verdicts} verdicts, "
                   f"{result.commands} commands, {result.restarts} restarts")
+    console.print(f"held-out: {heldout_text(result)}")
     console.print(f"audit: {audit_text(result)}")
+    console.print(f"ledger: {ledger_text(result)}")
     console.print("report: " + ", ".join(str(path) for path in files))
-    if result.audit_ok is False:
+    if result.audit_ok is False or not result.ledger.ok:
         raise typer.Exit(1)
 
 

@@ -12,7 +12,7 @@ import sys
 import typer
 
 from antdt import __version__
-from antdt.cli import bench_cmd, broker_cmd, chaos_cmd, check_cmd, control_cmd, controller_cmd, demo_cmd, monitor_cmd, probe_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd, worker_cmd
+from antdt.cli import bench_cmd, broker_cmd, chaos_cmd, check_cmd, control_cmd, controller_cmd, demo_cmd, monitor_cmd, probe_cmd, ps_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd, worker_cmd
 from antdt.errors import AntdtError
 
 # typer >= 0.29 vendors click; its argument errors live here.
@@ -50,6 +50,7 @@ app.command("sharder")(sharder_cmd.sharder)
 app.command("worker")(worker_cmd.worker)
 app.command("monitor")(monitor_cmd.monitor)
 app.command("controller")(controller_cmd.controller)
+app.command("ps")(ps_cmd.ps)
 app.add_typer(control_cmd.app, name="control")
 app.command("replay")(sharder_tools_cmd.replay)
 app.command("audit")(sharder_tools_cmd.audit)

@@ -113,6 +113,9 @@ def audit(
     json_: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     out: Path | None = typer.Option(None, "--out", dir_okay=False, help=OUT_HELP),
     allow_quarantine: bool = typer.Option(False, "--allow-quarantine", help="Quarantined shards are not violations."),
+    ledger: Path | None = typer.Option(None, "--ledger", exists=True, file_okay=False,
+                                       help="A directory of the model's ledger-epoch<E>.npy files (or ps-<k>/ ones): "
+                                            "they must be all ones and agree with the log."),
 ) -> None:
     """Prove from the log that every sample was trained exactly once per epoch; exit 1 if not."""
     settings = load_settings()
@@ -124,12 +127,25 @@ def audit(
                        allow_quarantine=allow_quarantine)
     if epoch is not None:
         report = _one_epoch(report, epoch)
+    findings = ledger_findings(report, ledger) if ledger is not None else []
     if json_:
-        typer.echo(orjson.dumps(report.to_dict()).decode())
+        typer.echo(orjson.dumps({**report.to_dict(), **({"ledger_findings": findings} if ledger else {})}).decode())
     else:
         print_report(report)
-    if not report.ok:
+        if ledger is not None:
+            for finding in findings:
+                Console().print(f"[red]ledger:[/red] {escape(finding)}", highlight=False)
+            if not findings:
+                Console().print("[green]the ledger is all ones and agrees with the log[/green]")
+    if not report.ok or findings:
         raise typer.Exit(1)
+
+
+def ledger_findings(report: AuditReport, directory: Path) -> list[str]:
+    """What the model's ledger files under ``directory`` say against the log (see antdt.demo.harness.check_ledgers)."""
+    from antdt.services.sharder.audit import check_ledgers
+
+    return check_ledgers(directory, report).findings
 
 
 def _one_epoch(report: AuditReport, epoch: int) -> AuditReport:

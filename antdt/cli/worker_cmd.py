@@ -21,6 +21,7 @@ def worker(
     slowdown: str = typer.Option(None, help="Straggler injection: a factor (3.0) or episodes 'start-end:factor,...' in seconds."),
     slowdown_mode: str = typer.Option("sleep", help="sleep, or cpu (busy competitor processes)."),
     checkpoint: Path = typer.Option(None, help="Checkpoint file: saved on RESTART, restored at start if present."),
+    ps: str = typer.Option(None, "--ps", help="Parameter-server shards HOST:PORT,... (in shard order): share one model."),
     log_level: str = typer.Option("WARNING"),
 ) -> None:
     """Train a small real model on synthetic data through the agent and the sharder."""
@@ -38,11 +39,13 @@ def worker(
     overrides = {"slowdown": slowdown, "slowdown_mode": slowdown_mode} if slowdown else {}
     settings = load_settings(**overrides)
     config = ExampleConfig(samples=samples, shard_size=shard_size, epochs=epochs, batch_size=batch_size,
-                           step_sleep_s=step_sleep_ms / 1000, checkpoint=checkpoint)
+                           step_sleep_s=step_sleep_ms / 1000, checkpoint=checkpoint,
+                           parameter_servers=tuple(a.strip() for a in ps.split(",") if a.strip()) if ps else ())
     try:
         with Agent(job, worker_id, settings=settings, batch_size=batch_size) as agent:
             summary = train(agent, config, report=typer.echo)
     except WorkerExit as exc:
         typer.echo(f"exiting with code {exc.code}: {exc.reason}")
         raise typer.Exit(exc.code) from None
-    typer.echo(f"trained {summary['samples']} samples in {summary['seconds']:.1f} s ({summary['samples_per_s']:.0f}/s)")
+    typer.echo(f"trained {summary['samples']} samples in {summary['seconds']:.1f} s ({summary['samples_per_s']:.0f}/s); "
+               f"held-out loss {summary['heldout_loss']:.3f}, accuracy {summary['heldout_accuracy']:.3f}")

@@ -1,17 +1,23 @@
 """Chaos for a run: kill -9 workers and services on a schedule, let them be restarted, time the recovery.
 
 What an operator fears in production is a process that dies without a word:
-no final report, shards held, offsets uncommitted, a half-written batch. A
-chaos run does exactly that with SIGKILL, about every ``worker_every_s`` to
-a random running worker and once to each service at its set time, and the
-harness restarts the victim at once, the way an orchestrator's restart
-policy would. The run must still finish with a clean audit: every sample
-trained exactly once.
+no final report, shards held, offsets uncommitted, a half-written batch, an
+update half sent. A chaos run does exactly that with SIGKILL, about every
+``worker_every_s`` to a random running worker and once to each service (and
+parameter-server shard) at its set time, and the harness restarts the victim
+at once, the way an orchestrator's restart policy would (a synchronous group
+restarts whole, from its last checkpoint). Every ``mid_step_every``-th worker
+kill waits until the victim is in the middle of a step's exchange, a push to
+the parameter server or an all-reduce (it reads the worker's phase,
+:mod:`antdt.demo.phases`), and kills it there. The run must still finish with
+every sample in the model exactly once: the ledger all ones, the log's audit
+clean and agreeing with it.
 
 The time lost to a kill is measured from the kill until the victim serves
 again: for a worker, its first metrics report after the kill that counts
 trained samples (or its exit once the job is over); for a service, its
-``/readyz`` answering again (state recovered, topics there).
+``/readyz`` answering again (state recovered, topics there); for a
+parameter-server shard, serving gradients again (its rollback done).
 
 With ``broker_at_s`` the embedded broker itself is killed and started again,
 empty, on the same port: every topic, record, offset and group is gone. The
@@ -26,23 +32,32 @@ when the monitor was back.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from antdt.demo.phases import Phase, read_phase
+
 if TYPE_CHECKING:
     from antdt.broker import EmbeddedBroker
-    from antdt.demo.harness import Services, WorkerPool
+    from antdt.demo.pool import WorkerPool
+    from antdt.demo.services import Services
     from antdt.demo.timeline import Timeline
+
+#: How long a mid-step kill waits for its victim to enter the exchange before it gives up on that victim.
+MID_STEP_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
 class ChaosSpec:
     """When to kill what: workers about every ``worker_every_s`` (±20 %), each service once at its time."""
 
-    worker_every_s: float = 10.0
-    service_at_s: dict[str, float] = field(default_factory=lambda: {"sharder": 6.0, "controller": 12.0, "monitor": 18.0})
+    worker_every_s: float = 4.0
+    service_at_s: dict[str, float] = field(
+        default_factory=lambda: {"sharder": 11.0, "ps-0": 14.0, "controller": 17.0, "monitor": 20.0})
     seed: int = 0
-    broker_at_s: float | None = None
+    broker_at_s: float | None = 8.0
+    mid_step_every: int = 2  # every n-th worker kill lands mid-step (0: none)
 
 
 @dataclass
@@ -54,6 +69,7 @@ class Kill:
     at_s: float
     back_s: float | None = None
     parts: dict[str, float] = field(default_factory=dict)  # a broker restart: when each part was back (s after the kill)
+    phase: str | None = None  # a worker killed mid-step: "push" or "all-reduce"
 
     @property
     def lost_s(self) -> float | None:
@@ -63,6 +79,7 @@ class Kill:
         lost = self.lost_s
         return {"target": self.target, "kind": self.kind, "at_s": round(self.at_s, 2),
                 "lost_s": None if lost is None else round(lost, 2),
+                **({"mid_step": self.phase} if self.phase else {}),
                 **({"parts": {k: round(v, 2) for k, v in self.parts.items()}} if self.parts else {})}
 
 
@@ -79,16 +96,23 @@ class Chaos:
         self._rng = random.Random(self.spec.seed)
         self._next_worker_s = self._interval()
         self._services_due = dict(self.spec.service_at_s)
+        self._worker_kills = 0
 
     @property
     def survived(self) -> int:
         """Kills the victim came back from."""
         return sum(kill.back_s is not None for kill in self.kills)
 
+    def count(self, kind: str) -> int:
+        return sum(kill.kind == kind for kill in self.kills)
+
+    @property
+    def mid_step(self) -> int:
+        return sum(kill.phase is not None for kill in self.kills)
+
     def tick(self, now_s: float, pool: WorkerPool, services: Services, timeline: Timeline) -> None:
         self._note_recoveries(now_s, pool, services, timeline)
-        if now_s >= self._next_worker_s:
-            self._kill_a_worker(now_s, pool)
+        if now_s >= self._next_worker_s and self._kill_a_worker(now_s, pool):
             self._next_worker_s = now_s + self._interval()
         if self._broker_due is not None and now_s >= self._broker_due:
             self._broker_due = None
@@ -106,14 +130,35 @@ class Chaos:
             return float("inf")  # no worker kills
         return self.spec.worker_every_s * self._rng.uniform(0.8, 1.2)
 
-    def _kill_a_worker(self, now_s: float, pool: WorkerPool) -> None:
-        recovering = {kill.target for kill in self.kills if kill.back_s is None}
+    def _kill_a_worker(self, now_s: float, pool: WorkerPool) -> bool:
+        """A random running worker; in a synchronous run only once the group is back from the last kill.
+
+        (Killing a rank restarts the whole group; killing again before it is
+        back would only kill processes still starting up.)
+        """
+        recovering = {kill.target for kill in self.kills if kill.back_s is None and kill.kind == "worker"}
+        if pool.plan.training == "sync" and (recovering or pool.finished):
+            return False  # (a rank that finished: the whole group is done, and a kill now restarts nothing)
         names = {rank: pool.scenario.workers[rank].name for rank in pool.running()}
         candidates = sorted(rank for rank, name in names.items() if name not in recovering)
-        if candidates:
-            rank = self._rng.choice(candidates)
-            pool.kill(rank)
-            self.kills.append(Kill(names[rank], "worker", now_s))
+        if not candidates:
+            return False
+        rank = self._rng.choice(candidates)
+        self._worker_kills += 1
+        every = self.spec.mid_step_every
+        phase = None
+        waited = time.monotonic()
+        if every and self._worker_kills % every == 0:
+            wanted = Phase.PUSH if pool.plan.training == "async" else Phase.ALLREDUCE
+            phase = "push" if wanted is Phase.PUSH else "all-reduce"
+            if not _wait_for_phase(pool, rank, wanted):
+                phase = None  # it never got there (too slow): killed all the same, not counted mid-step
+        if rank not in pool.running() or (pool.plan.training == "sync" and pool.finished):
+            self._worker_kills -= 1
+            return False  # it finished meanwhile: nothing left to kill
+        pool.kill(rank)
+        self.kills.append(Kill(names[rank], "worker", now_s + time.monotonic() - waited, phase=phase))
+        return True
 
     def _note_recoveries(self, now_s: float, pool: WorkerPool, services: Services, timeline: Timeline) -> None:
         finished = {pool.scenario.workers[rank].name for rank in pool.finished}
@@ -121,31 +166,57 @@ class Chaos:
             if kill.back_s is not None:
                 continue
             if kill.kind == "service":
-                kill.back_s = now_s if services.is_ready(kill.target) else None
+                kill.back_s = now_s if _serves(services, kill.target) else None
             elif kill.kind == "broker":
                 kill.back_s = self._bus_back(kill, now_s, pool, services, timeline, finished)
             else:
                 trained = timeline.trained_after(kill.target, kill.at_s)
                 kill.back_s = trained if trained is not None else (now_s if kill.target in finished else None)
+                if kill.back_s is not None and pool.plan.training == "sync":  # the group trains a while before the next
+                    self._next_worker_s = max(self._next_worker_s, kill.back_s + self._interval())
 
-    @staticmethod
-    def _bus_back(kill: Kill, now_s: float, pool: WorkerPool, services: Services, timeline: Timeline,
+    def _bus_back(self, kill: Kill, now_s: float, pool: WorkerPool, services: Services, timeline: Timeline,
                   finished: set[str]) -> float | None:
         """When the run is whole again after a broker restart: every unfinished worker granted shards and training since.
 
-        On the way: when the sharder and the controller had re-announced
-        their state, and when the monitor had restarted in place and serves
-        again (each service's bus-reset counter, read from its /metrics).
+        On the way: when each service was back on the new bus: the sharder and
+        the controller re-announced their state, the monitor restarted in
+        place and serves (each one's bus-reset counter, read from its
+        /metrics; one killed and started again since counts once ready), and
+        each parameter-server shard takes gradients.
         """
-        for name in ("sharder", "controller", "monitor"):
-            if name not in kill.parts and name in services.processes and services.bus_resets(name) > 0 \
-                    and services.is_ready(name):
+        started_since = {k.target for k in self.kills if k.kind == "service" and k.at_s > kill.at_s}
+        for name in services.processes:
+            if name in kill.parts:
+                continue
+            if name.startswith("ps-"):
+                back = _serves(services, name)
+            else:
+                back = (name in started_since or services.bus_resets(name) > 0) and services.is_ready(name)
+            if back:
                 kill.parts[name] = now_s - kill.at_s
         names = [worker.name for worker in pool.scenario.workers if worker.name not in finished]
         grants = [timeline.granted_after(name, kill.at_s) for name in names]
         trained = [None if g is None else timeline.trained_after(name, g) for name, g in zip(names, grants)]
-        if any(t is None for t in trained) or ("monitor" in services.processes and "monitor" not in kill.parts):
+        if any(t is None for t in trained) or any(name not in kill.parts for name in services.processes):
             return None
         if trained:
             kill.parts["first worker"], kill.parts["workers"] = min(trained) - kill.at_s, max(trained) - kill.at_s
-        return kill.at_s + max(kill.parts.get("workers", 0.0), kill.parts.get("monitor", 0.0))
+        return kill.at_s + max(kill.parts.values())
+
+
+def _wait_for_phase(pool: WorkerPool, rank: int, wanted: Phase, timeout_s: float = MID_STEP_WAIT_S) -> bool:
+    """Poll the worker's phase until it is ``wanted``: True then (the kill follows at once)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and rank in pool.running():
+        if read_phase(pool.handshake, rank) is wanted:
+            return True
+        time.sleep(0.0002)
+    return False
+
+
+def _serves(services: Services, name: str) -> bool:
+    """A service answers /readyz; a parameter-server shard takes gradients again."""
+    if name.startswith("ps-"):
+        return services.processes[name].metrics().get("antdt_ps_serving", 0.0) == 1.0
+    return services.is_ready(name)

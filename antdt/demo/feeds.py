@@ -7,13 +7,15 @@ finish them unless this rank keeps stepping. :class:`ShardFeed` therefore
 reads the :class:`~antdt.worker.dataset.ShardedDataset` on a thread of its
 own, and :meth:`ShardFeed.take` hands out a full batch when there is one,
 or whatever is buffered (possibly nothing) while the sharder has nothing
-for this rank. Note the consequence for the audit log: a shard is reported
-DONE once its last sample is in the buffer, a batch or two before it is
-trained (as with DataLoader worker processes).
+for this rank. Batches come as :class:`~antdt.worker.provenance.Tagged`: the
+samples' provenance stays with them until the step that trains them is
+committed (a sample in the buffer when a rank dies was never committed, and
+is granted again).
 
 :class:`StaticFeed` is the baseline's static sharding: rank ``r`` of ``n``
 trains positions ``r, r + n, ...`` of a seeded per-epoch permutation, the
-way ``DistributedSampler`` splits a dataset.
+way ``DistributedSampler`` splits a dataset. Its tags carry epoch and index
+only (there is no sharder to commit to; the ledger still counts them).
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ from collections.abc import Callable
 import torch
 
 from antdt.worker.dataset import ShardedDataset
+from antdt.worker.provenance import SampleTag, Tagged
+
+
+def _stacked(samples: list[Tagged]) -> Tagged:
+    inputs = torch.stack([s.data[0] for s in samples])
+    labels = torch.stack([s.data[1] for s in samples])
+    return Tagged((inputs, labels), tuple(tag for s in samples for tag in s.tags))
 
 
 class ShardFeed:
@@ -69,7 +78,7 @@ class ShardFeed:
         with self._changed:
             return self._source_done and not self._buffer
 
-    def take(self, wanted: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def take(self, wanted: int) -> Tagged | None:
         """Up to ``wanted`` samples stacked; a short (or no) batch only while the sharder has nothing more."""
         with self._changed:
             while (len(self._buffer) < wanted and not self._source_done and not self.dataset.waiting
@@ -82,7 +91,7 @@ class ShardFeed:
             self._changed.notify_all()
         if not samples:
             return None
-        return torch.stack([x for x, _ in samples]), torch.stack([y for _, y in samples])
+        return _stacked(samples)
 
     def close(self) -> None:
         with self._changed:
@@ -99,19 +108,30 @@ class StaticFeed:
         order = [torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed + epoch))[rank::world]
                  for epoch in range(epochs)]
         self._positions = torch.cat(order)
+        self._epochs = torch.cat([torch.full((len(part),), epoch) for epoch, part in enumerate(order)])
         self._inputs, self._labels = inputs, labels
         self._next = 0
+
+    @property
+    def position(self) -> int:
+        """Samples handed out so far (a checkpoint keeps it)."""
+        return self._next
+
+    def skip_to(self, position: int) -> None:
+        self._next = position
 
     @property
     def exhausted(self) -> bool:
         return self._next >= len(self._positions)
 
-    def take(self, wanted: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def take(self, wanted: int) -> Tagged | None:
         chosen = self._positions[self._next:self._next + wanted]
+        epochs = self._epochs[self._next:self._next + wanted]
         self._next += len(chosen)
         if not len(chosen):
             return None
-        return self._inputs[chosen], self._labels[chosen]
+        tags = tuple(SampleTag(int(e), int(i)) for e, i in zip(epochs, chosen))
+        return Tagged((self._inputs[chosen], self._labels[chosen]), tags)
 
     def close(self) -> None:
         pass

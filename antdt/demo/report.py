@@ -5,7 +5,10 @@
   (red) and command (green) that concerned it;
 * ``progress.png``: cumulative samples trained against the ideal (and, from
   ``antdt bench``, every plan on the same axes);
-* ``summary.md``: the scenario, the figures, the commands and the audit.
+* ``loss.png``: the shared model's held-out loss (and accuracy) over time,
+  every plan on the same axes;
+* ``summary.md``: the scenario, the figures, the model's held-out quality,
+  the commands, the audit and the ledger.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 from antdt.demo.harness import RunResult  # noqa: E402
+from antdt.demo.services import service_settings  # noqa: E402
 
 
 def cumulative(result: RunResult) -> tuple[list[float], list[float]]:
@@ -56,9 +60,14 @@ SPLIT = ("compute", "data_wait", "sync_wait")
 
 
 def worker_splits(result: RunResult) -> dict[str, dict[str, float]]:
-    """Per worker, seconds of paced compute, waiting for data (shards) and waiting at the barrier."""
+    """Per worker, seconds of paced compute, waiting for data (shards) and waiting at the barrier.
+
+    Only the scenario's workers: a parameter server's agent has a track too, but trains nothing.
+    """
     tracks, _ = result.timeline.snapshot()
-    return {worker: {name: round(getattr(track, f"{name}_s"), 3) for name in SPLIT} for worker, track in tracks.items()}
+    workers = {w.name for w in result.scenario.workers}
+    return {worker: {name: round(getattr(track, f"{name}_s"), 3) for name in SPLIT}
+            for worker, track in tracks.items() if worker in workers}
 
 
 def time_split(result: RunResult) -> dict[str, float]:
@@ -117,13 +126,48 @@ def plot_progress(results: list[RunResult], path: Path) -> Path:
     return path
 
 
+def plot_loss(results: list[RunResult], path: Path) -> Path:
+    figure, (loss_axis, accuracy_axis) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
+    for result in results:
+        curve = result.loss_curve
+        label = result.plan.label
+        if result.heldout is not None:
+            label += f" (final loss {result.heldout[0]:.3f}, accuracy {result.heldout[1]:.3f})"
+        loss_axis.plot([t for t, _, _ in curve], [loss for _, loss, _ in curve], label=label)
+        accuracy_axis.plot([t for t, _, _ in curve], [acc for _, _, acc in curve], label=result.plan.label)
+    loss_axis.set_ylabel("held-out loss")
+    loss_axis.set_title(f"{results[0].scenario.name}: the shared model on held-out samples")
+    loss_axis.legend(fontsize=7)
+    accuracy_axis.set_ylabel("held-out accuracy")
+    accuracy_axis.set_xlabel("seconds since start")
+    accuracy_axis.set_ylim(0, 1)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def heldout_text(result: RunResult) -> str:
+    if result.heldout is None:
+        return "the final model could not be read"
+    return f"loss {result.heldout[0]:.3f}, accuracy {result.heldout[1]:.3f}"
+
+
+def ledger_text(result: RunResult) -> str:
+    check = result.ledger
+    if check.ok:
+        agreed = f", agreeing with the log for epoch(s) {check.compared_epochs}" if check.compared_epochs else ""
+        return f"all ones ({len(check.files)} file(s)){agreed}"
+    return "FAILED: " + "; ".join(check.findings[:5])
+
+
 def audit_text(result: RunResult) -> str:
     if result.audit is None:
         return "no sharder (static sharding): nothing to audit"
     if result.audit_ok:
         epochs = result.audit["epochs"]
         once = sum(e["samples_done_once"] for e in epochs)
-        return f"clean: {len(epochs)} epoch(s), {once:,} samples each trained exactly once per epoch"
+        return f"clean: every sample trained exactly once in each of {len(epochs)} epoch(s) ({once:,} samples in all)"
     if result.audit["violations"]:
         return "VIOLATIONS: " + "; ".join(result.audit["violations"][:5])
     return "job not finished: the log has no end"
@@ -135,13 +179,15 @@ def audit_word(ok: bool | None) -> str:
 
 
 def results_table(results: list[RunResult], baseline: RunResult | None = None) -> list[str]:
-    lines = ["| plan | wall time | ideal | efficiency | speedup over baseline | commands | restarts | audit |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| plan | wall time | ideal | efficiency | speedup over baseline | held-out loss | held-out accuracy "
+             "| commands | restarts | audit | ledger |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         speedup = r.speedup_over(baseline)
+        loss, accuracy = ("-", "-") if r.heldout is None else (f"{r.heldout[0]:.3f}", f"{r.heldout[1]:.3f}")
         lines.append(f"| {r.plan.label} | {r.wall_s:.1f} s | {r.ideal_s:.1f} s | {r.efficiency:.3f} | "
-                     f"{'-' if speedup is None else f'{speedup:.2f}x'} | {r.commands} | {r.restarts} | "
-                     f"{audit_word(r.audit_ok)} |")
+                     f"{'-' if speedup is None else f'{speedup:.2f}x'} | {loss} | {accuracy} | {r.commands} | "
+                     f"{r.restarts} | {audit_word(r.audit_ok)} | {'ones' if r.ledger.ok else 'FAILED'} |")
     return lines
 
 
@@ -152,17 +198,23 @@ def write_summary(results: list[RunResult], out_dir: Path, images: list[Path], b
              f"{scenario.dataset_size:,} samples x {scenario.epochs} epoch(s) in shards of {scenario.shard_size}, "
              f"noise ±{scenario.noise.amplitude:.0%} every {scenario.noise.period_s:g} s. "
              "Each step is real torch work plus a calibrated pause to the scenario's speed "
-             "(see antdt/demo/pacing.py).", "",
+             "(see antdt/demo/pacing.py). Every plan trains one shared model: asynchronous plans through "
+             f"{scenario.parameter_servers} parameter-server shard(s), synchronous ones kept identical by the all-reduce.", "",
              "| worker | speed | episodes |", "|---|---|---|"]
     lines += [f"| {name} | {speed} | {episodes} |" for name, speed, episodes in scenario.summary_rows()]
     lines += ["", "## Results", "", *results_table(results, baseline), "",
               "Ideal time = total work / the workers' summed speed (integrated over the scenario's episodes and noise); "
               "efficiency = ideal / wall time.", ""]
     for result in results:
+        changed = "; ".join(f"{service}: " + ", ".join(f"{k}={v}" for k, v in values.items())
+                            for service, values in service_settings(result.plan, result.scenario).items() if values)
         lines += [f"## {result.plan.label}", "", f"- job id: `{result.job_id}`",
+                  f"- service settings other than the defaults: {changed or 'none'}",
                   f"- samples trained: {result.samples:,}; verdicts: {result.timeline.verdicts}; "
                   f"commands: {result.commands}; restarts: {result.restarts}",
-                  f"- audit: {audit_text(result)}", ""]
+                  f"- held-out: {heldout_text(result)}",
+                  f"- audit: {audit_text(result)}",
+                  f"- ledger: {ledger_text(result)}", ""]
         split = time_split(result)
         lines.append(f"- per worker, on average: {split['compute']:.1f} s computing, {split['data_wait']:.2f} s waiting "
                      f"for data, {split['sync_wait']:.2f} s waiting at the barrier")
@@ -184,7 +236,7 @@ def write_summary(results: list[RunResult], out_dir: Path, images: list[Path], b
 def write_report(results: list[RunResult], out_dir: Path, baseline: RunResult | None = None) -> list[Path]:
     """Every file of the report, in ``out_dir``; returns their paths (summary first)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    images = [plot_progress(results, out_dir / "progress.png")]
+    images = [plot_progress(results, out_dir / "progress.png"), plot_loss(results, out_dir / "loss.png")]
     for result in results:
         suffix = "" if len(results) == 1 else f"-{result.plan.name}"
         images.append(plot_throughput(result, out_dir / f"throughput{suffix}.png"))

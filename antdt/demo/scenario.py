@@ -105,6 +105,7 @@ class Scenario(_Strict):
     shard_size: int = Field(gt=0)
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1, description="each worker's initial local batch")
+    parameter_servers: int = Field(1, ge=1, le=64, description="parameter-server shards of asynchronous plans")
     seed: int = 0
     report_interval_s: float = Field(1.0, gt=0)
     monitor: dict[str, str] = Field(default_factory=dict, description="monitor settings (monitor.<key>)")

@@ -186,6 +186,8 @@ class Timeline:
 
     def _take(self, record) -> None:
         if isinstance(record, WorkerMetrics):
+            if record.role != "worker":
+                return  # a parameter-server shard's steps are applied updates, counted by the workers already
             track = self._track(record.worker_id)
             span = (record.window_end - record.window_start).total_seconds()
             if span > 0:

@@ -1,32 +1,30 @@
-"""One demo worker process: a real model, the agent, paced steps, async or synchronous training.
+"""One demo worker process: a real model, the agent, paced steps, one shared model.
 
 Started by the harness (:mod:`antdt.demo.harness`) as
 ``python -m antdt.demo.trainer``, configured by ``ANTDT_*`` variables (bus,
 job, worker and node ids) and a few arguments. Its life:
 
-1. build the model and the data source, join the process group (synchronous
-   runs, gloo meeting through a file), enter the agent, open the shard
-   feed;
+1. build the model and the data source, enter the agent, open the data
+   (and, for synchronous runs, join the process group and restore the last
+   checkpoint);
 2. tell the harness it is ready (a ``ready-<rank>`` file in the run's
    handshake directory) and wait for the start signal (the ``go`` file, which
    holds the run's start time): process start and ``import torch`` are the
    same for every run and are not measured;
-3. train:
+3. train, one shared model either way:
 
    * ``async`` (AntDT-ND's shared cluster): each worker pulls shards and
-     steps at its own pace, as parameter-server style workers do (the
-     parameter server itself is not modelled: each keeps its own model);
+     steps at its own pace against the parameter server
+     (:mod:`antdt.demo.training_async`);
    * ``sync`` (dedicated cluster): every step ends in the batch-weighted
-     gradient all-reduce (:class:`~antdt.worker.ddp.WeightedGradientAverager`,
-     gloo, meeting through a file in the handshake directory),
-     so each step waits for the slowest rank. Samples come from dynamic
-     shards or, for the baseline, a static slice (:mod:`antdt.demo.feeds`);
+     gradient all-reduce, so each step waits for the slowest rank
+     (:mod:`antdt.demo.training_sync`);
 
 4. write ``done-<rank>.json`` (finish time, samples, steps).
 
 A RESTART or EVICT command ends the process with the agent's exit code; the
 harness starts a RESTARTed worker again, and the new incarnation skips the
-start signal (it is already set) and carries on pulling shards.
+start signal (it is already set) and carries on.
 """
 
 from __future__ import annotations
@@ -35,25 +33,22 @@ import argparse
 import json
 import os
 import sys
-from datetime import timedelta
+import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from antdt.demo.feeds import ShardFeed, StaticFeed
 from antdt.demo.handshake import done_file, ready_file, wait_for_start, write_atomically
 from antdt.demo.pacing import Pacer
+from antdt.demo.phases import PhaseWriter
 from antdt.demo.scenario import Scenario
 from antdt.schemas.models import DatasetSpec
 from antdt.settings import load_settings
 from antdt.worker.agent import Agent, WorkerExit
-from antdt.worker.dataset import ShardedDataset
-from antdt.worker.ddp import WeightedGradientAverager
-from antdt.worker.example import SyntheticClassification, batches, make_model
+from antdt.worker.example import SyntheticClassification, make_model
 
-GROUP_TIMEOUT = timedelta(seconds=300)
+LR = 0.05
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -63,6 +58,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--training", choices=("async", "sync"), required=True)
     parser.add_argument("--sharding", choices=("dynamic", "static"), required=True)
     parser.add_argument("--handshake", required=True, help="the run's handshake directory (ready, go, done files)")
+    parser.add_argument("--out", required=True, help="the run's directory: ledger files, model snapshots")
+    parser.add_argument("--ps", default="", help="async: the parameter-server shards, HOST:PORT,... in shard order")
+    parser.add_argument("--generation", type=int, default=0, help="sync: how many times the group was restarted")
     return parser.parse_args(argv)
 
 
@@ -72,12 +70,12 @@ def dataset_spec(scenario: Scenario) -> DatasetSpec:
 
 
 class Trainer:
-    """The model, its optimizer and one training step."""
+    """The model, its optimizer and one backward pass."""
 
     def __init__(self, seed: int):
         torch.manual_seed(seed)
         self.model = make_model()
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=LR)
         self.loss_fn = nn.CrossEntropyLoss()
 
     def backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
@@ -85,94 +83,46 @@ class Trainer:
         self.loss_fn(self.model(inputs), labels).backward()
 
 
-def train_async(agent: Agent, trainer: Trainer, pacer: Pacer, data: ShardedDataset) -> int:
-    """Pull shards and step at this worker's own pace until the sharder says the job is finished."""
-    trained = 0
-    try:
-        while not data.finished:
-            for inputs, labels in batches(agent, iter(data)):
-                started = pacer.now_s()
-                trainer.backward(inputs, labels)
-                trainer.optimizer.step()
-                pacer.pace(len(labels), started)
-                trained += len(labels)
-                agent.step(samples=len(labels))
-    finally:
-        data.close()
-    return trained
+class Worker:
+    """What a demo worker is given: its scenario, place, files, data and model."""
 
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.scenario = Scenario.load(args.scenario)
+        self.rank, self.world = args.rank, len(self.scenario.workers)
+        self.handshake, self.out = Path(args.handshake), Path(args.out)
+        self.source = SyntheticClassification(self.scenario.dataset_size, seed=self.scenario.seed)
+        self.spec = dataset_spec(self.scenario)
+        self.trainer = Trainer(self.scenario.seed)
+        self.phases = PhaseWriter(self.handshake, self.rank)
 
-def train_sync(agent: Agent, trainer: Trainer, pacer: Pacer, feed) -> int:
-    """Lockstep steps with the batch-weighted all-reduce, until every rank's feed is exhausted."""
-    averager = WeightedGradientAverager()
-    trained = 0
-    while True:
-        with agent.data_wait():
-            batch = feed.take(agent.batch_size)
-        started = pacer.now_s()
-        count = 0 if batch is None else len(batch[1])
-        if count:
-            trainer.backward(*batch)
-        pacer.pace(count, started)
-        with agent.sync_wait():  # one collective: gradients, batch sizes, and how many ranks have data left
-            global_batch, (ranks_with_data,) = averager.sync_counting(trainer.model, count, [int(not feed.exhausted)])
-        if global_batch:
-            trainer.optimizer.step()
-        trained += count
-        agent.step(samples=count)
-        if not ranks_with_data:
-            return trained
+    def ready_and_wait(self) -> Pacer:
+        """Tell the harness this worker can train; the pacer, once the run has started."""
+        write_atomically(ready_file(self.handshake, self.rank), str(os.getpid()))
+        return Pacer(self.scenario, self.rank, wait_for_start(self.handshake))
 
-
-def sync_feed(agent: Agent, source, scenario: Scenario) -> ShardFeed:
-    """Dynamic shards for a synchronous rank: one shard held at a time, two batches buffered.
-
-    Whatever a rank holds or buffers when the epoch's shards run out is
-    trained while the other ranks have nothing, so both are kept small; the
-    feed thread fetches the next shard while two batches are still buffered.
-    """
-    data = agent.shards(source, dataset_spec(scenario))
-    data.quota = 1
-    return ShardFeed(data, lambda: 2 * agent.batch_size).start()
+    def finish(self, agent: Agent, pacer: Pacer, trained: int) -> None:
+        result = {"finished_s": pacer.now_s(), "samples": trained, "steps": agent.step_count}
+        write_atomically(done_file(self.handshake, self.rank), json.dumps(result))
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
     torch.set_num_threads(1)
-    scenario = Scenario.load(args.scenario)
-    world, rank = len(scenario.workers), args.rank
-    handshake = Path(args.handshake)
-    source = SyntheticClassification(scenario.dataset_size, seed=scenario.seed)
-    trainer = Trainer(scenario.seed)
-    if args.training == "sync":
-        dist.init_process_group("gloo", init_method=f"file://{handshake / 'group'}", rank=rank, world_size=world,
-                                timeout=GROUP_TIMEOUT)
+    worker = Worker(args)
     settings = load_settings()
     try:
-        with Agent(settings=settings, rank=rank, batch_size=scenario.batch_size) as agent:
-            feed = data = None
-            if args.training == "async":
-                data = agent.shards(source, dataset_spec(scenario))
-                data.prepare()  # the job's first contact with the sharder, before the clock starts
-            else:
-                feed = (StaticFeed(source.inputs, source.labels, rank, world, scenario.epochs, scenario.seed)
-                        if args.sharding == "static"
-                        else sync_feed(agent, source, scenario))
-            write_atomically(ready_file(handshake, rank), str(os.getpid()))
-            pacer = Pacer(scenario, rank, wait_for_start(handshake))
-            if feed is None:
-                trained = train_async(agent, trainer, pacer, data)
-            else:
-                try:
-                    trained = train_sync(agent, trainer, pacer, feed)
-                finally:
-                    feed.close()
-            result = {"finished_s": pacer.now_s(), "samples": trained, "steps": agent.step_count}
-            write_atomically(done_file(handshake, rank), json.dumps(result))
+        if args.training == "async":
+            from antdt.demo.training_async import train_async
+
+            with Agent(settings=settings, rank=worker.rank, batch_size=worker.scenario.batch_size) as agent:
+                train_async(worker, agent, [a for a in args.ps.split(",") if a])
+        else:
+            from antdt.demo.training_sync import run_sync
+
+            run_sync(worker, settings, started)
     except WorkerExit as exc:
         return int(exc.code)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
     return 0
 
 

@@ -12,12 +12,17 @@ change leaves the running configuration as it was.
 
 Jobs that have sent nothing for ``idle_job_s`` (wall time) are forgotten, so a
 monitor that runs for months does not keep every finished job.
+
+Processes are compared only with others of their role (``WorkerMetrics.role``):
+a parameter-server shard's step is one applied update, whose time says
+nothing about a worker's training step, so each role has its own detector
+(and its own baseline) within the job.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from antdt.control import ConfigLayers
@@ -33,10 +38,24 @@ LATEST = datetime(2200, 1, 1, tzinfo=timezone.utc)
 MAX_REPORT_S = 1e6
 
 
+WORKER_ROLE = "worker"
+
+
 @dataclass
 class JobEntry:
-    detector: JobDetector
+    detector: JobDetector  # the workers'
     last_seen: float
+    roles: dict[str, JobDetector] = field(default_factory=dict)  # every other role's (parameter servers)
+
+    def for_role(self, role: str) -> JobDetector:
+        if role == WORKER_ROLE:
+            return self.detector
+        if role not in self.roles:
+            self.roles[role] = JobDetector(self.detector.job_id, self.detector.config)
+        return self.roles[role]
+
+    def detectors(self) -> list[JobDetector]:
+        return [self.detector, *self.roles.values()]
 
 
 class MonitorEngine:
@@ -72,7 +91,7 @@ class MonitorEngine:
         if entry is None:
             entry = self.jobs[report.job_id] = JobEntry(JobDetector(report.job_id, self.config_for(report.job_id)), 0.0)
         entry.last_seen = time.monotonic() if now is None else now
-        return entry.detector.observe(report)
+        return entry.for_role(report.role).observe(report)
 
     def _refuse_implausible(self, report: WorkerMetrics, job_clock: datetime | None) -> None:
         """AntdtError for a report that is valid on its own but would break its job's detection.
@@ -117,5 +136,6 @@ class MonitorEngine:
         if configs is None:
             return False
         for job, entry in self.jobs.items():
-            entry.detector.config = configs[job]
+            for detector in entry.detectors():
+                detector.config = configs[job]
         return True

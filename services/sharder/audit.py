@@ -16,6 +16,12 @@ flight, go back to TODO; across epochs: the target epoch starts a new pass
 with the listed shards DONE). Only the DONEs that survive rewinds are
 credited, so work redone because a rewind undid it is not a duplicate.
 
+Samples: every APPLIED event records samples whose update is in the model.
+The audit counts, per sample and pass, the records that survive rewinds
+(:meth:`Auditor.applied_counts`): exactly once is a count of 1 for every
+sample, and the model's own ledger (:mod:`antdt.worker.ledger`) must show
+the same counts (:func:`compare_with_ledger`).
+
 What it reports per data epoch (the last completed pass of the epoch, or the
 pass in progress): samples done exactly once, duplicate DONEs, gaps,
 reclaimed leases, retries, quarantined shards, DONEs credited to a worker
@@ -23,7 +29,9 @@ that did not hold the shard; per log: fenced events, duplicate and missing
 seqs, rewinds, and whether the job finished.
 
 Violations (each one line): a duplicate DONE, a DONE from a non-holder, a
-grant of a shard that is not TODO, a failure, expiry or quarantine of a shard
+DONE of a shard with samples never applied, a sample applied twice in one
+pass, samples applied under a grant their holder did not have, a grant of a
+shard that is not TODO, a failure, expiry or quarantine of a shard
 nobody holds, an epoch closed with samples neither DONE nor QUARANTINED,
 events for an epoch that is not open, epochs opened out of order, unknown
 shards, missing seqs, a duplicate seq with different content, an event from a
@@ -37,9 +45,10 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from antdt.schemas.models import DatasetSpec, ShardLogEvent, ShardSnapshot, ShardState, ShardTransition as T
@@ -72,6 +81,7 @@ class EpochAudit:
     shards_done: int
     samples_done_once: int
     samples_pending: int
+    samples_applied_twice: int
     duplicate_done: list[int]
     not_holder_done: list[int]
     gaps: list[tuple[int, int]]
@@ -80,6 +90,8 @@ class EpochAudit:
     released: int
     retries: int
     violations: list[str] = field(default_factory=list)
+    #: Per dataset sample, how many APPLIED records of the reported pass name it (after rewinds).
+    counts: list[int] = field(default_factory=list, repr=False)
 
     @property
     def gap_samples(self) -> int:
@@ -95,6 +107,7 @@ class EpochAudit:
             "epoch": self.epoch, "status": self.status.value, "passes": self.passes, "rewinds": self.rewinds,
             "shards": self.shards, "samples": self.samples, "shards_done": self.shards_done,
             "samples_done_once": self.samples_done_once, "samples_pending": self.samples_pending,
+            "samples_applied_twice": self.samples_applied_twice,
             "duplicate_done": self.duplicate_done, "not_holder_done": self.not_holder_done,
             "gaps": [list(gap) for gap in self.gaps], "gap_samples": self.gap_samples,
             "quarantined": {str(k): v for k, v in self.quarantined.items()},
@@ -168,6 +181,13 @@ class _Shard:
     done_seq: int | None = None
     done_by: str | None = None
     reason: str | None = None
+    applied: dict[int, list[int]] = field(default_factory=dict)  # sample -> seqs of the APPLIED events naming it
+
+    def unapplied(self) -> int:
+        return sum(1 for i in range(self.start, self.start + self.length) if i not in self.applied)
+
+    def apply_all(self, seq: int) -> None:
+        self.applied = {i: [seq] for i in range(self.start, self.start + self.length)}
 
 
 @dataclass
@@ -180,6 +200,7 @@ class _Pass:
     closed: bool = False
     duplicate_done: set[int] = field(default_factory=set)
     not_holder_done: set[int] = field(default_factory=set)
+    applied_twice: set[int] = field(default_factory=set)
     leases_expired: int = 0
     released: int = 0
     retries: int = 0
@@ -256,6 +277,7 @@ class Auditor:
             shard.state, shard.reason = entry.state, entry.reason
             shard.holder = shard.last_holder = entry.worker_id if entry.state is ShardState.DOING else None
             shard.done_seq = entry.done_seq if entry.state is ShardState.DONE else None
+            shard.applied = {sample: [group.seq] for group in entry.applied for sample in group.samples}
         if snapshot.finished:
             auditor._pass.closed, auditor.finished = True, True
             auditor._completed[snapshot.epoch] = auditor._pass
@@ -328,24 +350,31 @@ class Auditor:
 
     # ------------------------------------------------------------ passes
 
-    def _open(self, epoch: int, seq: int, done: Iterable[int] = ()) -> None:
+    def _open(self, epoch: int, seq: int, done: Iterable[int] = (), partial: Iterable = ()) -> None:
         self.finished = False
         self._passes[epoch] += 1
         shards = [_Shard(start, length) for start, length in shard_ranges(self.dataset)]
         for shard_id in done:
             if 0 <= shard_id < len(shards):
                 shards[shard_id].state, shards[shard_id].done_seq = ShardState.DONE, seq
+                shards[shard_id].apply_all(seq)
             else:
                 self._violation(epoch, f"seq {seq}: rewind restores unknown shard {shard_id} as DONE")
+        for commit in partial:
+            if 0 <= commit.shard_id < len(shards):
+                shards[commit.shard_id].applied.update({sample: [seq] for sample in commit.samples})
+            else:
+                self._violation(epoch, f"seq {seq}: rewind restores samples of unknown shard {commit.shard_id}")
         self._pass = _Pass(epoch, seq, shards)
 
     def _abandon_open_pass(self) -> None:
         if self._pass is not None and not self._pass.closed:
             self._abandoned[self._pass.epoch] = self._pass
 
-    def _shard_of(self, event: ShardLogEvent) -> tuple[_Pass, _Shard] | None:
-        """The shard a shard transition is about, if that makes sense right now."""
+    def _shard_of(self, event: ShardLogEvent, shard_id: int | None = None) -> tuple[_Pass, _Shard] | None:
+        """The shard a shard transition (or one commit of an APPLIED) is about, if that makes sense right now."""
         current = self._pass
+        shard_id = event.shard_id if shard_id is None else shard_id
         what = f"seq {event.seq}: {event.transition.value}"
         if current is None or current.closed:
             self._violation(event.epoch, f"{what} while no epoch is open")
@@ -353,10 +382,10 @@ class Auditor:
         if event.epoch != current.epoch:
             self._violation(event.epoch, f"{what} for epoch {event.epoch} while epoch {current.epoch} is open")
             return None
-        if event.shard_id is None or event.shard_id >= len(current.shards):
-            self._violation(current.epoch, f"{what} of unknown shard {event.shard_id}")
+        if shard_id is None or shard_id >= len(current.shards):
+            self._violation(current.epoch, f"{what} of unknown shard {shard_id}")
             return None
-        return current, current.shards[event.shard_id]
+        return current, current.shards[shard_id]
 
     def _must_be_doing(self, event: ShardLogEvent, shard: _Shard) -> None:
         if shard.state is not ShardState.DOING:
@@ -403,12 +432,38 @@ class Auditor:
         shard.state, shard.holder, shard.last_holder = ShardState.DOING, event.worker_id, event.worker_id
         shard.done_seq = shard.done_by = None
 
+    def _applied(self, event: ShardLogEvent) -> None:
+        for commit in event.commits:
+            found = self._shard_of(event, commit.shard_id)
+            if found is None:
+                continue
+            current, shard = found
+            holder = commit.holder or event.worker_id
+            holds = shard.state is ShardState.DOING and shard.holder == holder
+            late = shard.state is ShardState.TODO and shard.last_holder == holder
+            if not (holds or late):
+                held = f"held by {shard.holder}" if shard.holder else shard.state.value.lower()
+                self._violation(event.epoch, f"seq {event.seq}: samples of shard {commit.shard_id} applied under "
+                                f"{holder}'s grant, which it did not have ({held})")
+            outside = [s for s in commit.samples if not shard.start <= s < shard.start + shard.length]
+            if outside:
+                self._violation(event.epoch, f"seq {event.seq}: samples {outside[:5]} are not in shard {commit.shard_id}")
+            for sample in commit.samples:
+                seqs = shard.applied.setdefault(sample, [])
+                seqs.append(event.seq)
+                if len(seqs) == 2:
+                    current.applied_twice.add(sample)
+                    self._violation(event.epoch, f"sample {sample} applied twice in one pass (seq {seqs[0]} and seq {event.seq})")
+
     def _done(self, event: ShardLogEvent) -> None:
         found = self._shard_of(event)
         if found is None:
             return
         current, shard = found
         worker, shard_id = event.worker_id, event.shard_id
+        if shard.state is not ShardState.DONE and shard.unapplied():
+            self._violation(event.epoch, f"seq {event.seq}: shard {shard_id} DONE with {shard.unapplied()} of its "
+                            f"{shard.length} samples never applied")
         if shard.state is ShardState.DONE:
             current.duplicate_done.add(shard_id)
             first = f"seq {shard.done_seq} by {shard.done_by}" if shard.done_by else f"restored at seq {shard.done_seq}"
@@ -481,7 +536,7 @@ class Auditor:
             self._log_violation(f"seq {event.seq}: rewind before the dataset was defined")
         else:
             self._abandon_open_pass()
-            self._open(event.epoch, event.seq, done=event.shard_ids)
+            self._open(event.epoch, event.seq, done=event.shard_ids, partial=event.commits)
 
     def _rewind_within(self, current: _Pass, version: int) -> None:
         """Work after the version is undone; in-flight and reclaimed work is void (the model lost it)."""
@@ -491,6 +546,7 @@ class Auditor:
             self._pass = current
         self.finished = False
         for shard in current.shards:
+            shard.applied = {sample: kept for sample, seqs in shard.applied.items() if (kept := [s for s in seqs if s <= version])}
             if shard.state is ShardState.DOING or (shard.state is ShardState.DONE and shard.done_seq > version):
                 self._to_todo(shard)
             if shard.state is not ShardState.DONE:
@@ -537,11 +593,20 @@ class Auditor:
             shards=len(chosen.shards), samples=sum(s.length for s in chosen.shards),
             shards_done=len(done), samples_done_once=sum(s.length for s in once),
             samples_pending=0 if status is EpochStatus.COMPLETE else sum(s.length for s in chosen.shards if s.state not in _SETTLED),
+            samples_applied_twice=sum(1 for s in chosen.shards for seqs in s.applied.values() if len(seqs) > 1),
             duplicate_done=sorted(chosen.duplicate_done), not_holder_done=sorted(chosen.not_holder_done),
             gaps=chosen.gaps() if status is EpochStatus.COMPLETE else [], quarantined=quarantined,
             leases_expired=chosen.leases_expired, released=chosen.released, retries=chosen.retries,
-            violations=violations,
+            violations=violations, counts=self._counts(chosen),
         )
+
+    def _counts(self, chosen: _Pass) -> list[int]:
+        counts = [0] * (self.dataset.size if self.dataset else 0)
+        for shard in chosen.shards:
+            for sample, seqs in shard.applied.items():
+                if 0 <= sample < len(counts):
+                    counts[sample] = len(seqs)
+        return counts
 
 
 _HANDLERS = {
@@ -560,6 +625,7 @@ _HANDLERS = {
     T.EPOCH_CLOSED: Auditor._epoch_closed,
     T.CHECKPOINT: Auditor._ignore,
     T.REWOUND: Auditor._rewound,
+    T.APPLIED: Auditor._applied,
 }
 
 
@@ -577,4 +643,81 @@ def audit_log(
     return auditor.report(allow_quarantine)
 
 
-__all__ = ["AuditReport", "Auditor", "EpochAudit", "EpochStatus", "audit_log", "shard_ranges"]
+def compare_with_ledger(report: AuditReport, ledgers: dict[int, Sequence[int]]) -> list[str]:
+    """Where the model's ledger (epoch -> count per sample) and the log's fold disagree, or are not all ones.
+
+    Each finding is one line. The ledger counts the updates the model applied
+    per sample; the log's counts come from its APPLIED records: for an
+    exactly-once epoch both are 1 everywhere.
+    """
+    findings = []
+    for epoch in report.epochs:
+        ledger = ledgers.get(epoch.epoch)
+        if ledger is None:
+            findings.append(f"epoch {epoch.epoch}: no ledger to compare with the log")
+            continue
+        ledger = [int(c) for c in ledger]
+        if len(ledger) != len(epoch.counts):
+            findings.append(f"epoch {epoch.epoch}: the ledger has {len(ledger)} samples, the dataset {len(epoch.counts)}")
+            continue
+        findings += _not_all_ones(f"epoch {epoch.epoch}: the ledger", ledger)
+        differ = [i for i, (log, model) in enumerate(zip(epoch.counts, ledger)) if log != model]
+        if differ:
+            first = ", ".join(f"sample {i}: log {epoch.counts[i]}, ledger {ledger[i]}" for i in differ[:3])
+            findings.append(f"epoch {epoch.epoch}: the log and the ledger disagree on {len(differ)} samples ({first})")
+    return findings
+
+
+def _not_all_ones(what: str, counts: list[int]) -> list[str]:
+    zero = [i for i, c in enumerate(counts) if c == 0]
+    many = [i for i, c in enumerate(counts) if c > 1]
+    found = []
+    if zero:
+        found.append(f"{what} shows {len(zero)} samples never trained (first: {zero[:5]})")
+    if many:
+        found.append(f"{what} shows {len(many)} samples trained more than once (first: {many[:5]})")
+    return found
+
+
+@dataclass
+class LedgerCheck:
+    """The ledger files of a run, and what comparing them with the log found (empty: all ones, agreeing)."""
+
+    files: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    compared_epochs: list[int] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.files) and not self.findings
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "files": self.files, "findings": self.findings, "compared_with_log": self.compared_epochs}
+
+
+def check_ledgers(run_dir: Path, report: AuditReport | None) -> LedgerCheck:
+    """Every ledger the run wrote (one per parameter-server shard, or rank 0's) all ones and, with a log, agreeing with it."""
+    from antdt.worker.ledger import read_ledgers  # torch: only when there are ledgers to read
+
+    check = LedgerCheck()
+    owners = sorted(p for p in run_dir.glob("ps-*") if p.is_dir()) or [run_dir]
+    for owner in owners:
+        ledgers = read_ledgers(owner)
+        check.files += [str(owner / f"ledger-epoch{e}.npy") for e in sorted(ledgers)]
+        where = owner.name if owner != run_dir else "the ledger"
+        if report is not None:
+            covered = {e.epoch for e in report.epochs}
+            check.compared_epochs = sorted(covered & set(ledgers))
+            check.findings += [f"{where}: {f}" for f in compare_with_ledger(report, {e: ledgers[e] for e in covered if e in ledgers})]
+            ledgers = {e: v for e, v in ledgers.items() if e not in covered}
+        for epoch, counts in sorted(ledgers.items()):
+            if not (counts == 1).all():
+                check.findings.append(f"{where}: epoch {epoch}: {int((counts == 0).sum())} samples never trained, "
+                                      f"{int((counts > 1).sum())} trained more than once")
+    if not check.files:
+        check.findings.append(f"no ledger file under {run_dir}")
+    return check
+
+
+__all__ = ["AuditReport", "Auditor", "EpochAudit", "EpochStatus", "LedgerCheck", "audit_log", "check_ledgers",
+           "compare_with_ledger", "shard_ranges"]

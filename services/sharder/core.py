@@ -11,13 +11,27 @@ What each report does (the state machine is in :mod:`state`):
 
 * REQUESTED: optionally defines the dataset (first request) and the worker's
   quota, then grants TODO shards, lowest grant rank first, until the worker
-  holds its quota. Answers GRANTED (everything it holds), WAIT (nothing free
-  now, but shards are in flight elsewhere), EPOCH_END (the worker's epoch is
-  over) or FINISHED.
+  is reading its quota (held shards it has read to the end, ``read_shards``,
+  do not count). Answers GRANTED (everything it holds, each shard with the
+  samples already applied), WAIT (nothing free now, but shards are in flight
+  elsewhere), EPOCH_END (the worker's epoch is over) or FINISHED.
+* COMMIT: samples whose training update is in the model. Without an
+  ``update_id`` the update is already applied (synchronous training): the
+  samples are recorded, whatever the grants say, so the log tells the truth
+  (a repeat is the audit's to report). With one, the update waits at the
+  parameter servers, which apply it when they read the APPLIED event: the
+  commit is recorded only if every sample belongs to a grant its holder
+  still has (or had, with nobody granted the shard since) and none is
+  applied yet. Otherwise nothing is recorded, the answer is REFUSED, and the
+  grants the commit named that are still held go back to TODO (their holder
+  drops the update's samples, so the rest of those shards is granted again).
+  A shard whose every sample is applied is DONE.
 * STARTED / DONE / FAILED: accepted only from the holder of that attempt
   (DONE also from the last holder of a reclaimed shard nobody took since).
-  DONE is idempotent. FAILED returns the shard to TODO, or quarantines it
-  once it has had ``max_attempts`` tries.
+  DONE (a whole-shard commit, for workers that do not commit samples)
+  records the shard's remaining samples as applied and is idempotent.
+  FAILED returns the shard to TODO, or quarantines it once it has had
+  ``max_attempts`` tries.
 * Any report renews the worker's leases when less than half remains.
 * CHECKPOINT: issues a version (the seq of a CHECKPOINT event) to store with
   a model checkpoint. REWIND: see :meth:`ShardCore.rewind`.
@@ -26,8 +40,8 @@ What each report does (the state machine is in :mod:`state`):
 * After each change, if nothing is TODO or DOING, the epoch closes and the
   next opens (or the job is finished).
 * A report that no history could make valid (a shard id beyond the dataset,
-  a rewind before any dataset, a dataset too large to hold, a dataset that
-  contradicts the job's) raises :class:`ProgressRejected` before anything
+  a committed sample outside its shard, a rewind before any dataset, a
+  dataset too large to hold, a dataset that contradicts the job's) raises :class:`ProgressRejected` before anything
   changes; the service dead-letters it.
 """
 
@@ -42,6 +56,7 @@ from antdt.schemas.models import (
     ProgressKind,
     Shard,
     ShardAssignment,
+    ShardCommit,
     ShardLogEvent,
     ShardProgress,
     ShardState,
@@ -49,6 +64,11 @@ from antdt.schemas.models import (
     trusted,
 )
 from antdt.services.sharder.state import JobState, from_ms, to_ms
+
+
+def request_id(report: ShardProgress) -> str:
+    """Names one report for good: its worker, the worker's incarnation and the report's seq."""
+    return f"{report.worker_id}/{report.incarnation}/{report.seq}"
 
 
 class ProgressRejected(AntdtError):
@@ -94,7 +114,9 @@ class ShardCore:
             worker_id=fields.pop("worker_id", None), attempt=fields.pop("attempt", None),
             lease_expires=from_ms(fields.pop("lease_ms", None)), quota=fields.pop("quota", None),
             reason=fields.pop("reason", None), dataset=fields.pop("dataset", None),
-            version=fields.pop("version", None), shard_ids=fields.pop("shard_ids", []), timestamp=from_ms(now_ms),
+            version=fields.pop("version", None), shard_ids=fields.pop("shard_ids", []),
+            commits=fields.pop("commits", []), update_id=fields.pop("update_id", None), cause=fields.pop("cause", None),
+            timestamp=from_ms(now_ms),
         )
         assert not fields, f"unknown event fields {sorted(fields)}"
         applied = state.apply(event)
@@ -122,7 +144,7 @@ class ShardCore:
             ShardLogEvent, job_id=self.state.job_id, seq=self.state.last_seq + 1, writer_epoch=writer_epoch,
             transition=T.WRITER_ELECTED, epoch=self.state.epoch, shard_id=None, worker_id=None, attempt=None,
             lease_expires=None, quota=None, reason=f"writer {writer}", dataset=None, version=None, shard_ids=[],
-            timestamp=from_ms(now_ms),
+            commits=[], update_id=None, timestamp=from_ms(now_ms),
         )
 
     # ------------------------------------------------------------ reports
@@ -145,6 +167,7 @@ class ShardCore:
             ProgressKind.DONE: self._done,
             ProgressKind.FAILED: self._failed,
             ProgressKind.CHECKPOINT: self._checkpoint,
+            ProgressKind.COMMIT: self._commit,
         }.get(report.kind)
         if handler is None:
             raise ProgressRejected("REWIND needs the log; the service handles it through ShardCore.rewind")
@@ -161,16 +184,24 @@ class ShardCore:
         handlers.
         """
         dataset = self.state.dataset
+        if dataset is None and report.kind is ProgressKind.REWIND:
+            raise ProgressRejected(f"job {self.state.job_id} has no dataset yet: there is nothing to rewind")
         if report.dataset is not None and dataset is None:
             self._refuse_unmanageable(report.dataset)
-        if dataset is None:
-            if report.kind is ProgressKind.REWIND:
-                raise ProgressRejected(f"job {self.state.job_id} has no dataset yet: there is nothing to rewind")
+            dataset = report.dataset  # the report defines it: its shard ids are checked against it
+        elif dataset is None:
             return
-        if report.shard_id is not None and report.shard_id >= dataset.shard_count:
-            raise ProgressRejected(
-                f"shard {report.shard_id} does not exist: job {self.state.job_id} has {dataset.shard_count} shards"
-            )
+        for shard_id in [report.shard_id, *(c.shard_id for c in report.commits), *report.read_shards]:
+            if shard_id is not None and shard_id >= dataset.shard_count:
+                raise ProgressRejected(
+                    f"shard {shard_id} does not exist: job {self.state.job_id} has {dataset.shard_count} shards"
+                )
+        for commit in report.commits:
+            start = commit.shard_id * dataset.shard_size
+            end = min(start + dataset.shard_size, dataset.size)
+            outside = [s for s in commit.samples if not start <= s < end]
+            if outside:
+                raise ProgressRejected(f"samples {outside[:5]} are not in shard {commit.shard_id} [{start}, {end})")
 
     def _refuse_unmanageable(self, dataset: DatasetSpec) -> None:
         if dataset.shard_count > self.config.max_shards:
@@ -200,14 +231,14 @@ class ShardCore:
             out.assignment = self._answer(report, AssignmentStatus.EPOCH_END, now_ms, epoch=report.epoch)
             return
         if report.epoch == state.epoch:
-            self._grant_up_to_quota(worker, now_ms, out)
+            self._grant_up_to_quota(worker, now_ms, out, read=set(report.read_shards))
         out.assignment = self.assignment_for(worker, now_ms, in_reply_to=report.seq)
 
-    def _grant_up_to_quota(self, worker: str, now_ms: int, out: Outcome) -> None:
+    def _grant_up_to_quota(self, worker: str, now_ms: int, out: Outcome, read: set[int] = frozenset()) -> None:
         state = self.state
         quota = state.quotas.get(worker, self.config.default_quota)
         lease_ms = now_ms + int(state.dataset.lease_s * 1000)
-        while len(state.held.get(worker, ())) < quota:
+        while len(state.held.get(worker, set()) - read) < quota:
             shard_id = state.next_todo()
             if shard_id is None:
                 return
@@ -232,8 +263,96 @@ class ShardCore:
     def _done(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
         if self._holds(report) or self._late_done_from_last_holder(report):
             slot = self.state.slots[report.shard_id]
+            rest = slot.remaining()
+            if rest:
+                commit = trusted(ShardCommit, holder=report.worker_id, shard_id=slot.shard_id, attempt=slot.attempt,
+                                 samples=rest)
+                self._emit(out.events, T.APPLIED, now_ms, worker_id=report.worker_id, commits=[commit])
             self._emit(out.events, T.DONE, now_ms, shard_id=report.shard_id, worker_id=report.worker_id, attempt=slot.attempt)
             self._close_epoch_if_complete(now_ms, out)
+
+    # ------------------------------------------------------------ commits
+
+    def _commit(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
+        state = self.state
+        if report.update_id is None:
+            self._record_applied(report, self._not_applied_yet(report.commits), now_ms, out)
+            return
+        if report.update_id in state.updates and report.epoch == state.epoch:  # a redelivery: recorded already
+            out.assignment = self.assignment_for(report.worker_id, now_ms, in_reply_to=report.seq)
+            return
+        refusal = self._refusal(report)
+        if refusal is not None:
+            self._return_current_grants(report, refusal, now_ms, out)
+            out.assignment = self._answer(report, AssignmentStatus.REFUSED, now_ms, reason=refusal)
+            return
+        self._record_applied(report, report.commits, now_ms, out)
+        if state.finished:
+            out.assignment = self._answer(report, AssignmentStatus.FINISHED, now_ms)
+        else:
+            out.assignment = self.assignment_for(report.worker_id, now_ms, in_reply_to=report.seq)
+
+    def _grant_of(self, report: ShardProgress, commit: ShardCommit) -> str | None:
+        """How the commit's grant stands: "held", "late" (reclaimed, nobody granted it since), or None (gone)."""
+        state = self.state
+        if report.epoch != state.epoch:
+            return None
+        slot = state.slots[commit.shard_id]
+        holder = commit.holder or report.worker_id
+        if slot.state is ShardState.DOING and slot.worker == holder and slot.attempt == commit.attempt:
+            return "held"
+        if slot.state is ShardState.TODO and slot.worker == holder and slot.attempt == commit.attempt + 1:
+            return "late"
+        return None
+
+    def _refusal(self, report: ShardProgress) -> str | None:
+        """Why an update cannot be committed (its samples must then stay out of the model), or None."""
+        for commit in report.commits:
+            grant = self._grant_of(report, commit)
+            if grant is None:
+                return (f"shard {commit.shard_id} attempt {commit.attempt} of epoch {report.epoch} is no longer "
+                        f"held by {commit.holder or report.worker_id}")
+            applied = self.state.slots[commit.shard_id].applied
+            again = [s for s in commit.samples if s in applied]
+            if again or len(set(commit.samples)) != len(commit.samples):
+                return f"samples {sorted(set(again))[:5] or commit.samples[:5]} of shard {commit.shard_id} are already in the model"
+        return None
+
+    def _return_current_grants(self, report: ShardProgress, refusal: str, now_ms: int, out: Outcome) -> None:
+        """The holder drops a refused update's samples: the grants it still has go back to TODO, progress kept."""
+        for commit in report.commits:
+            if self._grant_of(report, commit) == "held":
+                slot = self.state.slots[commit.shard_id]
+                self._emit(out.events, T.FAILED, now_ms, shard_id=slot.shard_id, worker_id=slot.worker,
+                           attempt=slot.attempt + 1, reason=f"commit refused: {refusal}"[:1000])
+
+    def _not_applied_yet(self, commits: list[ShardCommit]) -> list[ShardCommit]:
+        """The commits less their samples already recorded (input is at-least-once: a report may come twice).
+
+        A sample trained twice for real is thereby recorded once too: the
+        model's ledger, which counts every update it applies, shows it.
+        """
+        fresh = []
+        for commit in commits:
+            applied = self.state.slots[commit.shard_id].applied
+            samples = [s for s in dict.fromkeys(commit.samples) if s not in applied]
+            if samples:
+                fresh.append(commit.model_copy(update={"samples": samples}))
+        return fresh
+
+    def _record_applied(self, report: ShardProgress, commits: list[ShardCommit], now_ms: int, out: Outcome) -> None:
+        """APPLIED for the commits, then DONE for every shard they complete."""
+        if not commits or report.epoch != self.state.epoch or self.state.finished:
+            return  # nothing new, or an epoch that is over (all its samples are applied; the ledger shows any repeat)
+        named = [c if c.holder else c.model_copy(update={"holder": report.worker_id}) for c in commits]
+        self._emit(out.events, T.APPLIED, now_ms, worker_id=report.worker_id, commits=named,
+                   update_id=report.update_id)
+        for shard_id in sorted({c.shard_id for c in commits}):
+            slot = self.state.slots[shard_id]
+            if slot.state in (ShardState.DOING, ShardState.TODO) and not slot.remaining():
+                self._emit(out.events, T.DONE, now_ms, shard_id=shard_id, worker_id=slot.worker or report.worker_id,
+                           attempt=slot.attempt)
+        self._close_epoch_if_complete(now_ms, out)
 
     def _late_done_from_last_holder(self, report: ShardProgress) -> bool:
         """A reclaimed shard nobody took since: its last holder's DONE is still good work."""
@@ -309,8 +428,13 @@ class ShardCore:
         if version > state.last_seq or version < 1:
             raise ProgressRejected(f"version {version} does not exist (log is at {state.last_seq})")
         out = Outcome()
+        cause = request_id(report)
+        if cause in state.rewinds:  # a redelivered request: rewinding again would undo the work done since
+            out.assignment = self.assignment_for(report.worker_id, now_ms, in_reply_to=report.seq,
+                                                 version=state.rewinds[cause])
+            return out
         if version >= state.epoch_opened_seq:
-            self._emit(out.events, T.REWOUND, now_ms, version=version, worker_id=report.worker_id)
+            self._emit(out.events, T.REWOUND, now_ms, version=version, worker_id=report.worker_id, cause=cause)
         else:
             if target is None:
                 raise ValueError("a rewind across an epoch boundary needs the state folded up to the version")
@@ -318,9 +442,11 @@ class ShardCore:
                 raise ProgressRejected(f"version {version} is not a state of job {state.job_id} with a dataset "
                                        f"(it predates the dataset, or a fenced writer issued it)")
             done = [s.shard_id for s in target.slots if s.state is ShardState.DONE]
+            partial = [trusted(ShardCommit, holder=None, shard_id=s.shard_id, attempt=s.attempt, samples=sorted(s.applied))
+                       for s in target.slots if s.state is not ShardState.DONE and s.applied]
             attempt = 1 + max((s.attempt for s in state.slots), default=0)
             self._emit(out.events, T.REWOUND, now_ms, version=version, worker_id=report.worker_id,
-                       epoch=target.epoch, shard_ids=done, attempt=attempt)
+                       epoch=target.epoch, shard_ids=done, attempt=attempt, commits=partial, cause=cause)
         self._close_epoch_if_complete(now_ms, out)
         out.assignment = self.assignment_for(report.worker_id, now_ms, in_reply_to=report.seq, version=out.events[0].seq)
         return out
@@ -349,18 +475,20 @@ class ShardCore:
         return trusted(
             ShardAssignment, job_id=state.job_id, worker_id=worker, seq=state.last_seq, writer_epoch=state.writer_epoch,
             epoch=state.epoch, status=status,
-            shards=[trusted(Shard, shard_id=s.shard_id, start=s.start, length=s.length, attempt=s.attempt) for s in slots],
+            shards=[trusted(Shard, shard_id=s.shard_id, start=s.start, length=s.length, attempt=s.attempt,
+                            done=sorted(s.applied)) for s in slots],
             lease_expires=from_ms(lease), quota=state.quotas.get(worker, self.config.default_quota),
-            in_reply_to=in_reply_to, version=version, timestamp=from_ms(now_ms),
+            in_reply_to=in_reply_to, version=version, reason=None, timestamp=from_ms(now_ms),
         )
 
-    def _answer(self, report: ShardProgress, status: AssignmentStatus, now_ms: int, epoch: int | None = None) -> ShardAssignment:
+    def _answer(self, report: ShardProgress, status: AssignmentStatus, now_ms: int, epoch: int | None = None,
+                reason: str | None = None) -> ShardAssignment:
         state = self.state
         return trusted(
             ShardAssignment, job_id=state.job_id, worker_id=report.worker_id, seq=state.last_seq, writer_epoch=state.writer_epoch,
             epoch=state.epoch if epoch is None else epoch, status=status, shards=[], lease_expires=None,
             quota=state.quotas.get(report.worker_id, self.config.default_quota), in_reply_to=report.seq, version=None,
-            timestamp=from_ms(now_ms),
+            reason=reason, timestamp=from_ms(now_ms),
         )
 
 

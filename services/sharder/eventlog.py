@@ -3,7 +3,10 @@
 * :class:`LogWriter` appends a job's events to ``shard.log`` (keyed by job, so
   one job's events are totally ordered in one partition) and learns the
   offset of each from the delivery reports; snapshots record the offset they
-  cover so recovery can seek straight past it.
+  cover so recovery can seek straight past it. It keeps each job's last
+  events, to write them again into a log that a bus reset emptied: readers
+  that follow the log closely (parameter servers) then miss nothing, and skip
+  what they had by its seq.
 * :func:`read_job_log` reads one job's events from an offset up to a marker
   it writes first (never trusting the high watermark, which the embedded
   broker reports wrong).
@@ -16,6 +19,8 @@ notice that a newer writer took over without decoding anything.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Iterator
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, Producer
@@ -30,6 +35,9 @@ from antdt.topics import topic_spec
 
 WRITER_HEADER = "antdt.writer-epoch"
 READ_TIMEOUT_S = 60.0
+#: How much of each job's log is kept to be written again after a bus reset.
+RECENT_S = 60.0
+RECENT_MAX = 20_000
 
 
 def log_topic(settings: Settings) -> str:
@@ -57,9 +65,13 @@ class LogWriter:
         self._codec = codec
         self._errors: list[str] = []
         self.last_offset: dict[str, int] = {}
+        self._recent: dict[str, deque[tuple[float, ShardLogEvent]]] = {}
 
-    def append(self, events: list[ShardLogEvent]) -> None:
+    def append(self, events: list[ShardLogEvent], remember: bool = True) -> None:
+        now = time.monotonic()
         for event in events:
+            if remember:
+                self._recent.setdefault(event.job_id, deque(maxlen=RECENT_MAX)).append((now, event))
             self._producer.produce(
                 self._topic, key=event.job_id.encode(), value=self._codec.encode(event, self._topic),
                 headers=[(WRITER_HEADER, str(event.writer_epoch).encode())], on_delivery=self._delivered,
@@ -72,6 +84,13 @@ class LogWriter:
             return
         job = message.key().decode()
         self.last_offset[job] = max(self.last_offset.get(job, -1), message.offset())
+
+    def append_recent(self, jobs) -> int:
+        """Write the kept events of ``jobs`` again (into a log a bus reset emptied); how many."""
+        since = time.monotonic() - RECENT_S
+        again = [event for job in jobs for at, event in self._recent.get(job, ()) if at >= since]
+        self.append(again, remember=False)
+        return len(again)
 
     def flush(self, timeout_s: float = 10.0) -> None:
         """Wait until everything appended is durable; BusError if any of it failed."""
@@ -111,8 +130,14 @@ def earliest_snapshot(settings: Settings, job_id: str, codec: Codec, producer: P
 
 
 def lacks_beginning(events: list[ShardLogEvent]) -> bool:
-    """True if the log does not start at seq 1: the bus was reset, or retention deleted its start."""
-    return bool(events) and min(event.seq for event in events) > 1
+    """True if the log does not start at seq 1: the bus was reset, or retention deleted its start.
+
+    After a reset the new log may hold the old one's last minute again (the
+    sharder writes it back for log followers), seq 1 included, but behind
+    events a producer retried into it first: only a log whose first record is
+    seq 1 is whole.
+    """
+    return bool(events) and events[0].seq > 1
 
 
 def latest_snapshot(settings: Settings, job_id: str, codec: Codec, producer: Producer) -> ShardSnapshot | None:

@@ -123,6 +123,7 @@ class SharderService(LoopService):
         self._watch = None
         self._rewinder: Rewinder | None = None
         self._revoked: dict[str, tuple[JobRuntime, float]] = {}
+        self._incarnations: dict[tuple[str, str], str] = {}  # the latest incarnation that reported, per worker
 
     # ------------------------------------------------------------ lifecycle
 
@@ -183,7 +184,9 @@ class SharderService(LoopService):
         refresh_metadata(self._producer)
         now_ms = wall_ms()
         kept = {job_id: runtime for job_id, (runtime, _) in self._revoked.items()}
-        for job_id, runtime in {**kept, **self.jobs}.items():
+        jobs = {**kept, **self.jobs}
+        self._log.append_recent(jobs)  # log followers that were a moment behind find what they missed
+        for job_id, runtime in jobs.items():
             if runtime.core.state.dataset is not None:
                 self._write_snapshot(runtime, now_ms, log_offset=None)
         self._log.flush()
@@ -242,6 +245,7 @@ class SharderService(LoopService):
 
     def _on_report(self, report: ShardProgress, now_ms: int, events: list, answers: list) -> None:
         metrics.REPORTS.labels(report.kind.value).inc()
+        self._incarnations[(report.job_id, report.worker_id)] = report.incarnation
         runtime = self._job(report.job_id, now_ms, events)
         if report.kind is ProgressKind.REWIND:
             outcome = runtime.core.rewind(report, now_ms, self._target_for_rewind(runtime, report, events))
@@ -253,7 +257,16 @@ class SharderService(LoopService):
             answers.append(outcome.assignment)
 
     def _on_lifecycle(self, event: WorkerLifecycle, now_ms: int, events: list) -> None:
+        """LEFT returns the worker's shards, unless a newer incarnation of it has reported since.
+
+        (The farewell of a process that was replaced can arrive late: lifecycle
+        and progress are different topics. Releasing then would take the
+        shards its successor is training.)
+        """
         if event.event is not LifecycleEvent.LEFT or event.job_id not in self.jobs:
+            return
+        latest = self._incarnations.get((event.job_id, event.worker_id))
+        if latest is not None and latest != event.incarnation:
             return
         runtime = self.jobs[event.job_id]
         released = runtime.core.worker_left(event.worker_id, now_ms, event.reason or "worker left")

@@ -7,7 +7,7 @@ this same code, so the live state and the fold of the log cannot differ.
 
 Shard state machine (per shard, per epoch)::
 
-               GRANTED(worker, lease, attempt)          DONE
+               GRANTED(worker, lease, attempt)    APPLIED…, DONE
       TODO ─────────────────────────────────▶ DOING ───────────▶ DONE
        ▲                                      │ │ │
        │ FAILED (attempt+1 < max_attempts)    │ │ │ STARTED / LEASE_RENEWED:
@@ -23,6 +23,11 @@ Shard state machine (per shard, per epoch)::
 * ``attempt`` counts returns to TODO, so (epoch, shard, attempt) names one
   grant; a report about an older attempt is ignored, which makes duplicate
   and late deliveries harmless.
+* Progress is kept per sample: APPLIED records samples whose training update
+  is in the model (with the seq that recorded them); a shard is DONE once
+  every sample is. A shard that returns to TODO keeps its applied samples,
+  so whoever is granted it next reads only the rest; a rewind to a version
+  drops exactly the samples recorded after it.
 * Epoch end: when no shard is TODO or DOING, EPOCH_CLOSED is written and,
   unless it was the last epoch, EPOCH_OPENED for the next one: every shard
   back to TODO (quarantine included: a new epoch gives a shard a new chance).
@@ -42,6 +47,7 @@ from dataclasses import astuple, dataclass, field
 from datetime import datetime, timezone
 
 from antdt.schemas.models import (
+    AppliedSamples,
     DatasetSpec,
     ShardLogEvent,
     ShardSnapshot,
@@ -85,6 +91,22 @@ class Slot:
     attempt: int = 0
     done_seq: int | None = None
     reason: str | None = None
+    applied: dict[int, int] = field(default_factory=dict)  # sample index -> seq of the APPLIED that recorded it
+
+    def remaining(self) -> list[int]:
+        """Sample indices of the shard not applied yet."""
+        return [i for i in range(self.start, self.start + self.length) if i not in self.applied]
+
+    def applied_groups(self) -> list[tuple[int, list[int]]]:
+        """(seq, sorted samples) per APPLIED event, in seq order."""
+        groups: dict[int, list[int]] = {}
+        for sample, seq in self.applied.items():
+            groups.setdefault(seq, []).append(sample)
+        return [(seq, sorted(samples)) for seq, samples in sorted(groups.items())]
+
+
+def _update_ids(updates: dict[str, int]) -> dict[int, str]:
+    return {seq: update for update, seq in updates.items()}
 
 
 @dataclass
@@ -112,6 +134,10 @@ class JobState:
     held: dict[str, set[int]] = field(default_factory=dict)
     quotas: dict[str, int] = field(default_factory=dict)
     todo_count: int = 0
+    #: update_id -> seq of its APPLIED, this epoch: a redelivered commit of an update is recognised.
+    updates: dict[str, int] = field(default_factory=dict)
+    #: rewind request (worker/incarnation/seq) -> seq of its REWOUND: a redelivered request is not applied again.
+    rewinds: dict[str, int] = field(default_factory=dict)
     stats: FoldStats = field(default_factory=FoldStats)
     _ranks: list[int] = field(default_factory=list, repr=False)
     _todo_heap: list[tuple[int, int]] = field(default_factory=list, repr=False)
@@ -165,7 +191,8 @@ class JobState:
         return (
             self.job_id, self.dataset, self.epoch, self.finished, self.writer_epoch, self.writer, self.last_seq,
             self.epoch_opened_seq, tuple(astuple(s) for s in self.slots),
-            {w: frozenset(s) for w, s in self.held.items() if s}, dict(self.quotas),
+            {w: frozenset(s) for w, s in self.held.items() if s}, dict(self.quotas), dict(self.updates),
+            dict(self.rewinds),
         )
 
     # ------------------------------------------------------------ mutations used by handlers
@@ -185,13 +212,18 @@ class JobState:
         elif slot.state is ShardState.DOING:
             self.held[slot.worker].discard(slot.shard_id)
 
-    def _open_epoch(self, epoch: int, seq: int, done: set[int] = frozenset(), attempt: int = 0) -> None:
+    def _open_epoch(self, epoch: int, seq: int, done: set[int] = frozenset(), attempt: int = 0, partial=()) -> None:
+        """A fresh pass over the dataset; ``done`` shards and ``partial`` samples (ShardCommits) restored as applied at ``seq``."""
         self.epoch, self.epoch_opened_seq, self.finished = epoch, seq, False
         self._ranks = grant_ranks(self.dataset, epoch)
-        self.held = {}
+        self.held, self.updates = {}, {}
         self.slots = [Slot(r.shard_id, r.start, r.length, attempt=attempt) for r in split(self.dataset)]
         for shard_id in done:
-            self.slots[shard_id].state, self.slots[shard_id].done_seq = ShardState.DONE, seq
+            slot = self.slots[shard_id]
+            slot.state, slot.done_seq = ShardState.DONE, seq
+            slot.applied = dict.fromkeys(range(slot.start, slot.start + slot.length), seq)
+        for commit in partial:
+            self.slots[commit.shard_id].applied.update(dict.fromkeys(commit.samples, seq))
         self._todo_heap = [(self._ranks[s.shard_id], s.shard_id) for s in self.slots if s.state is ShardState.TODO]
         heapq.heapify(self._todo_heap)
         self.todo_count = len(self._todo_heap)
@@ -199,17 +231,20 @@ class JobState:
     # ------------------------------------------------------------ snapshots
 
     def to_snapshot(self, now: datetime, log_offset: int | None = None) -> ShardSnapshot:
+        by_seq = _update_ids(self.updates)
         entries = [
             trusted(
                 ShardStateEntry, shard_id=s.shard_id, state=s.state, worker_id=s.worker, lease_expires=from_ms(s.lease_ms),
                 started=s.started, attempt=s.attempt, done_seq=s.done_seq, reason=s.reason,
+                applied=[trusted(AppliedSamples, seq=seq, samples=samples, update_id=by_seq.get(seq))
+                         for seq, samples in s.applied_groups()],
             )
             for s in self.slots
         ]
         return ShardSnapshot(
             job_id=self.job_id, seq=self.last_seq, writer_epoch=self.writer_epoch, writer=self.writer, dataset=self.dataset,
             epoch=self.epoch, finished=self.finished, shards=entries, quotas=dict(self.quotas),
-            epoch_opened_seq=self.epoch_opened_seq, log_offset=log_offset, timestamp=now,
+            epoch_opened_seq=self.epoch_opened_seq, rewinds=dict(self.rewinds), log_offset=log_offset, timestamp=now,
         )
 
     @classmethod
@@ -217,12 +252,15 @@ class JobState:
         state = cls(snapshot.job_id, dataset=snapshot.dataset, writer_epoch=snapshot.writer_epoch, writer=snapshot.writer)
         state._open_epoch(snapshot.epoch, snapshot.epoch_opened_seq)
         state.finished, state.last_seq, state.quotas = snapshot.finished, snapshot.seq, dict(snapshot.quotas)
+        state.rewinds = dict(snapshot.rewinds)
         for entry in snapshot.shards:
             slot = state.slots[entry.shard_id]
             if entry.state is not ShardState.TODO:
                 state._leave_todo(slot)
             slot.state, slot.worker, slot.lease_ms = entry.state, entry.worker_id, to_ms(entry.lease_expires)
             slot.started, slot.attempt, slot.done_seq, slot.reason = entry.started, entry.attempt, entry.done_seq, entry.reason
+            slot.applied = {sample: group.seq for group in entry.applied for sample in group.samples}
+            state.updates.update({group.update_id: group.seq for group in entry.applied if group.update_id})
             if entry.state is ShardState.DOING:
                 state.held.setdefault(entry.worker_id, set()).add(entry.shard_id)
         return state
@@ -257,6 +295,16 @@ def _started(state: JobState, event: ShardLogEvent) -> None:
     slot.started = True
     if event.lease_expires is not None:
         slot.lease_ms = to_ms(event.lease_expires)
+
+
+def _applied(state: JobState, event: ShardLogEvent) -> None:
+    """Samples are in the model; the first record of a sample stands (a repeat is the audit's to report)."""
+    for commit in event.commits:
+        applied = state.slots[commit.shard_id].applied
+        for sample in commit.samples:
+            applied.setdefault(sample, event.seq)
+    if event.update_id is not None:
+        state.updates[event.update_id] = event.seq
 
 
 def _done(state: JobState, event: ShardLogEvent) -> None:
@@ -310,8 +358,12 @@ def _checkpoint(state: JobState, event: ShardLogEvent) -> None:
 
 
 def _rewound(state: JobState, event: ShardLogEvent) -> None:
+    if event.cause is not None:
+        state.rewinds[event.cause] = event.seq
     if event.version >= state.epoch_opened_seq and event.epoch == state.epoch:
+        state.updates = {update: seq for update, seq in state.updates.items() if seq <= event.version}
         for slot in state.slots:
+            slot.applied = {sample: seq for sample, seq in slot.applied.items() if seq <= event.version}
             redo = slot.state is ShardState.DOING or (slot.state is ShardState.DONE and slot.done_seq > event.version)
             if redo:
                 state._set_todo(slot, slot.attempt + 1)
@@ -319,7 +371,7 @@ def _rewound(state: JobState, event: ShardLogEvent) -> None:
                 slot.worker = None  # work from before the rewind is not in the model: no late DONE for it
         state.finished = False
         return
-    state._open_epoch(event.epoch, event.seq, done=set(event.shard_ids), attempt=event.attempt or 0)
+    state._open_epoch(event.epoch, event.seq, done=set(event.shard_ids), attempt=event.attempt or 0, partial=event.commits)
 
 
 _HANDLERS = {
@@ -338,6 +390,7 @@ _HANDLERS = {
     T.EPOCH_CLOSED: _epoch_closed,
     T.CHECKPOINT: _checkpoint,
     T.REWOUND: _rewound,
+    T.APPLIED: _applied,
 }
 
 

@@ -36,6 +36,9 @@ def test_help_lists_the_commands(capsys):
         (["broker", "--port", "0"], "greater than or equal to 1"),
         (["broker", "--bogus"], "No such option: --bogus"),
         (["nope"], "No such command 'nope'"),
+        (["ps", "--shard", "2", "--shards", "2"], "shard 2 of 2: shards are numbered from 0"),
+        (["ps", "--max-staleness", "-1"], "--max-staleness"),
+        (["audit", "--job", "j", "--ledger", "/no/such/dir"], "--ledger"),
     ],
 )
 def test_bad_arguments_are_one_line(capsys, argv, expected):

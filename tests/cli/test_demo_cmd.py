@@ -21,8 +21,10 @@ def antdt(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def test_a_short_demo_ends_with_a_clean_audit_and_the_report(tmp_path):
     result = antdt("demo", "--scenario", "short", "--no-dashboard", "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "audit: clean: 1 epoch(s), 6,144 samples each trained exactly once per epoch" in result.stdout
-    assert "efficiency" in result.stdout
+    said = " ".join(result.stdout.split())  # rich folds long lines at 80 columns
+    assert "audit: clean: every sample trained exactly once in each of 1 epoch(s) (6,144 samples in all)" in said
+    assert "ledger: all ones (1 file(s)), agreeing with the log for epoch(s) [0]" in said
+    assert "efficiency" in said and "held-out: loss" in said
     for name in ("progress.png", "throughput.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG
     summary = (tmp_path / "summary.md").read_text()
@@ -45,7 +47,13 @@ def test_bench_measures_the_baseline_and_dd_against_the_ideal(tmp_path):
     assert dd["audit_clean"] is True and dd["commands"] > 0  # batch sizes were rebalanced
     # BSP waits for the 3x slower worker every step; DD gives it a third of the batch.
     assert dd["speedup"] > 1.3, figures
-    assert (tmp_path / "summary.md").exists() and (tmp_path / "throughput-dd.png").exists()
+    for plan in (baseline, dd):  # the shared model learnt, and its ledger shows every sample once
+        assert plan["heldout_accuracy"] > 0.8 and plan["heldout_loss"] < 1.0, plan
+        assert plan["ledger"]["ok"] and len(plan["runs"]) == 1 and plan["failures"] == []
+        assert plan["median_efficiency"] == plan["runs"][0]["efficiency"]
+    assert (tmp_path / "dd" / "ledger-epoch0.npy").exists()
+    for name in ("summary.md", "throughput-dd.png", "loss.png"):
+        assert (tmp_path / name).exists(), name
 
 
 def test_a_broker_restart_needs_the_embedded_broker(monkeypatch):
@@ -60,7 +68,8 @@ def test_a_broker_restart_needs_the_embedded_broker(monkeypatch):
     (("demo", "--policy", "fast"), "'fast' is not one of"),
     (("bench", "--plans", "static-bsp,warp"), "unknown plan(s) warp"),
     (("demo", "--workers", "1"), "--workers"),
-    (("chaos", "--services-at", "broker=3"), "expected sharder|monitor|controller=SECONDS"),
+    (("chaos", "--services-at", "broker=3"), "expected sharder|monitor|controller|ps-<shard>=SECONDS"),
+    (("chaos", "--training", "lockstep"), "'lockstep': choose async or sync"),
     (("chaos", "--worker-every", "0.5"), "kill workers at most once a second, or 0 for none"),
 ])
 def test_bad_arguments_are_one_line(args, expected):

@@ -35,3 +35,56 @@ def test_two_example_workers_one_slowed_train_the_job_exactly_once(settings, top
     assert sum(trained) == 1024 * 2 and trained[0] > trained[1]  # dynamic sharding: the fast one did more
     spec = DatasetSpec(name="synthetic-clusters", size=1024, shard_size=64, epochs=2, shuffle_seed=0, max_attempts=3, lease_s=30.0)
     assert_exactly_once("job-example", spec, job_log(settings, "job-example"))
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_worker_slowed_by_sleep_is_a_straggler_within_5_s_and_stays_one(settings, topics):
+    """Injected sleep is booked as compute, as a slower device's time would be: the monitor sees it at once."""
+    from antdt.launch import service_process
+    from antdt.schemas.codec import make_codec
+    from antdt.schemas.models import StragglerVerdict, VerdictKind, WorkerMetrics
+
+    job = "job-slowed"
+    env = {**os.environ, "ANTDT_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "ANTDT_BROKER_PROFILE": "embedded",
+           "ANTDT_TOPIC_PREFIX": settings.topic_prefix, "ANTDT_JOB_ID": job, "ANTDT_REPORT_INTERVAL_S": "0.5"}
+    args = [sys.executable, "-m", "antdt.cli.main", "worker", "--samples", "16000", "--shard-size", "128",
+            "--epochs", "1", "--step-sleep-ms", "50"]
+    reports, verdicts = [], []
+    with running_sharder(settings), service_process(settings, "monitor") as monitor, \
+            _reader(settings, job) as read:
+        monitor.wait_ready()
+        workers = [subprocess.Popen([*args, "--worker-id", f"w{i}", *(["--slowdown", "4"] if i == 2 else [])],
+                                    env=env, stdout=subprocess.DEVNULL) for i in range(3)]
+        while all(w.poll() is None for w in workers):  # until the first one is done: all three train till then
+            for record in read():
+                (reports if isinstance(record, WorkerMetrics) else verdicts).append(record)
+        for worker in workers:
+            worker.wait(120)
+    first_report = min(r.window_end for r in reports if r.worker_id == "w2")
+    mine = sorted((v for v in verdicts if v.worker_id == "w2"), key=lambda v: v.issued_at)
+    assert mine and mine[0].kind is VerdictKind.STRAGGLER, [(v.kind, v.issued_at) for v in mine]
+    assert (mine[0].issued_at - first_report).total_seconds() <= 5.0
+    assert not any(v.kind is not VerdictKind.STRAGGLER for v in mine), [(v.kind.value, v.classification.value) for v in mine]
+    assert not any(v.worker_id != "w2" and v.kind is VerdictKind.STRAGGLER for v in verdicts)
+
+
+def _reader(settings, job):
+    """Reads the job's metrics and verdicts from the beginning; ``read()`` returns what arrived since."""
+    from contextlib import contextmanager
+
+    from antdt.bus.readers import BEGINNING, KeyedReader
+    from antdt.schemas.codec import make_codec
+    from antdt.topics import topic_spec
+
+    @contextmanager
+    def reading():
+        codec = make_codec(None)
+        readers = [KeyedReader(settings, topic_spec(c, n).full_name(settings.topic_prefix), job, codec, start=BEGINNING)
+                   for c, n in (("worker", "metrics"), ("monitor", "verdicts"))]
+        try:
+            yield lambda: [record for reader in readers for record in reader.poll(0.1)]
+        finally:
+            for reader in readers:
+                reader.close()
+    return reading()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from antdt.demo.feeds import ShardFeed, StaticFeed
+from antdt.worker.provenance import SampleTag, Tagged
 
 
 def test_static_slices_partition_every_epoch_across_ranks():
@@ -18,9 +19,13 @@ def test_static_slices_partition_every_epoch_across_ranks():
     for rank in range(world):
         feed = StaticFeed(inputs, labels, rank, world, epochs, seed=5)
         while (batch := feed.take(5)) is not None:
-            taken[rank] += batch[1].tolist()
+            got = batch.data[1].tolist()
+            assert [tag.index for tag in batch.tags] == got  # the tags name the samples taken
+            taken[rank] += got
         assert feed.exhausted
     assert all(len(samples) == size * epochs // world for samples in taken.values())
+    epochs_taken = [tag.epoch for tag in StaticFeed(inputs, labels, 0, world, epochs, seed=5).take(size).tags]
+    assert epochs_taken == [0] * (size // world) + [1] * (size // world)
     per_epoch = size // world
     for epoch in range(epochs):
         seen = sorted(x for samples in taken.values() for x in samples[epoch * per_epoch:(epoch + 1) * per_epoch])
@@ -45,7 +50,7 @@ class ScriptedDataset:
                 self.release.wait(10)
                 self.waiting = False
                 continue
-            yield torch.tensor([float(value)]), torch.tensor(value)
+            yield Tagged((torch.tensor([float(value)]), torch.tensor(value)), (SampleTag(0, value, 0, 0, "w"),))
         if not self.epochs:
             self.finished = True
 
@@ -57,7 +62,7 @@ def drain(feed: ShardFeed, wanted: int) -> list[list[int]]:
     batches = []
     while not feed.exhausted:
         batch = feed.take(wanted)
-        batches.append([] if batch is None else batch[1].tolist())
+        batches.append([] if batch is None else batch.data[1].tolist())
     return batches
 
 
@@ -74,7 +79,7 @@ def test_a_waiting_sharder_yields_a_short_batch_instead_of_blocking_the_step():
     dataset = ScriptedDataset([[0, 1, -1, 2, 3]])
     feed = ShardFeed(dataset, capacity=8).start()
     first = feed.take(4)
-    assert first[1].tolist() == [0, 1]  # short: the sharder said WAIT, the other ranks must not wait for us
+    assert first.data[1].tolist() == [0, 1] and [t.index for t in first.tags] == [0, 1]  # short: the sharder said WAIT, the other ranks must not wait for us
     assert feed.take(4) is None  # nothing buffered while still waiting
     dataset.release.set()
     rest = drain(feed, 4)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from antdt.demo.harness import PLANS, RunResult, demo_plan
+from antdt.demo.harness import RunResult
+from antdt.demo.plans import PLANS, demo_plan
 from antdt.demo.report import cumulative, write_report
 from antdt.demo.scenario import ClusterMode, Scenario
 from antdt.demo.timeline import CommandLine, Marker, Point, Timeline
+from antdt.services.sharder.audit import LedgerCheck
 from antdt.settings import load_settings
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -20,8 +22,10 @@ def made_up_run(plan: str, wall_s: float, audit: dict | None) -> RunResult:
     timeline.markers = [Marker(2.0, "w2", "verdict", "DETERMINISTIC straggler x3.0"),
                         Marker(2.1, "w2", "command", "SET_SHARD_QUOTA 1")]
     timeline.commands = [CommandLine(2.1, "w2", "SET_SHARD_QUOTA 1", {"APPLIED": 1})]
+    ledger = LedgerCheck(files=["ledger-epoch0.npy"], compared_epochs=[0] if audit else [])
+    curve = [(t * 1.0, 2.0 / (t + 1), min(0.99, 0.1 + t / 10)) for t in range(10)]
     return RunResult(PLANS[plan], scenario, f"job-{plan}", wall_s, scenario.ideal_time_s(), scenario.total_samples, 0,
-                     timeline, audit)
+                     timeline, audit, ledger=ledger, heldout=curve[-1][1:], loss_curve=curve)
 
 
 def test_the_report_has_the_plots_and_a_summary_with_the_figures(tmp_path):
@@ -29,14 +33,17 @@ def test_the_report_has_the_plots_and_a_summary_with_the_figures(tmp_path):
     baseline, nd = made_up_run("static-bsp", 30.0, None), made_up_run("nd", 8.0, clean)
     files = write_report([baseline, nd], tmp_path, baseline)
     names = sorted(f.name for f in files)
-    assert names == ["progress.png", "summary.md", "throughput-nd.png", "throughput-static-bsp.png"]
+    assert names == ["loss.png", "progress.png", "summary.md", "throughput-nd.png", "throughput-static-bsp.png"]
     for png in (f for f in files if f.suffix == ".png"):
         assert png.read_bytes()[:8] == PNG and png.stat().st_size > 10_000
     summary = (tmp_path / "summary.md").read_text()
-    assert f"| antdt, AntDT-ND | 8.0 s | {nd.ideal_s:.1f} s | {nd.efficiency:.3f} | 3.75x | 1 | 0 | clean |" in summary
+    assert (f"| antdt, AntDT-ND (PS) | 8.0 s | {nd.ideal_s:.1f} s | {nd.efficiency:.3f} | 3.75x | 0.200 | 0.990 | 1 | 0 "
+            "| clean | ones |") in summary
+    assert "- held-out: loss 0.200, accuracy 0.990" in summary
+    assert "- ledger: all ones (1 file(s)), agreeing with the log for epoch(s) [0]" in summary
     assert "| static sharding, BSP (baseline) | 30.0 s |" in summary
     assert "| 2.1 s | w2 | SET_SHARD_QUOTA 1 | applied 1 |" in summary
-    assert "clean: 1 epoch(s), 6,144 samples each trained exactly once per epoch" in summary
+    assert "clean: every sample trained exactly once in each of 1 epoch(s) (6,144 samples in all)" in summary
 
 
 def test_cumulative_samples_add_up_every_worker_report():

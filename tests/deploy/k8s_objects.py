@@ -9,6 +9,8 @@ way for every overlay.
 from __future__ import annotations
 
 import base64
+import re
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -22,7 +24,11 @@ DOWNWARD_API_SAMPLES = {
     "metadata.name": "antdt-example-training-0-x7k2p",
     "metadata.namespace": "antdt",
     "spec.nodeName": "node-1.example.internal",
+    # A StatefulSet pod's index (Kubernetes 1.28+): the first pod's.
+    "metadata.labels['apps.kubernetes.io/pod-index']": "0",
 }
+#: ``$(VAR)`` in a container's command and args, which the kubelet expands from its env (``$$`` escapes).
+ENV_REFERENCE = re.compile(r"\$\$|\$\((\w+)\)")
 STRIMZI_CLUSTER_LABEL = "strimzi.io/cluster"
 
 
@@ -167,3 +173,20 @@ def container_port_names(template: PodTemplate) -> dict[str, int]:
 
 def container_port_numbers(template: PodTemplate) -> set[int]:
     return {port["containerPort"] for c in template.containers for port in c.get("ports", [])}
+
+
+def expanded_args(container: Object, objects: list[Object]) -> list[str]:
+    """A container's args as the kubelet passes them: each ``$(VAR)`` of its env replaced, others left as written."""
+    env = resolved_env(container, objects)
+
+    def expand(match: re.Match[str]) -> str:
+        return "$" if match[0] == "$$" else env.get(match[1], match[0])
+
+    return [ENV_REFERENCE.sub(expand, arg) for arg in container.get("args", [])]
+
+
+def exec_command(script: str) -> list[str]:
+    """The words after ``exec`` in a shell script's exec line (backslash continuations joined)."""
+    lines = [line.strip() for line in script.replace("\\\n", " ").splitlines()]
+    (line,) = [line for line in lines if line.startswith("exec ")]
+    return shlex.split(line)[1:]

@@ -15,7 +15,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import jsonschema
@@ -36,6 +36,8 @@ SCHEMAS = DEPLOY / "schemas"
 
 #: Variables the Kubernetes controller actuator adds; checked with that work, not here.
 K8S_PREFIX = "ANTDT_K8S_"
+#: The subcommands of the example job (profile "workers"): its parameter server and its workers.
+JOB_COMMANDS = {"ps", "worker"}
 SECRET_NAME = re.compile(r"KEY|PASSWORD|SECRET|TOKEN|CREDENTIAL", re.IGNORECASE)
 INTERPOLATION = re.compile(
     r"\$(?:(?P<escaped>\$)|\{(?P<name>[A-Za-z_]\w*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}|(?P<bare>[A-Za-z_]\w*))"
@@ -134,6 +136,11 @@ def option(command: list[str], name: str) -> str | None:
     return command[command.index(name) + 1] if name in command else None
 
 
+def running(services: dict[str, dict[str, Any]], subcommand: str) -> dict[str, dict[str, Any]]:
+    """The antdt services whose command is ``antdt <subcommand>``."""
+    return {name: service for name, service in antdt_services(services).items() if service["command"][0] == subcommand}
+
+
 def published(service: dict[str, Any]) -> dict[int, tuple[str, int]]:
     """Container port -> (host address, host port) of the short-syntax port mappings."""
     mappings = {}
@@ -192,7 +199,10 @@ def test_every_dependency_exists_and_its_condition_can_be_met(services):
     for name, service in services.items():
         for target, condition in dependencies(service).items():
             assert target in services, f"{name} depends on unknown service {target}"
-            assert "profiles" not in services[target], f"{name} depends on {target}, which a profile may leave out"
+            # A profiled target runs whenever the dependent does only if each profile of one is a profile of the other.
+            profiles, target_profiles = set(service.get("profiles", [])), services[target].get("profiles")
+            assert target_profiles is None or profiles and profiles <= set(target_profiles), (
+                f"{name} depends on {target}, which a profile may leave out")
             if condition == "service_healthy":
                 assert "healthcheck" in services[target], f"{name} waits for {target} to be healthy; it has no healthcheck"
             if condition == "service_completed_successfully":
@@ -206,9 +216,9 @@ def test_topics_are_created_once_kafka_is_healthy_and_before_any_service(service
         assert dependencies(services[name])["topics"] == "service_completed_successfully", name
 
 
-def test_workers_wait_for_a_ready_sharder(services):
+def test_workers_and_parameter_servers_wait_for_a_ready_sharder(services):
     for name, service in antdt_services(services).items():
-        if service["command"][0] == "worker":
+        if service["command"][0] in JOB_COMMANDS:
             assert dependencies(service)["sharder"] == "service_healthy", name
 
 
@@ -217,6 +227,12 @@ def test_workers_wait_for_a_ready_sharder(services):
 
 def cli_command(name: str):
     return typer.main.get_command(app).commands[name]
+
+
+def cli_params(command: list[str]) -> dict[str, Any]:
+    """An exec-form command's options as the CLI parses them: values converted, defaults filled in."""
+    subcommand, *args = command
+    return cli_command(subcommand).make_context(subcommand, list(args)).params
 
 
 def test_every_command_and_probe_parses_with_the_cli(services):
@@ -388,10 +404,11 @@ def test_no_secret_is_written_down(compose):
 # ------------------------------------------------------------------ example workers
 
 
-def test_workers_run_only_in_the_workers_profile(services):
+def test_the_job_runs_only_in_the_workers_profile(services):
+    """Workers and their parameter server start with `--profile workers`; nothing else does."""
     for name, service in services.items():
-        is_worker = service.get("command", [None])[0] == "worker"
-        assert service.get("profiles") == (["workers"] if is_worker else None), name
+        in_job = service.get("command", [None])[0] in JOB_COMMANDS
+        assert service.get("profiles") == (["workers"] if in_job else None), name
 
 
 def test_workers_have_distinct_valid_ids_and_some_are_stragglers(services):
@@ -405,5 +422,70 @@ def test_workers_have_distinct_valid_ids_and_some_are_stragglers(services):
     for worker in workers:
         load_settings(slowdown=option(worker["command"], "--slowdown"),
                       slowdown_mode=option(worker["command"], "--slowdown-mode") or "sleep")
-    checkpoints = [option(s["command"], "--checkpoint") for s in workers]
-    assert len(set(checkpoints)) == len(workers), "workers sharing a volume need their own checkpoint files"
+
+
+# ------------------------------------------------------------------ the example job's parameter server
+
+
+@pytest.fixture(scope="module")
+def parameter_servers(services) -> dict[str, dict[str, Any]]:
+    """The ps services, by shard number."""
+    shards = {cli_params(s["command"])["shard"]: name for name, s in running(services, "ps").items()}
+    return {shard: services[name] | {"name": name} for shard, name in sorted(shards.items())}
+
+
+def test_the_parameter_server_shards_are_numbered_from_zero_and_agree_on_their_count(parameter_servers):
+    assert parameter_servers, "the example job runs no parameter server"
+    assert list(parameter_servers) == list(range(len(parameter_servers))), f"shards {list(parameter_servers)}"
+    for shard, service in parameter_servers.items():
+        assert cli_params(service["command"])["shards"] == len(parameter_servers), service["name"]
+
+
+def test_the_parameter_server_is_probed_on_its_http_port_and_always_restarted(parameter_servers):
+    for service in parameter_servers.values():
+        port = cli_params(service["command"])["http_port"]
+        probe = service["healthcheck"]["test"]
+        assert int(option(probe, "--port")) == port and option(probe, "--path") == "/readyz", service["name"]
+        assert port in published(service), f"{service['name']}: metrics port {port} not published"
+        assert service["restart"] == "unless-stopped", "a shard serves until stopped, whatever ended it"
+
+
+def named_volume_mounts(service: dict[str, Any]) -> dict[PurePosixPath, tuple[str, bool]]:
+    """Container path -> (source, read-only) of the short-syntax volume mounts."""
+    mounts = {}
+    for entry in service.get("volumes", []):
+        source, target, *mode = str(entry).split(":")
+        mounts[PurePosixPath(target)] = (source, "ro" in ",".join(mode).split(","))
+    return mounts
+
+
+def test_the_parameter_servers_checkpoints_and_ledgers_are_on_a_named_volume(resolved, parameter_servers):
+    """A restarted shard rebuilds its state from its checkpoints: they must outlive the container."""
+    for service in parameter_servers.values():
+        params, mounts = cli_params(service["command"]), named_volume_mounts(service)
+        for field in ("checkpoint_dir", "out"):
+            directory = PurePosixPath(params[field])
+            assert directory.is_absolute(), f"{service['name']}: {field} {directory} depends on the working directory"
+            covering = [target for target in mounts if directory.is_relative_to(target)]
+            assert covering, f"{service['name']}: {field} {directory} is on no volume"
+            source, read_only = mounts[max(covering, key=lambda target: len(target.parts))]
+            assert source in resolved["volumes"], f"{service['name']}: {directory} is on {source}, not a named volume"
+            assert not read_only, f"{service['name']}: {directory} is mounted read-only"
+
+
+def test_workers_train_on_every_shard_once_it_is_healthy(services, parameter_servers):
+    addresses = [f"{s['name']}:{cli_params(s['command'])['port']}" for s in parameter_servers.values()]
+    for name, worker in running(services, "worker").items():
+        params = cli_params(worker["command"])
+        assert params["ps"] and params["ps"].split(",") == addresses, f"{name}: --ps {params['ps']}, shards {addresses}"
+        assert params["checkpoint"] is None, f"{name}: --checkpoint is unused with --ps (the server holds the model)"
+        for shard in parameter_servers.values():
+            assert dependencies(worker).get(shard["name"]) == "service_healthy", f"{name} does not wait for {shard['name']}"
+
+
+def test_the_parameter_server_belongs_to_its_workers_job(services, parameter_servers):
+    """The same job id, bus and signing key: everything but the worker's own id."""
+    for name, worker in running(services, "worker").items():
+        job_environment = {key: value for key, value in worker["environment"].items() if key != "ANTDT_WORKER_ID"}
+        for shard in parameter_servers.values():
+            assert shard["environment"] == job_environment, f"{shard['name']} and {name} differ"

@@ -11,7 +11,7 @@ names a missing role, topics that drifted from the registry).
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -26,6 +26,7 @@ from antdt.worker.injection import parse_slowdown
 from tests.deploy import k8s_objects as k8s
 from tests.deploy.k8s_schemas import REPO, kustomization_errors, schema_errors
 from tests.deploy.kustomize import KUSTOMIZATION_FILE, build, load_documents, read_kustomization
+from tests.deploy.test_compose import cli_params
 
 K8S = REPO / "deploy" / "k8s"
 REMEDIATION = K8S / "components" / "remediation"
@@ -165,11 +166,12 @@ def test_every_namespaced_object_lands_in_the_overlay_namespace(name: str):
 
 
 @render_names
-def test_deployment_selectors_match_their_pod_template_labels(name: str):
-    for deployment in k8s.of_kind(objects_of(name), "Deployment"):
-        selector = deployment["spec"]["selector"]["matchLabels"]
-        labels = deployment["spec"]["template"]["metadata"]["labels"]
-        assert k8s.matches(selector, labels), f"[{name}] {label(deployment)}: selector {selector} misses labels {labels}"
+def test_deployment_and_statefulset_selectors_match_their_pod_template_labels(name: str):
+    objects = objects_of(name)
+    for workload in [*k8s.of_kind(objects, "Deployment"), *k8s.of_kind(objects, "StatefulSet")]:
+        selector = workload["spec"]["selector"]["matchLabels"]
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert k8s.matches(selector, labels), f"[{name}] {label(workload)}: selector {selector} misses labels {labels}"
 
 
 @render_names
@@ -474,12 +476,16 @@ def test_example_workers_are_identified_by_pod_and_node_names():
 
 
 def test_example_pods_avoid_nodes_marked_degraded():
-    job, _ = example_worker()
-    affinity = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
-    terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    """The workers' replacements, and the parameter server a slow node would slow for everyone."""
     degraded = KubernetesSettings().degraded_label
     expected = {"key": degraded, "operator": "NotIn", "values": ["true"]}
-    assert terms and all(expected in term["matchExpressions"] for term in terms), f"every term must exclude {degraded}=true"
+    templates = k8s.pod_templates(build(EXAMPLE))
+    assert {t.owner["kind"] for t in templates} == {"Job", "StatefulSet"}, [t.name for t in templates]
+    for template in templates:
+        affinity = template.spec["affinity"]["nodeAffinity"]
+        terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms and all(expected in term["matchExpressions"] for term in terms), (
+            f"{template.name}: every term must exclude {degraded}=true")
 
 
 def test_example_restarts_do_not_count_as_failures_and_one_worker_straggles():
@@ -493,3 +499,100 @@ def test_example_restarts_do_not_count_as_failures_and_one_worker_straggles():
     env = {var["name"]: var.get("value") for var in container["env"]}
     assert 0 <= int(env["STRAGGLER_INDEX"]) < spec["completions"], "the straggler index must be one of the job's"
     assert parse_slowdown(env["STRAGGLER_SLOWDOWN"]).factor_at(0) > 1, "the straggler must be slowed"
+
+
+# ------------------------------------------------------------ example job: parameter server
+
+
+def example_parameter_server() -> tuple[list[dict], dict, dict, dict]:
+    """The example rendering, its parameter-server StatefulSet and container, and that container's parsed args."""
+    objects = objects_of("strimzi+example")
+    (statefulset,) = k8s.of_kind(objects, "StatefulSet")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    return objects, statefulset, container, cli_params(k8s.expanded_args(container, objects))
+
+
+def test_the_parameter_server_is_part_of_the_example_job_only():
+    assert [label(s) for s in k8s.of_kind(build(EXAMPLE), "StatefulSet")] == ["StatefulSet/antdt-ps"]
+    for name in RENDERINGS:
+        if not name.endswith("+example"):
+            assert not k8s.of_kind(objects_of(name), "StatefulSet"), f"[{name}] the parameter server belongs to a job"
+
+
+def test_each_shard_is_a_pod_of_the_statefulset_numbered_by_its_index():
+    """Kubernetes numbers the pods 0..replicas-1 (antdt-ps-<K>); the args take K from the pod-index label."""
+    _, statefulset, container, params = example_parameter_server()
+    assert "--shard" in container["args"], "the shard number must be given, not left to its default"
+    shard_env = {var["name"]: var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for var in container["env"]}
+    shard_ref = container["args"][container["args"].index("--shard") + 1]
+    assert shard_env.get(shard_ref.strip("$()")) == "metadata.labels['apps.kubernetes.io/pod-index']", (
+        f"--shard {shard_ref} is not the pod's index")
+    assert params["shards"] == statefulset["spec"]["replicas"], "--shards must equal the StatefulSet's replicas"
+    assert statefulset["spec"]["podManagementPolicy"] == "Parallel", "shards are peers: start them all at once"
+
+
+def test_the_parameter_server_runs_with_probes_metrics_and_its_ports():
+    _, statefulset, container, params = example_parameter_server()
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"ps": params["port"], "http-metrics": params["http_port"]}, f"antdt-ps ports {ports}"
+    for probe, path in PROBE_PATHS.items():
+        assert container[probe]["httpGet"] == {"path": path, "port": "http-metrics"}, f"antdt-ps {probe}"
+    annotations = statefulset["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(params["http_port"]), f"antdt-ps scrape annotations {annotations}"
+
+
+def test_the_headless_service_names_every_shard_on_the_parameter_server_port():
+    objects, statefulset, container, params = example_parameter_server()
+    service = k8s.find(objects, "Service", statefulset["spec"]["serviceName"])
+    assert service is not None, f"no Service {statefulset['spec']['serviceName']} (the StatefulSet's serviceName)"
+    assert service["spec"]["clusterIP"] == "None", "pods get DNS names (antdt-ps-<K>.antdt-ps) only from a headless Service"
+    assert k8s.matches(service["spec"]["selector"], statefulset["spec"]["template"]["metadata"]["labels"])
+    (port,) = [port for port in service["spec"]["ports"] if port["targetPort"] == "ps"]
+    assert port["port"] == params["port"], f"the Service publishes {port['port']}, the server listens on {params['port']}"
+
+
+def test_example_workers_reach_every_shard_in_order_and_keep_no_checkpoint():
+    objects, statefulset, _, params = example_parameter_server()
+    _, worker = example_worker()
+    name, service = statefulset["metadata"]["name"], statefulset["spec"]["serviceName"]
+    shards = [f"{name}-{k}.{service}:{params['port']}" for k in range(statefulset["spec"]["replicas"])]
+    words = k8s.exec_command(worker["args"][0])
+    assert words[0] == "antdt", f"the workers exec {words}"
+    worker_params = cli_params(words[1:])
+    assert worker_params["ps"].split(",") == shards, f"workers --ps {worker_params['ps']}, shards {shards}"
+    assert worker_params["checkpoint"] is None, "--checkpoint is unused with --ps (the server holds the model)"
+
+
+def test_the_parameter_servers_checkpoints_are_on_its_persistent_volume_claim():
+    """A restarted shard rebuilds its state from its checkpoints: they must outlive the pod."""
+    _, statefulset, container, params = example_parameter_server()
+    template = k8s.PodTemplate(statefulset, statefulset["spec"]["template"])
+    claims = {claim["metadata"]["name"]: claim["spec"] for claim in statefulset["spec"]["volumeClaimTemplates"]}
+    mounts = {PurePosixPath(mount["mountPath"]): mount for mount in container["volumeMounts"]}
+    for field in ("checkpoint_dir", "out"):
+        directory = PurePosixPath(params[field])
+        covering = [path for path in mounts if directory.is_relative_to(path)]
+        assert covering, f"antdt-ps: {field} {directory} is on the read-only root filesystem"
+        mount = mounts[max(covering, key=lambda path: len(path.parts))]
+        assert mount["name"] in claims, f"antdt-ps: {directory} is on volume {mount['name']!r}, not a claim template"
+        assert template.volume(mount["name"]) is None, f"a pod volume {mount['name']!r} would shadow the claim"
+        assert not mount.get("readOnly"), f"antdt-ps: {directory} is mounted read-only"
+        claim = claims[mount["name"]]
+        assert "ReadWriteOnce" in claim["accessModes"] and claim["resources"]["requests"]["storage"], claim
+    assert statefulset["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 10001, "the claim must be writable"
+    retention = statefulset["spec"].get("persistentVolumeClaimRetentionPolicy", {})
+    assert retention.get("whenDeleted", "Retain") == "Retain", "deleting the StatefulSet must keep the checkpoints"
+
+
+def test_the_parameter_server_belongs_to_the_workers_job_and_bus():
+    """The same ANTDT_JOB_ID, Kafka settings and signing key; only the ids of the process differ."""
+    objects, _, container, _ = example_parameter_server()
+    _, worker = example_worker()
+    own = {"ANTDT_WORKER_ID", "ANTDT_NODE_ID", "ANTDT_CLIENT_ID"}
+
+    def shared(env: dict[str, str]) -> dict[str, str]:
+        return {key: value for key, value in env.items() if key.startswith("ANTDT_") and key not in own}
+
+    ps_env, worker_env = k8s.resolved_env(container, objects), k8s.resolved_env(worker, objects)
+    assert shared(ps_env) == shared(worker_env), f"antdt-ps {shared(ps_env)}, workers {shared(worker_env)}"
+    assert ps_env["ANTDT_JOB_ID"] == "example-training"

@@ -27,6 +27,7 @@ from antdt.schemas.models import (
     DatasetSpec,
     ProgressKind,
     ResourceSnapshot,
+    ShardCommit,
     ShardProgress,
     StepTimeStats,
     StragglerClass,
@@ -138,8 +139,18 @@ def shard_reports(draw, job_id: str) -> ShardProgress:
         attempt=draw(st.none() | st.integers(0, 5) | counts32), quota=draw(st.none() | st.integers(0, 5) | counts32),
         dataset=draw(st.none() | dataset_specs()),
         version=draw(st.one_of(st.integers(0, 40), counts64)) if kind is ProgressKind.REWIND else None,
+        commits=draw(st.lists(shard_commits(), min_size=1, max_size=3)) if kind is ProgressKind.COMMIT else [],
+        update_id=draw(st.none() | names) if kind is ProgressKind.COMMIT else None,
+        read_shards=draw(st.lists(st.one_of(st.integers(0, 60), counts64), max_size=3)) if kind is ProgressKind.REQUESTED else [],
         timestamp=draw(times),
     )
+
+
+@st.composite
+def shard_commits(draw) -> ShardCommit:
+    return ShardCommit(holder=draw(st.none() | small_names), shard_id=draw(st.one_of(st.integers(0, 60), counts64)),
+                       attempt=draw(st.one_of(st.integers(0, 5), counts32)),
+                       samples=draw(st.lists(st.one_of(st.integers(0, 600), counts64), min_size=1, max_size=4)))
 
 
 #: Durations a timer can measure, up to what the monitor accepts in a report (1e6 s). Zero and

@@ -276,7 +276,11 @@ def test_an_agent_pulls_an_epoch_through_the_sharder_process_with_credentials(au
         sharder.wait_ready(60)
         with Agent("job-auth", "w0", settings=alice, listen_for_commands=False) as agent:
             data = agent.shards(list(range(spec.size)), spec, shuffle=False)
-            samples = list(data)
+            samples = []
+            while not data.finished:
+                for sample in agent.iterate(data):
+                    samples.append(sample)
+                    agent.step()  # commits the sample: the epoch ends once every one is committed
             data.close()
     assert sorted(samples) == list(range(spec.size))
     assert seen["failed"] == 0 and seen["succeeded"] >= 4

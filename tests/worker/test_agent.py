@@ -223,3 +223,17 @@ def test_custom_actions_reach_registered_callbacks(agent_settings):
         step_until(agent, lambda: len(seen) == 1)  # commands apply in order: "nope" went first
     assert acks_for(agent_settings, command.command_id, AckStatus.APPLIED)[-1].status is AckStatus.APPLIED
     assert acks_for(agent_settings, unknown.command_id, AckStatus.FAILED)[-1].reason.startswith("LookupError")
+
+
+def test_injected_sleep_is_booked_as_compute(agent_settings):
+    """A worker slowed 4x by sleep injection must look 4x slower, as a slower device would."""
+    from antdt.worker.injection import SlowdownSpec, StragglerInjector
+
+    with Agent("job-agent", "w1", settings=agent_settings, listen_for_commands=False) as agent:
+        agent._injector = StragglerInjector(SlowdownSpec(constant=4.0)).start()
+        for _ in range(3):
+            time.sleep(0.02)  # the step's own compute
+            agent.step()
+    metrics = read_topic(agent_settings, "worker", "metrics", lambda f: sum(m.step_count for m in f) >= 3)
+    steps = [m for m in metrics if m.step_count]
+    assert min(m.compute.min_s for m in steps) >= 0.08  # 0.02 s of work, four times

@@ -4,7 +4,8 @@ The equivalence tests spawn real gloo process groups (2 and 3 ranks), train a
 small float64 model for a few SGD steps with local batch sizes that change at
 agreed steps (one rank pausing with batch 0 and NaN in its stale gradients),
 and compare every rank's final parameters with single-process training on the
-concatenated batch.
+concatenated batch. The same all-reduce carries each rank's samples into the
+ledger: every rank ends with the same counts, each sample of every step once.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from antdt.worker.ddp import BatchSizePlan, DistributedError, WeightedGradientAverager, agreed_checkpoint_version, world_size
+from antdt.worker.ledger import LedgerSlots, SampleLedger
+from antdt.worker.provenance import SampleTag
 
 STEPS = 6
 FEATURES = 4
@@ -107,7 +110,9 @@ def rank_main(rank: int, world: int, init_file: str, out_dir: str, mixed: bool) 
                 yield
             return timer
 
-        averager = WeightedGradientAverager(sync_timer=timer_named("default"))
+        ledger = SampleLedger(STEPS * 100, 1)
+        averager = WeightedGradientAverager(sync_timer=timer_named("default"),
+                                            ledger=LedgerSlots(ledger, world, rank, cap=32))
         model, optimizer = new_model(mixed)
         global_batches, counted = [], []
         for step in range(STEPS):
@@ -120,10 +125,11 @@ def rank_main(rank: int, world: int, init_file: str, out_dir: str, mixed: bool) 
                 for param in model.parameters():
                     param.grad = torch.full_like(param, math.nan)
             this_call = timer_named("per call") if step % 2 else None
+            tags = [SampleTag(0, step * 100 + start + i) for i in range(sizes[rank])]  # sample = place in the step
             if step % 3:
-                global_batches.append(averager.sync(model, sizes[rank], this_call))
+                global_batches.append(averager.sync(model, sizes[rank], this_call, tags=tags))
             else:  # with counters riding along: each rank adds rank + 1
-                total, sums = averager.sync_counting(model, sizes[rank], [rank + 1, 0], this_call)
+                total, sums = averager.sync_counting(model, sizes[rank], [rank + 1, 0], this_call, tags=tags)
                 global_batches.append(total)
                 counted.append(sums)
             optimizer.step()
@@ -139,9 +145,10 @@ def rank_main(rank: int, world: int, init_file: str, out_dir: str, mixed: bool) 
             failure = "told"
         torch.save(
             {"state": model.state_dict(), "global_batches": global_batches, "timed": timed, "counted": counted,
-             "version": version, "flushed": len(flushed), "failure": failure},
+             "version": version, "flushed": len(flushed), "failure": failure, "ledger": ledger.counts},
             Path(out_dir) / f"rank{rank}.pt",
         )
+        dist.barrier()  # nobody tears the group down while a peer is still in the last collective
     finally:
         dist.destroy_process_group()
 
@@ -158,6 +165,10 @@ def test_weighted_average_equals_single_process_on_the_whole_batch(world: int, m
             torch.testing.assert_close(got["state"][name], value, atol=tolerance, rtol=0, msg=f"rank {rank} {name}")
         assert got["counted"] == [[world * (world + 1) // 2, 0]] * len(range(0, STEPS, 3))
         assert got["global_batches"] == [sum(batch(world, step)[2]) for step in range(STEPS)]
+        expected_counts = torch.zeros(STEPS * 100, dtype=torch.int32)
+        for step in range(STEPS):
+            expected_counts[step * 100:step * 100 + sum(batch(world, step)[2])] = 1
+        assert torch.equal(got["ledger"][0], expected_counts), f"rank {rank}'s ledger"
         assert got["timed"] == ["default", "per call"] * (STEPS // 2)
         assert got["version"] == 41 and got["flushed"] == 1
         assert got["failure"] == ("asked and failed" if rank == 0 else "told")

@@ -110,3 +110,16 @@ def test_a_restarted_worker_ends_its_episode():
                  else r.model_copy(update={"seq": r.seq + 1000}) for r in later]  # the others go on counting
     verdicts = feed(engine, restarted)
     assert [(v.worker_id, v.kind, v.classification) for v in verdicts] == [("w2", K.CLEARED, C.NONE)]
+
+
+def test_parameter_servers_are_compared_with_each_other_not_with_the_workers():
+    """A PS shard's step (one applied update, a millisecond) would make every worker look slow, or itself a leader."""
+    engine = MonitorEngine(CODEC)
+    workers = generate(TraceSpec(seconds=40, job_id="j"), seed=3)
+    servers = [r.model_copy(update={"worker_id": f"ps-{r.worker_id}", "role": "ps", "samples": r.samples * 10})
+               for r in generate(TraceSpec(seconds=40, job_id="j", workers=3), seed=4)]
+    verdicts = feed(engine, sorted(workers + servers, key=lambda r: r.window_end))
+    assert verdicts == []
+    entry = engine.jobs["j"]
+    assert set(entry.roles) == {"ps"} and all(w.startswith("ps-") for w in entry.roles["ps"].workers)
+    assert not any(w.startswith("ps-") for w in entry.detector.workers)

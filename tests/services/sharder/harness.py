@@ -21,16 +21,31 @@ from antdt.worker.shard_client import NoAnswer, ShardClient
 
 @contextmanager
 def running_sharder(settings: Settings, config: SharderConfig | None = None, writer_id: str | None = None):
-    """A SharderService on a background thread, stopped (and flushed) on exit."""
+    """A SharderService on a background thread, stopped (and flushed) on exit.
+
+    If the service's loop died, leaving says so (with its error) instead of
+    letting the test blame the workers that waited for it.
+    """
     service = SharderService(settings, config, writer_id).start()
     stop = threading.Event()
-    thread = threading.Thread(target=service.run, args=(stop,), daemon=True)
+    died: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            service.run(stop)
+        except BaseException as exc:  # noqa: BLE001 - reported on exit
+            died.append(exc)
+            raise
+
+    thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
         yield service
     finally:
         stop.set()
         thread.join(15)
+    if died:
+        raise AssertionError(f"the sharder's loop died: {died[0]!r}") from died[0]
 
 
 @contextmanager

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import orjson
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from antdt.schemas.models import ProgressKind as K, ShardLogEvent, ShardState, ShardTransition as T
+from antdt.schemas.models import ProgressKind as K, ShardCommit, ShardLogEvent, ShardState, ShardTransition as T
 from antdt.services.sharder.audit import EpochStatus, audit_log, shard_ranges
 from antdt.services.sharder.eventlog import lacks_beginning
 from antdt.services.sharder.core import ShardCore
@@ -327,6 +328,22 @@ def split_at_snapshot(epochs: int = 2, after_events: int = 9):
 def test_lacks_beginning_is_a_log_that_does_not_start_at_seq_one():
     snapshot, events = split_at_snapshot()
     assert lacks_beginning(events) and not lacks_beginning(clean_job()) and not lacks_beginning([])
+    whole = clean_job()
+    # After a bus reset: retried records first, then the old log written again from seq 1, then new events.
+    assert lacks_beginning(whole[40:42] + whole)
+
+
+def test_a_log_written_again_after_a_reset_is_audited_from_the_snapshot():
+    from antdt.schemas.types import utc_now
+
+    core, log = new_core(dataset(size=1050, shard_size=100, epochs=1), quota=2)
+    log = finish(core, log)
+    cut = len(log) // 2
+    snapshot = fold(JOB, log[:cut]).to_snapshot(utc_now())
+    again = log[cut - 2:cut] + log[:cut] + log[cut:]  # what the new log holds, in its order
+    result = audit_log(again, snapshot=snapshot)
+    assert result.ok and result.finished, result.violations
+    assert result.from_snapshot_seq == snapshot.seq and result.epochs[0].counts == [1] * 1050
 
 
 def test_a_log_audited_from_a_snapshot_is_clean_and_says_where_it_starts():
@@ -366,3 +383,54 @@ def renumbered_from(events: list[ShardLogEvent], snapshot_seq: int) -> list[Shar
     head = [e for e in events if e.seq <= snapshot_seq]
     tail = [e for e in events if e not in head]
     return head + [e.model_copy(update={"seq": seq}) for seq, e in enumerate(tail, snapshot_seq + 1)]
+
+
+# ---------------------------------------------------------------- samples and the ledger
+
+
+def test_a_sample_applied_twice_is_a_violation_and_counted():
+    log = clean_job(epochs=1)
+    applied = log[first(log, T.APPLIED)]
+    tampered = renumbered([*log[: first(log, T.EPOCH_CLOSED)], applied, *log[first(log, T.EPOCH_CLOSED):]])
+    result = audit_log(tampered)
+    sample = applied.commits[0].samples[0]
+    assert any(f"sample {sample} applied twice" in v for v in result.violations)
+    assert result.epochs[0].samples_applied_twice == len(applied.commits[0].samples)
+    assert result.epochs[0].counts[sample] == 2
+
+
+def test_a_done_whose_samples_were_never_applied_is_a_violation():
+    log = clean_job(epochs=1)
+    dropped = log[first(log, T.APPLIED)]
+    result = audit_log(renumbered([e for e in log if e is not dropped]))
+    shard = dropped.commits[0].shard_id
+    assert any(f"shard {shard} DONE with 100 of its 100 samples never applied" in v for v in result.violations)
+
+
+def test_the_log_and_the_ledger_are_compared_sample_by_sample():
+    from antdt.services.sharder.audit import compare_with_ledger
+
+    result = audit_log(clean_job(epochs=2))
+    ones = {0: np.ones(1050, dtype=np.int32), 1: np.ones(1050, dtype=np.int32)}
+    assert compare_with_ledger(result, ones) == []
+    twice = {0: ones[0].copy(), 1: ones[1]}
+    twice[0][7] = 2
+    found = compare_with_ledger(result, twice)
+    assert any("trained more than once (first: [7])" in f for f in found)
+    assert any("disagree on 1 samples (sample 7: log 1, ledger 2)" in f for f in found)
+    assert compare_with_ledger(result, {0: ones[0]}) == ["epoch 1: no ledger to compare with the log"]
+
+
+def test_a_rewind_drops_the_samples_applied_after_it_from_the_counts():
+    core, log = new_core(dataset(size=200, shard_size=100, epochs=1), quota=2)
+    a, b = send(core, log, report(K.REQUESTED, "w1", 0)).shards
+    send(core, log, report(K.COMMIT, "w1", 0, commits=[ShardCommit(shard_id=a.shard_id, attempt=a.attempt,
+                                                                    samples=list(range(a.start, a.start + 100)))]))
+    version = send(core, log, report(K.CHECKPOINT, "w1", 0)).version
+    send(core, log, report(K.COMMIT, "w1", 0, commits=[ShardCommit(shard_id=b.shard_id, attempt=b.attempt,
+                                                                    samples=list(range(b.start, b.start + 50)))]))
+    log += core.rewind(report(K.REWIND, "w1", 0, version=version), 0).events
+    log = finish(core, log)
+    result = audit_log(log)
+    assert result.ok, result.violations
+    assert result.epochs[0].counts == [1] * 200

@@ -79,7 +79,7 @@ def test_done_is_idempotent_and_only_from_the_holder():
     shard = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards[0]
     assert core.on_progress(report(K.DONE, "w2", 0, shard_id=shard.shard_id), 0).events == []
     done = core.on_progress(report(K.DONE, "w1", 0, shard_id=shard.shard_id, attempt=shard.attempt), 0)
-    assert transitions(done.events) == [T.DONE]
+    assert transitions(done.events) == [T.APPLIED, T.DONE]
     assert core.on_progress(report(K.DONE, "w1", 0, shard_id=shard.shard_id, attempt=shard.attempt), 0).events == []
 
 
@@ -106,7 +106,7 @@ def test_lease_expiry_reclaims_and_a_late_done_is_still_accepted():
     assert transitions(expired) == [T.LEASE_EXPIRED]
     assert core.state.slots[shard.shard_id].state is ShardState.TODO
     late = core.on_progress(report(K.DONE, "w1", 0, shard_id=shard.shard_id, attempt=0), 1500)
-    assert transitions(late.events) == [T.DONE]
+    assert transitions(late.events) == [T.APPLIED, T.DONE]
 
 
 def test_late_done_is_ignored_once_someone_else_holds_the_shard():
@@ -144,7 +144,7 @@ def test_epochs_close_and_open_until_finished():
         events = []
         for shard in shards:
             events += core.on_progress(report(K.DONE, "w1", epoch, shard_id=shard.shard_id, attempt=shard.attempt), 0).events
-        expected = [T.DONE] * 3 + [T.EPOCH_CLOSED] + ([T.EPOCH_OPENED] if epoch == 0 else [])
+        expected = [T.APPLIED, T.DONE] * 3 + [T.EPOCH_CLOSED] + ([T.EPOCH_OPENED] if epoch == 0 else [])
         assert transitions(events) == expected
     assert core.state.finished
     assert core.on_progress(report(K.REQUESTED, "w1", 1), 0).assignment.status is AssignmentStatus.FINISHED
@@ -227,3 +227,115 @@ def test_snapshot_round_trip_preserves_the_state():
     restored = JobState.from_snapshot(snapshot)
     assert restored.logical_view() == core.state.logical_view()
     assert restored.next_todo() == core.state.next_todo() and restored.todo_count == core.state.todo_count
+
+
+# ---------------------------------------------------------------- sample commits
+
+
+def commit(shard, samples, holder=None, attempt=None):
+    from antdt.schemas.models import ShardCommit
+
+    return ShardCommit(holder=holder, shard_id=shard.shard_id, attempt=shard.attempt if attempt is None else attempt,
+                       samples=list(samples))
+
+
+def test_an_applied_step_is_recorded_and_completes_its_shard():
+    core, _ = new_core(dataset(size=300, shard_size=100, epochs=1), quota=1)
+    shard = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards[0]
+    first = core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(shard, range(shard.start, shard.start + 60))]), 0)
+    assert transitions(first.events) == [T.APPLIED] and first.assignment is None  # a recorded step needs no answer
+    assert first.events[0].commits[0].holder == "w1"
+    assert core.state.slots[shard.shard_id].state is ShardState.DOING
+    rest = core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(shard, range(shard.start + 60, shard.start + 100))]), 0)
+    assert transitions(rest.events) == [T.APPLIED, T.DONE]
+    again = core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(shard, range(shard.start, shard.start + 10))]), 0)
+    assert again.events == []  # a redelivered report records nothing twice
+
+
+def test_a_regrant_carries_the_samples_already_applied():
+    core, _ = new_core(dataset(size=300, shard_size=100, epochs=1, lease_s=1.0), quota=1)
+    shard = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards[0]
+    core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(shard, [shard.start + 3, shard.start + 7])]), 0)
+    core.expire_leases(2000)  # w1 died mid-shard
+    regranted = core.on_progress(report(K.REQUESTED, "w2", 0), 2000).assignment.shards
+    again = next(s for s in regranted if s.shard_id == shard.shard_id)
+    assert again.attempt == shard.attempt + 1 and again.done == [shard.start + 3, shard.start + 7]
+
+
+def test_an_update_is_recorded_only_for_a_grant_still_held_and_samples_not_yet_applied():
+    core, _ = new_core(dataset(size=300, shard_size=100, epochs=1, lease_s=1.0), quota=2)
+    a, b = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards
+    ok = core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(a, [a.start])], update_id="u1"), 0)
+    assert transitions(ok.events) == [T.APPLIED] and ok.events[0].update_id == "u1"
+    assert ok.assignment.status is AssignmentStatus.GRANTED
+    redelivered = core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(a, [a.start])], update_id="u1"), 0)
+    assert redelivered.events == [] and redelivered.assignment.status is AssignmentStatus.GRANTED
+
+    twice = core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(b, [b.start]), commit(a, [a.start, a.start + 1])],
+                                    update_id="u2"), 0)
+    assert twice.assignment.status is AssignmentStatus.REFUSED and "already in the model" in twice.assignment.reason
+    # Nothing applied; the grants it named go back to TODO with their progress, so the dropped samples come back.
+    assert transitions(twice.events) == [T.FAILED, T.FAILED]
+    assert core.state.slots[a.shard_id].state is ShardState.TODO
+    assert core.state.slots[a.shard_id].applied == {a.start: ok.events[0].seq}
+    assert core.state.slots[b.shard_id].applied == {}
+
+    late = core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(a, [a.start + 5])], update_id="u3"), 0)
+    assert transitions(late.events) == [T.APPLIED]  # sent before the refusal arrived, and nobody took a since: good work
+    core.on_progress(report(K.REQUESTED, "w2", 0), 0)  # now w2 holds a and b
+    stale = core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(a, [a.start + 6])], update_id="u4"), 0)
+    assert stale.assignment.status is AssignmentStatus.REFUSED and "no longer held" in stale.assignment.reason
+    assert transitions(stale.events) == []
+
+
+def test_a_late_update_from_the_last_holder_is_recorded_while_nobody_took_the_shard():
+    core, _ = new_core(dataset(size=300, shard_size=100, epochs=1, lease_s=1.0), quota=1)
+    shard = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards[0]
+    core.expire_leases(2000)
+    late = core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(shard, [shard.start])], update_id="u1"), 2000)
+    assert transitions(late.events) == [T.APPLIED]
+    core.on_progress(report(K.REQUESTED, "w2", 0), 2000)  # someone else takes it: w1's grant is gone for good
+    gone = core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(shard, [shard.start + 1])], update_id="u2"), 2000)
+    assert gone.assignment.status is AssignmentStatus.REFUSED
+
+
+def test_committed_samples_must_lie_in_their_shard():
+    core, _ = new_core(dataset(size=300, shard_size=100, epochs=1), quota=1)
+    shard = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards[0]
+    with pytest.raises(ProgressRejected, match="are not in shard"):
+        core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(shard, [shard.start + 100 if shard.start < 200 else 0])]), 0)
+
+
+def test_shards_read_to_the_end_do_not_count_against_the_quota():
+    core, _ = new_core(dataset(size=500, shard_size=100, epochs=1), quota=1)
+    [a] = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards
+    still = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards
+    assert [s.shard_id for s in still] == [a.shard_id]
+    more = core.on_progress(report(K.REQUESTED, "w1", 0, read_shards=[a.shard_id]), 0).assignment.shards
+    assert len(more) == 2 and a.shard_id in {s.shard_id for s in more}  # a is held until its commits come
+
+
+def test_a_rewind_drops_exactly_the_samples_applied_after_the_version():
+    core, log = new_core(dataset(size=200, shard_size=100, epochs=1), quota=1)
+    shard = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards[0]
+    core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(shard, [shard.start, shard.start + 1])], update_id="u1"), 0)
+    version = core.on_progress(report(K.CHECKPOINT, "w1", 0), 0).assignment.version
+    core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(shard, [shard.start + 2])], update_id="u2"), 0)
+    core.rewind(report(K.REWIND, "w1", 0, version=version), 0)
+    slot = core.state.slots[shard.shard_id]
+    assert sorted(slot.applied) == [shard.start, shard.start + 1] and slot.state is ShardState.TODO
+    assert set(core.state.updates) == {"u1"}
+
+
+def test_a_snapshot_keeps_applied_samples_and_updates():
+    core, _ = new_core(dataset(size=200, shard_size=100, epochs=1), quota=1)
+    shard = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards[0]
+    core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(shard, [shard.start + 5, shard.start])], update_id="u1"), 0)
+    core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(shard, [shard.start + 9])]), 0)
+    from antdt.schemas.codec import SingleObjectCodec
+    from antdt.schemas.types import utc_now
+
+    codec = SingleObjectCodec()
+    restored = JobState.from_snapshot(codec.decode(codec.encode(core.state.to_snapshot(utc_now()))))
+    assert restored.logical_view() == core.state.logical_view()
+    assert restored.updates == {"u1": core.state.updates["u1"]}

@@ -1,10 +1,13 @@
-"""Property: whatever the interleaving, every epoch ends with every sample DONE exactly once.
+"""Property: whatever the interleaving, every epoch ends with every sample applied exactly once.
 
 Hypothesis drives a job through random interleavings of requests, starts,
-completions, failures, lease expiry, worker death, quota changes and
-duplicate or stale deliveries of earlier reports, then lets the surviving
-workers finish. The log must then prove exactly-once per epoch, and the fold
-of the log must equal the live state at every sequence number.
+sample commits (parameter-server updates that may be refused, and
+synchronous ones already applied), whole-shard completions, failures, lease
+expiry, worker death, quota changes, checkpoints and rewinds, and duplicate
+or stale deliveries of earlier reports, then lets the surviving workers
+finish. The independent audit must then find every sample applied exactly
+once per epoch, a refused update must have recorded nothing, and the fold of
+the log must equal the live state at every sequence number.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from antdt.schemas.models import AssignmentStatus, ProgressKind as K, ShardState, ShardTransition as T
+import itertools
+
+from antdt.schemas.models import AssignmentStatus, ProgressKind as K, ShardCommit, ShardState, ShardTransition as T
+from antdt.services.sharder.audit import audit_log
 from antdt.services.sharder.dataset import split
 from antdt.services.sharder.state import fold
 from tests.services.sharder.helpers import JOB, dataset, new_core, report
@@ -31,6 +37,8 @@ class ShardingMachine(RuleBasedStateMachine):
         self.now = 0
         self.sent = []  # every report delivered, for duplicate delivery
         self.views = {self.core.state.last_seq: self.core.state.logical_view()}
+        self.updates = itertools.count()
+        self.checkpoints = []  # versions handed out
 
     def deliver(self, message):
         self.sent.append(message)
@@ -62,6 +70,65 @@ class ShardingMachine(RuleBasedStateMachine):
         if held:
             slot = data.draw(st.sampled_from(held))
             self.deliver(report(K.DONE, worker, self.core.state.epoch, self.now, shard_id=slot.shard_id, attempt=slot.attempt))
+
+    @rule(worker=st.sampled_from(WORKERS), data=st.data(), via_update=st.booleans())
+    def commit_some(self, worker, data, via_update):
+        """A step trains some of a held shard's unapplied samples (in any order) and commits them."""
+        held = [s for s in self.held(worker) if s.remaining()]
+        if not held:
+            return
+        slot = data.draw(st.sampled_from(held))
+        samples = data.draw(st.lists(st.sampled_from(slot.remaining()), min_size=1, unique=True))
+        commit = ShardCommit(shard_id=slot.shard_id, attempt=slot.attempt, samples=samples)
+        self.commit(worker, [commit], via_update)
+
+    def commit(self, worker, commits, via_update):
+        update = f"u{next(self.updates)}" if via_update else None
+        before = len(self.log)
+        answer = self.deliver(report(K.COMMIT, worker, self.core.state.epoch, self.now, commits=commits, update_id=update))
+        if via_update and answer.status is AssignmentStatus.REFUSED:
+            recorded = [e for e in self.log[before:] if e.transition in (T.APPLIED, T.DONE)]
+            assert not recorded, f"a refused update recorded {recorded}"
+
+    @precondition(lambda self: any(e.transition is T.APPLIED for e in self.log))
+    @rule(data=st.data())
+    def update_again(self, data):
+        """An update naming samples already in the model (a previous incarnation's, say) must be refused."""
+        applied = data.draw(st.sampled_from([e for e in self.log if e.transition is T.APPLIED]))
+        worker = applied.commits[0].holder
+        before = len(self.log)
+        answer = self.deliver(report(K.COMMIT, worker, applied.epoch, self.now, commits=applied.commits,
+                                     update_id=f"u{next(self.updates)}"))
+        assert answer.status is AssignmentStatus.REFUSED
+        assert not any(e.transition is T.APPLIED for e in self.log[before:])
+
+    @precondition(lambda self: any(e.transition is T.GRANTED for e in self.log))
+    @rule(data=st.data())
+    def update_on_an_old_grant(self, data):
+        """A slow worker's update for a grant it may since have lost: recorded only if the grant still stands."""
+        grant = data.draw(st.sampled_from([e for e in self.log if e.transition is T.GRANTED]))
+        slot = self.core.state.slots[grant.shard_id] if grant.epoch == self.core.state.epoch else None
+        if slot is None or not slot.remaining():
+            return
+        samples = data.draw(st.lists(st.sampled_from(slot.remaining()), min_size=1, unique=True))
+        self.commit(grant.worker_id, [ShardCommit(shard_id=grant.shard_id, attempt=grant.attempt, samples=samples)],
+                    via_update=True)
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def checkpoint(self, worker):
+        answer = self.deliver(report(K.CHECKPOINT, worker, self.core.state.epoch, self.now))
+        if answer is not None:
+            self.checkpoints.append(answer.version)
+
+    @precondition(lambda self: self.checkpoints)
+    @rule(data=st.data())
+    def rewind(self, data):
+        """A model restored from a checkpoint: the shard state goes back to its version."""
+        version = data.draw(st.sampled_from(self.checkpoints))
+        target = fold(JOB, [e for e in self.log if e.seq <= version])
+        outcome = self.core.rewind(report(K.REWIND, "w0", self.core.state.epoch, self.now, version=version), self.now,
+                                   target)
+        self.record(outcome.events)
 
     @rule(worker=st.sampled_from(WORKERS), data=st.data())
     def fail_one(self, worker, data):
@@ -109,7 +176,7 @@ class ShardingMachine(RuleBasedStateMachine):
         self.check_replay_equivalence()
 
     def drain(self):
-        """The surviving workers finish the job."""
+        """The surviving workers finish the job: each granted shard's remaining samples in one update."""
         for _ in range(10_000):
             if self.core.state.finished:
                 return
@@ -117,18 +184,22 @@ class ShardingMachine(RuleBasedStateMachine):
                 answer = self.deliver(report(K.REQUESTED, worker, self.core.state.epoch, self.now, quota=2))
                 if answer.status is AssignmentStatus.GRANTED:
                     for shard in answer.shards:
-                        self.deliver(report(K.DONE, worker, answer.epoch, self.now, shard_id=shard.shard_id, attempt=shard.attempt))
+                        rest = sorted(set(range(shard.start, shard.start + shard.length)) - set(shard.done))
+                        self.commit(worker, [ShardCommit(shard_id=shard.shard_id, attempt=shard.attempt, samples=rest)],
+                                    via_update=True)
         raise AssertionError("the job never finished")
 
     def check_exactly_once(self):
-        done = Counter((e.epoch, e.shard_id) for e in self.log if e.transition is T.DONE)
-        shards = split(self.spec)
-        for epoch in range(self.spec.epochs):
-            counts = [done[(epoch, s.shard_id)] for s in shards]
-            assert counts == [1] * len(shards), f"epoch {epoch}: DONE counts {counts}"
-            assert sum(s.length for s in shards) == self.spec.size
-        closed = [e.epoch for e in self.log if e.transition is T.EPOCH_CLOSED]
-        assert closed == list(range(self.spec.epochs))
+        result = audit_log(self.log)
+        assert result.ok and result.finished, result.violations
+        assert [e.epoch for e in result.epochs] == list(range(self.spec.epochs))
+        for epoch in result.epochs:
+            assert epoch.counts == [1] * self.spec.size, f"epoch {epoch.epoch}: applied counts {epoch.counts}"
+        if not any(e.transition is T.REWOUND for e in self.log):
+            done = Counter((e.epoch, e.shard_id) for e in self.log if e.transition is T.DONE)
+            shards = split(self.spec)
+            for epoch in range(self.spec.epochs):
+                assert [done[(epoch, s.shard_id)] for s in shards] == [1] * len(shards)
 
     def check_replay_equivalence(self):
         """The fold of the log up to seq N equals the live state as it was at N."""
@@ -136,8 +207,8 @@ class ShardingMachine(RuleBasedStateMachine):
         for event in self.log:
             if event.transition is T.DONE:
                 slot = state.slots[event.shard_id]
-                assert slot.worker == event.worker_id and slot.state in (ShardState.DOING, ShardState.TODO), (
-                    f"shard {event.shard_id} credited to {event.worker_id}, who does not hold it"
+                assert slot.state in (ShardState.DOING, ShardState.TODO) and not slot.remaining(), (
+                    f"shard {event.shard_id} DONE with samples not applied"
                 )
             state = fold(JOB, [event], state)
             if event.seq in self.views and event.seq == state.last_seq:

@@ -197,3 +197,32 @@ def test_a_worker_that_leaves_releases_its_shards_at_once(settings, topics):
     released = [e for e in events if e.transition is T.RELEASED]
     assert [(e.worker_id, e.reason) for e in released] == [("leaver", "evicted")]
     assert not {e.shard_id for e in events if e.transition is T.LEASE_EXPIRED} & {s.shard_id for s in held}
+
+
+def test_the_farewell_of_a_replaced_process_does_not_release_its_successors_shards(settings, topics):
+    """A late LEFT from an old incarnation (lifecycle and progress are different topics) is ignored."""
+    from antdt.schemas.models import LifecycleEvent, WorkerLifecycle
+    from antdt.schemas.types import utc_now
+
+    dataset = spec(size=400, epochs=1, lease_s=600.0)
+    lifecycle = topic_spec("worker", "lifecycle").full_name(settings.topic_prefix)
+    producer = make_producer(settings)
+
+    def farewell(incarnation: str) -> None:
+        left = WorkerLifecycle(job_id="job-f", worker_id="w", incarnation=incarnation, event=LifecycleEvent.LEFT,
+                               timestamp=utc_now(), host="h", pid=1, exit_code=1, reason=f"{incarnation} left")
+        producer.produce(lifecycle, key=b"job-f", value=SingleObjectCodec().encode(left))
+        producer.flush(5)
+
+    with running_sharder(settings):
+        with ShardClient(settings, "job-f", "w", dataset, incarnation="old") as old:
+            held = old.request(0, quota=2).shards
+        with ShardClient(settings, "job-f", "w", dataset, incarnation="new") as new:
+            assert new.request(0, quota=2).shards == held  # the same worker id: its shards, as they were
+            farewell("old")
+            again = new.request(0, quota=2)  # a report after the late farewell: it changed nothing
+            assert [s.shard_id for s in again.shards] == [s.shard_id for s in held]
+            farewell("new")
+            run_workers(settings, "job-f", dataset, count=1)
+    events = job_log(settings, "job-f")
+    assert [e.reason for e in events if e.transition is T.RELEASED] == ["new left"]  # only the current one's farewell

@@ -1,0 +1,109 @@
+"""The run's service processes by name: the antdt services a plan needs, and the parameter-server shards.
+
+Each is an ``antdt <command>`` child (:mod:`antdt.launch`), started together
+and awaited until its ``/readyz`` answers; chaos can kill one and start it
+again with the same arguments (a parameter-server shard keeps its port and
+checkpoint directory, as a StatefulSet pod would).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+
+from antdt.broker import free_port
+from antdt.demo.plans import RunPlan
+from antdt.demo.scenario import Scenario
+from antdt.errors import AntdtError
+from antdt.launch import ServiceProcess, service_process
+from antdt.settings import Settings
+
+
+def set_args(values: dict[str, str]) -> list[str]:
+    """``--set KEY=VALUE`` for each setting (the monitor's and controller's start-up defaults)."""
+    return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
+
+
+def parameter_servers(scenario: Scenario, run_dir: Path, lr: float) -> dict[str, list[str]]:
+    """``ps-<k>`` -> its ``antdt ps`` command line, one per shard the scenario asks for, each on a port of its own."""
+    shards = scenario.parameter_servers
+    return {f"ps-{k}": ["ps", "--shard", str(k), "--shards", str(shards), "--port", str(free_port()),
+                        "--checkpoint-dir", str(run_dir / "ps"), "--out", str(run_dir), "--lr", str(lr),
+                        "--checkpoint-every", "2"]
+            for k in range(shards)}
+
+
+def server_addresses(wanted: dict[str, list[str]]) -> list[str]:
+    """The parameter-server shards' addresses, in shard order."""
+    return [f"127.0.0.1:{argv[argv.index('--port') + 1]}" for name, argv in sorted(wanted.items())
+            if name.startswith("ps-")]
+
+
+def service_settings(plan: RunPlan, scenario: Scenario) -> dict[str, dict[str, str]]:
+    """The monitor's and controller's settings that differ from their defaults, for this plan and scenario."""
+    settings = {"monitor": dict(scenario.monitor)}
+    if plan.policy is not None:
+        job = {"policy": plan.policy}
+        if plan.training == "sync":  # the job's global batch, which a synchronous policy keeps whatever restarts
+            job["global_batch_size"] = str(scenario.batch_size * len(scenario.workers))
+        settings["controller"] = {**scenario.controller, **job}
+    return settings
+
+
+def wanted_services(plan: RunPlan, scenario: Scenario, run_dir: Path, lr: float) -> dict[str, list[str]]:
+    """Name -> command line of what the plan needs: the monitor, the sharder (dynamic sharding), the controller
+    (a policy), the parameter servers (asynchronous training)."""
+    settings = service_settings(plan, scenario)
+    wanted = {"monitor": ["monitor", *set_args(settings["monitor"])]}
+    if plan.sharding == "dynamic":
+        wanted["sharder"] = ["sharder"]
+    if "controller" in settings:
+        wanted["controller"] = ["controller", *set_args(settings["controller"])]
+    if plan.training == "async":
+        wanted.update(parameter_servers(scenario, run_dir, lr))
+    return wanted
+
+
+class Services:
+    def __init__(self, stack: ExitStack, settings: Settings, log_dir: Path):
+        self._stack, self._settings, self._log_dir = stack, settings, log_dir
+        self._argv: dict[str, list[str]] = {}
+        self.processes: dict[str, ServiceProcess] = {}
+        self.exits: list[tuple[str, int]] = []  # services that exited by themselves, and their codes
+
+    def start(self, wanted: dict[str, list[str]], timeout_s: float = 120.0) -> Services:
+        for name, argv in wanted.items():
+            self._launch(name, argv)
+        for service in self.processes.values():
+            service.wait_ready(timeout_s)
+        return self
+
+    def _launch(self, name: str, argv: list[str]) -> None:
+        self._argv[name] = argv
+        self.processes[name] = self._stack.enter_context(
+            service_process(self._settings, argv[0], *argv[1:], log_dir=self._log_dir))
+
+    def supervise(self, restart: bool) -> None:
+        """A service that exited by itself is started again (``restart``, as an orchestrator would), or ends the run."""
+        for name, service in list(self.processes.items()):
+            code = service.process.poll()
+            if code is None:
+                continue
+            if not restart:
+                raise AntdtError(f"{name} exited with code {code}; its log ends:\n{service.log_tail()}")
+            self.exits.append((name, code))
+            self._launch(name, self._argv[name])
+
+    def kill_and_restart(self, name: str) -> None:
+        """SIGKILL ``name`` and start a new one at once, as an orchestrator would; do not wait for it."""
+        old = self.processes[name].process
+        old.kill()
+        old.wait()
+        self._launch(name, self._argv[name])
+
+    def is_ready(self, name: str) -> bool:
+        return self.processes[name].is_ready()
+
+    def bus_resets(self, name: str) -> float:
+        """How many bus resets the service has handled (its ``antdt_<name>_bus_resets_total``)."""
+        return self.processes[name].metrics().get(f"antdt_{name}_bus_resets_total", 0.0)

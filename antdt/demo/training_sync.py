@@ -1,0 +1,207 @@
+"""A demo worker's synchronous training (dedicated cluster): lockstep steps, one all-reduce each.
+
+Every step ends in the batch-weighted gradient all-reduce
+(:class:`~antdt.worker.ddp.WeightedGradientAverager`, gloo), which also
+carries how many ranks still have data and every rank's samples into the
+ledger; then the optimizer step, then the agent commits the step's samples.
+Samples come from dynamic shards (a non-blocking feed, :mod:`antdt.demo.feeds`)
+or, for the baseline, a static slice.
+
+A rank whose collective fails (a peer died) exits at once with
+:data:`EXIT_GROUP_BROKEN`, saying nothing more on the bus: no leaving
+announcement (which would return its shards while its last commits are
+still on their way), no further report. Its generation is over; what it did
+after the last checkpoint is rewound.
+
+Failures are handled as torchelastic does: about every ``CHECKPOINT_EVERY_S``
+(rank 0 keeps the time and raises a flag in a step's all-reduce, so every
+rank learns it at the same step) the ranks agree on a shard-state version and
+rank 0 saves the model, the optimizer, the ledger, every rank's batch size
+and that version together. When any rank dies the
+harness stops them all and starts a new generation, which restores the
+checkpoint and rewinds the shard state to its version before reading any
+data: what the model lost is trained again, nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from antdt.demo.feeds import ShardFeed, StaticFeed
+from antdt.demo.phases import Phase
+from antdt.settings import Settings
+from antdt.worker.agent import Agent
+from antdt.worker.checkpoint import load_checkpoint, save_checkpoint
+from antdt.worker.ddp import WeightedGradientAverager, agreed_checkpoint_version
+from antdt.worker.ledger import LedgerSlots, SampleLedger
+
+GROUP_TIMEOUT = timedelta(seconds=120)
+#: Exit code of a rank whose group broke under it (the harness restarts the whole group).
+EXIT_GROUP_BROKEN = 77
+CHECKPOINT_EVERY_S = 2.0
+SNAPSHOT_EVERY_S = 1.0
+CHECKPOINT = "sync-checkpoint.pt"
+
+
+def run_sync(worker, settings: Settings, started: float) -> None:
+    args = worker.args
+    joined = time.monotonic()
+    dist.init_process_group("gloo", init_method=f"file://{worker.handshake / f'group-{args.generation}'}",
+                            rank=worker.rank, world_size=worker.world, timeout=GROUP_TIMEOUT)
+    try:
+        grouped = time.monotonic()
+        with Agent(settings=settings, rank=worker.rank, batch_size=worker.scenario.batch_size) as agent:
+            print(f"generation {args.generation}: rank {worker.rank} set up in {grouped - started:.2f} s "
+                  f"(the process group {grouped - joined:.2f} s), its agent {time.monotonic() - grouped:.2f} s",
+                  flush=True)
+            try:
+                Lockstep(worker, agent).run()
+            except dist.DistBackendError as exc:
+                group_broke(worker, exc)
+            except RuntimeError as exc:  # gloo reports a peer gone as a plain RuntimeError
+                if "gloo" not in str(exc).lower() and "connection" not in str(exc).lower():
+                    raise
+                group_broke(worker, exc)
+    finally:
+        dist.destroy_process_group()
+
+
+def group_broke(worker, exc: BaseException) -> None:
+    """End this rank now, as if killed: its generation is over (module docstring)."""
+    print(f"generation {worker.args.generation}: rank {worker.rank}: the group broke "
+          f"({str(exc).splitlines()[0][:200]}); exiting {EXIT_GROUP_BROKEN}", flush=True)
+    os._exit(EXIT_GROUP_BROKEN)
+
+
+class Lockstep:
+    """One rank's part of the synchronous run."""
+
+    def __init__(self, worker, agent: Agent):
+        self.worker, self.agent = worker, agent
+        scenario = worker.scenario
+        self.dynamic = worker.args.sharding == "dynamic"
+        self.ledger = SampleLedger(scenario.dataset_size, scenario.epochs)
+        cap = scenario.batch_size * worker.world  # a rank's batch never exceeds the global batch
+        self.averager = WeightedGradientAverager(ledger=LedgerSlots(self.ledger, worker.world, worker.rank, cap))
+        self.checkpoint_path = worker.handshake / CHECKPOINT
+        self.data = agent.shards(worker.source, worker.spec) if self.dynamic else None
+        self.static = None if self.dynamic else StaticFeed(worker.source.inputs, worker.source.labels, worker.rank,
+                                                             worker.world, scenario.epochs, scenario.seed)
+        self._snapshot_at = 0.0
+        self._checkpoint_at = time.monotonic() + CHECKPOINT_EVERY_S
+
+    def run(self) -> None:
+        began = time.monotonic()
+        self._restore_or_start()
+        feed = self._feed()
+        print(f"generation {self.worker.args.generation}: rank {self.worker.rank} resumes at step "
+              f"{self.agent.step_count}, batch {self.agent.batch_size} ({time.monotonic() - began:.2f} s to restore)",
+              flush=True)
+        try:
+            pacer = self.worker.ready_and_wait()
+            trained = self._steps(feed, pacer)
+            self._final(pacer, trained)
+        finally:
+            feed.close()
+
+    # ------------------------------------------------------------ checkpoints
+
+    def _restore_or_start(self) -> None:
+        """The last checkpoint, with the shard state rewound to it (before any rank reads data); else a first one."""
+        if not self.checkpoint_path.exists():
+            if self.dynamic:
+                self.data.quota = 1
+                self.data.prepare()  # defines the job's dataset: the sharder can then issue versions
+            self._checkpoint()
+            return
+        model, optimizer = self.worker.trainer.model, self.worker.trainer.optimizer
+        info = load_checkpoint(self.checkpoint_path, model, optimizer)
+        self.ledger.load_state_dict({"counts": info.extra["ledger"]})
+        self.agent.step_count = info.step
+        self.agent.batch_size = info.extra["batch_sizes"][self.worker.rank]  # as rebalanced before the failure
+        if self.static is not None:
+            self.static.skip_to(info.extra["positions"][self.worker.rank])
+        if self.dynamic and self.worker.rank == 0:
+            self.data.rewind(info.shard_version)
+        dist.barrier()
+
+    def _checkpoint(self) -> None:
+        """Every rank's commits so far covered by one version; rank 0 saves it with the model and the ledger."""
+        positions = torch.zeros((2, self.worker.world), dtype=torch.int64)
+        positions[0, self.worker.rank] = self.static.position if self.static is not None else 0
+        positions[1, self.worker.rank] = self.agent.batch_size
+        dist.all_reduce(positions)
+        client = self.agent.shard_client if self.dynamic else None
+        version = agreed_checkpoint_version(
+            client.flush if client else (lambda: None),
+            (lambda: client.checkpoint(self.data.epoch, self.agent.step_count)) if client else (lambda: 0),
+        )
+        if self.worker.rank == 0:
+            trainer = self.worker.trainer
+            save_checkpoint(self.checkpoint_path, trainer.model, trainer.optimizer, version, self.agent.step_count,
+                            {"ledger": self.ledger.counts.clone(), "positions": positions[0].tolist(),
+                             "batch_sizes": positions[1].tolist()})
+        self._checkpoint_at = time.monotonic() + CHECKPOINT_EVERY_S
+
+    # ------------------------------------------------------------ steps
+
+    def _feed(self):
+        if self.static is not None:
+            return self.static
+        self.data.quota = 1
+        # One shard held at a time, two batches buffered: what a rank holds when the epoch's shards
+        # run out is trained while the others have nothing, so both are kept small.
+        return ShardFeed(self.data, lambda: 2 * self.agent.batch_size).start()
+
+    def _steps(self, feed, pacer) -> int:
+        """Lockstep steps until every rank's feed is exhausted; returns this rank's samples."""
+        agent, trainer, phases = self.agent, self.worker.trainer, self.worker.phases
+        trained = 0
+        while True:
+            with agent.data_wait():
+                batch = feed.take(agent.batch_size)
+            started = pacer.now_s()
+            count = 0
+            if batch is not None:
+                inputs, labels = agent.untag(batch)
+                count = len(labels)
+                trainer.backward(inputs, labels)
+            pacer.pace(count, started)
+            due = int(self.worker.rank == 0 and time.monotonic() >= self._checkpoint_at)
+            with phases.during(Phase.ALLREDUCE), agent.sync_wait():
+                global_batch, (ranks_with_data, checkpoint_due) = self.averager.sync_counting(
+                    trainer.model, count, [int(not feed.exhausted), due], tags=agent.pending_tags)
+            if global_batch:
+                trainer.optimizer.step()
+            trained += count
+            agent.step(samples=count)  # commits this rank's samples: their update is in the model
+            self._snapshot_for_evaluation()
+            if not ranks_with_data:
+                return trained
+            if checkpoint_due:
+                self._checkpoint()
+
+    def _snapshot_for_evaluation(self, final: bool = False) -> None:
+        """Rank 0 leaves the model where the harness evaluates it (every rank holds the same model)."""
+        if self.worker.rank != 0 or (not final and time.monotonic() < self._snapshot_at):
+            return
+        self._snapshot_at = time.monotonic() + SNAPSHOT_EVERY_S
+        write_model(self.worker.trainer.model, self.worker.out / ("model-final.pt" if final else "model-latest.pt"))
+
+    def _final(self, pacer, trained: int) -> None:
+        if self.worker.rank == 0:
+            self.ledger.write(self.worker.out)
+            self._snapshot_for_evaluation(final=True)
+        self.worker.finish(self.agent, pacer, trained)
+
+
+def write_model(model: torch.nn.Module, path: Path) -> None:
+    partial = path.with_name(path.name + ".partial")
+    torch.save(model.state_dict(), partial)
+    partial.replace(path)

@@ -1,0 +1,173 @@
+"""The parameter server with the real sharder and broker: one shared model, every sample in it exactly once.
+
+Workers are threads here (each with its own agent, sharder client and
+connections); the servers run in-process too, so a test can stop one the
+hard way (close without a word) and start a new one from its checkpoints.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import ExitStack
+
+import pytest
+import torch
+
+from antdt.schemas.models import DatasetSpec, ShardTransition as T
+from antdt.services.sharder.audit import audit_log, compare_with_ledger
+from antdt.worker import Agent
+from antdt.worker.example import SyntheticClassification, batches, evaluate, make_model
+from antdt.worker.ledger import read_ledgers
+from antdt.worker.ps.client import ParameterClient, read_parameters
+from antdt.worker.ps.server import ParameterServer, ServerSpec, ServerState
+from tests.services.sharder.harness import job_log, running_sharder
+
+pytestmark = pytest.mark.slow
+SPEC = DatasetSpec(name="ps", size=2048, shard_size=16, epochs=2, shuffle_seed=3, max_attempts=3, lease_s=30)
+
+
+def server(settings, tmp_path, shard: int = 0, shards: int = 1, port: int = 0, **knobs) -> ParameterServer:
+    spec = ServerSpec(job_id=settings.job_id, checkpoint_dir=tmp_path / "ckpt", shard=shard, shards=shards, port=port,
+                      out_dir=tmp_path / "out", checkpoint_every_s=0.5, **knobs)
+    return ParameterServer(settings, spec).start()
+
+
+def train(settings, name: str, addresses: list[str], source, trained: dict, pace_s: float = 0.0) -> None:
+    torch.manual_seed(0)
+    model = make_model()
+    with Agent(settings=settings, worker_id=name, listen_for_commands=False) as agent:
+        data = agent.shards(source, SPEC)
+        data.prepare()
+        client = ParameterClient(agent, addresses, model, timeout_s=60).start()
+        loss_fn = torch.nn.CrossEntropyLoss()
+        while not data.finished:
+            for inputs, labels in batches(agent, iter(data)):
+                pushed = False
+                while not pushed:
+                    client.pull()
+                    model.zero_grad()
+                    loss_fn(model(inputs), labels).backward()
+                    time.sleep(pace_s)
+                    pushed = client.push()
+                trained[name] = trained.get(name, 0) + len(labels)
+                agent.step(samples=len(labels))
+        client.close()
+        data.close()
+
+
+def run_workers(settings, addresses, source, count: int, pace_s: float = 0.0, during=None) -> dict:
+    trained: dict[str, int] = {}
+    threads = [threading.Thread(target=train, args=(settings, f"w{i}", addresses, source, trained, pace_s))
+               for i in range(count)]
+    for thread in threads:
+        thread.start()
+    if during is not None:
+        during()
+    for thread in threads:
+        thread.join(180)
+    assert not any(thread.is_alive() for thread in threads), "a worker did not finish"
+    return trained
+
+
+def wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def check_exactly_once(settings, tmp_path, shards: int) -> None:
+    report = audit_log(job_log(settings, settings.job_id))
+    assert report.ok and report.finished, report.violations
+    for shard in range(shards):
+        ledgers = read_ledgers(tmp_path / "out" / f"ps-{shard}")
+        assert sorted(ledgers) == [0, 1]
+        assert compare_with_ledger(report, ledgers) == []
+
+
+def test_two_shards_train_one_model_and_every_sample_is_in_it_exactly_once(settings, topics, tmp_path):
+    settings = settings.model_copy(update={"job_id": "job-ps-two"})
+    source = SyntheticClassification(SPEC.size, seed=3)
+    with running_sharder(settings), ExitStack() as stack:
+        servers = [stack.enter_context(_closing(server(settings, tmp_path, k, 2))) for k in range(2)]
+        addresses = [f"localhost:{s.port}" for s in servers]
+        trained = run_workers(settings, addresses, source, 3)
+        wait_for(lambda: all((tmp_path / "out" / f"ps-{k}" / "ledger-epoch1.npy").exists() for k in range(2)),
+                 "the servers wrote the last epoch's ledger")
+        model = make_model()
+        assert read_parameters(addresses, model)
+        loss, accuracy = evaluate(model, source.heldout(1024))
+    assert sum(trained.values()) == SPEC.size * SPEC.epochs
+    assert accuracy > 0.5, (loss, accuracy)  # chance is 0.1: the shared model learnt
+    assert sum(s.model.version for s in servers) == 2 * servers[0].model.version  # both shards applied every update
+    check_exactly_once(settings, tmp_path, 2)
+    reports = server_reports(settings)  # each shard's own timing reaches the monitor's topic, as a parameter server
+    assert {r.worker_id for r in reports} == {"ps-0", "ps-1"}
+    for shard in ("ps-0", "ps-1"):
+        mine = [r for r in reports if r.worker_id == shard]
+        assert sum(r.samples for r in mine) == SPEC.size * SPEC.epochs and sum(r.step_count for r in mine) > 0
+        assert all(r.queue_depth is not None for r in mine)
+
+
+def server_reports(settings):
+    """The parameter servers' WorkerMetrics of the job, read from the beginning until they count every sample."""
+    from antdt.bus.readers import BEGINNING, KeyedReader
+    from antdt.schemas.codec import make_codec
+    from antdt.topics import topic_spec
+
+    topic = topic_spec("worker", "metrics").full_name(settings.topic_prefix)
+    found = []
+    with KeyedReader(settings, topic, settings.job_id, make_codec(None), start=BEGINNING) as reader:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and sum(r.samples for r in found) < 2 * SPEC.size * SPEC.epochs:
+            found += [r for r in reader.poll(0.2) if r.role == "ps"]
+    return found
+
+
+def test_a_server_that_dies_comes_back_from_its_checkpoint_and_everyone_rolls_back(settings, topics, tmp_path):
+    settings = settings.model_copy(update={"job_id": "job-ps-crash"})
+    source = SyntheticClassification(SPEC.size, seed=3)
+    with running_sharder(settings), ExitStack() as stack:
+        first = server(settings, tmp_path)
+        port = first.port
+        address = f"localhost:{port}"
+        replacement = {}
+
+        def crash_and_restart():
+            wait_for(lambda: first.model.version > 40 and len(first.store.versions()) >= 2, "updates applied")
+            first.close()  # gone without a word: its pending updates and the updates since its checkpoint
+            replacement["server"] = stack.enter_context(_closing(server(settings, tmp_path, port=port)))
+
+        run_workers(settings, [address], source, 2, pace_s=0.002, during=crash_and_restart)
+        again = replacement["server"]
+        wait_for(lambda: (tmp_path / "out" / "ps-0" / "ledger-epoch1.npy").exists(), "the last epoch's ledger")
+        assert again.state is ServerState.SERVING
+    events = job_log(settings, settings.job_id)
+    assert any(e.transition is T.REWOUND and e.worker_id == "ps-0" for e in events)
+    check_exactly_once(settings, tmp_path, 1)
+
+
+def test_a_gradient_computed_too_long_ago_is_refused_and_recomputed(settings, topics, tmp_path):
+    settings = settings.model_copy(update={"job_id": "job-ps-stale"})
+    source = SyntheticClassification(SPEC.size, seed=3)
+    with running_sharder(settings), ExitStack() as stack:
+        bounded = stack.enter_context(_closing(server(settings, tmp_path, max_staleness=0)))
+        run_workers(settings, [f"localhost:{bounded.port}"], source, 3)
+        wait_for(lambda: (tmp_path / "out" / "ps-0" / "ledger-epoch1.npy").exists(), "the last epoch's ledger")
+    from antdt.worker.ps import metrics
+
+    assert metrics.STALE._value.get() > 0  # three workers on one server: some pushes were behind
+    check_exactly_once(settings, tmp_path, 1)
+
+
+class _closing:
+    def __init__(self, server):
+        self.server = server
+
+    def __enter__(self):
+        return self.server
+
+    def __exit__(self, *exc_info):
+        if not self.server._stop.is_set():
+            self.server.close()

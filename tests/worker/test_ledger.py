@@ -1,0 +1,48 @@
+"""The ledger: counts, files, and the slots that carry it through an all-reduce (no Kafka)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from antdt.errors import AntdtError
+from antdt.worker.ledger import LedgerSlots, SampleLedger, read_ledgers
+from antdt.worker.provenance import SampleTag
+
+
+def test_counts_are_kept_per_epoch_and_written_as_one_array_per_epoch(tmp_path):
+    ledger = SampleLedger(size=6, epochs=2)
+    ledger.add(0, [0, 1, 2, 3, 4, 5])
+    ledger.add_tags([SampleTag(1, 2), SampleTag(1, 2), SampleTag(0, 4)])
+    paths = ledger.write(tmp_path)
+    assert [p.name for p in paths] == ["ledger-epoch0.npy", "ledger-epoch1.npy"]
+    found = read_ledgers(tmp_path)
+    assert found[0].tolist() == [1, 1, 1, 1, 2, 1] and found[1].tolist() == [0, 0, 2, 0, 0, 0]
+    assert found[0].dtype == np.int32
+
+
+def test_a_ledger_restores_only_into_its_own_shape():
+    ledger = SampleLedger(4, 1)
+    ledger.add(0, [1])
+    restored = SampleLedger(4, 1)
+    restored.load_state_dict(ledger.state_dict())
+    assert torch.equal(restored.counts, ledger.counts)
+    with pytest.raises(AntdtError, match="does not fit"):
+        SampleLedger(5, 1).load_state_dict(ledger.state_dict())
+
+
+def test_slots_from_every_rank_sum_into_every_samples_count():
+    """What the all-reduce does to the slots: a plain sum of each rank's vector."""
+    world, cap = 3, 4
+    ledgers = [SampleLedger(10, 2) for _ in range(world)]
+    slots = [LedgerSlots(ledgers[r], world, r, cap) for r in range(world)]
+    batches = [[SampleTag(0, 9), SampleTag(0, 0)], [], [SampleTag(1, 3), SampleTag(1, 4), SampleTag(1, 5)]]
+    summed = [sum(values) for values in zip(*(slots[r].encode(batches[r]) for r in range(world)))]
+    for rank_slots in slots:
+        rank_slots.add(summed)
+    for ledger in ledgers:
+        assert ledger.counts[0].tolist() == [1, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+        assert ledger.counts[1].tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 0, 0]
+    with pytest.raises(AntdtError, match="does not fit"):
+        slots[0].encode([SampleTag(0, i) for i in range(cap + 1)])

@@ -1,0 +1,116 @@
+"""The ledger: per epoch, how many times each sample's update is in the model.
+
+It is the model's own account of exactly-once, independent of the shard log:
+a count tensor that changes in the same operation as the parameters (a
+parameter server adds to it when it applies an update; synchronous ranks sum
+it in the gradient all-reduce, :class:`LedgerSlots`) and is checkpointed and
+restored with them, so it can never disagree with what the model has seen.
+An epoch trained exactly once is all ones; :func:`~antdt.services.sharder.audit.compare_with_ledger`
+checks the shard log against it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from antdt.errors import AntdtError
+
+FILE_PATTERN = "ledger-epoch{epoch}.npy"
+_FILE = re.compile(r"ledger-epoch(\d+)\.npy$")
+
+
+class SampleLedger:
+    """``counts[epoch, index]``: updates applied to the model that contained sample ``index`` of ``epoch``."""
+
+    def __init__(self, size: int, epochs: int):
+        self.counts = torch.zeros((epochs, size), dtype=torch.int32)
+
+    @property
+    def size(self) -> int:
+        return self.counts.shape[1]
+
+    def add(self, epoch: int, indices: Iterable[int]) -> None:
+        index = torch.as_tensor(list(indices), dtype=torch.long)
+        if len(index):
+            self.counts[epoch].index_add_(0, index, torch.ones(len(index), dtype=torch.int32))
+
+    def add_tags(self, tags) -> None:
+        """Count the samples of :class:`~antdt.worker.provenance.SampleTag` s."""
+        by_epoch: dict[int, list[int]] = {}
+        for tag in tags:
+            by_epoch.setdefault(tag.epoch, []).append(tag.index)
+        for epoch, indices in by_epoch.items():
+            self.add(epoch, indices)
+
+    def state_dict(self) -> dict:
+        return {"counts": self.counts.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        counts = state["counts"]
+        if counts.shape != self.counts.shape:
+            raise AntdtError(f"a ledger of shape {tuple(counts.shape)} does not fit {tuple(self.counts.shape)}")
+        self.counts = counts.clone().to(torch.int32)
+
+    def write(self, directory: str | Path, epochs: Iterable[int] | None = None) -> list[Path]:
+        """``ledger-epoch<E>.npy`` (int32, one count per sample index) for each epoch; returns the paths."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for epoch in range(self.counts.shape[0]) if epochs is None else epochs:
+            path = directory / FILE_PATTERN.format(epoch=epoch)
+            partial = path.with_name(path.name + ".partial.npy")
+            np.save(partial, self.counts[epoch].numpy())
+            partial.replace(path)
+            paths.append(path)
+        return paths
+
+
+def read_ledgers(directory: str | Path) -> dict[int, np.ndarray]:
+    """Every ``ledger-epoch<E>.npy`` directly in ``directory``, by epoch."""
+    found = {}
+    for path in sorted(Path(directory).glob("ledger-epoch*.npy")):
+        match = _FILE.search(path.name)
+        if match:
+            found[int(match.group(1))] = np.load(path)
+    return found
+
+
+class LedgerSlots:
+    """The ledger's share of a synchronous step's all-reduce: every rank's samples, summed in.
+
+    Each rank writes the samples of its batch into its own ``cap`` slots of a
+    ``world * cap`` integer vector (``epoch * size + index + 1``, 0 for an
+    empty slot), zeros elsewhere; the all-reduce that averages the gradients
+    sums the vectors, so every rank learns every rank's samples of the step
+    and counts them in its copy of the ledger. The ledger stays identical on
+    every rank and costs ``world * cap`` numbers per step, whatever the
+    dataset's size. ``cap`` bounds a rank's batch (the global batch is a safe one).
+    """
+
+    def __init__(self, ledger: SampleLedger, world: int, rank: int, cap: int):
+        self.ledger, self.world, self.rank, self.cap = ledger, world, rank, cap
+
+    def encode(self, tags) -> list[int]:
+        if len(tags) > self.cap:
+            raise AntdtError(f"a batch of {len(tags)} samples does not fit the ledger's {self.cap} slots per rank")
+        slots = [0] * (self.world * self.cap)
+        base, size = self.rank * self.cap, self.ledger.size
+        for offset, tag in enumerate(tags):
+            slots[base + offset] = tag.epoch * size + tag.index + 1
+        return slots
+
+    def add(self, summed: Iterable[int]) -> None:
+        """Count the samples of every rank, from the summed slots."""
+        size = self.ledger.size
+        by_epoch: dict[int, list[int]] = {}
+        for value in summed:
+            if value:
+                epoch, index = divmod(int(value) - 1, size)
+                by_epoch.setdefault(epoch, []).append(index)
+        for epoch, indices in by_epoch.items():
+            self.ledger.add(epoch, indices)
