@@ -104,18 +104,28 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
+    return save_atomically(payload, path)
+
+
+def save_atomically(obj, path: Path, durable: bool = True) -> Path:
+    """``torch.save`` to a temporary file beside ``path``, then rename: a reader never sees half a file.
+
+    ``durable``: fsync the file and its directory, so a power cut leaves the old file or the new one.
+    """
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as file:
-            torch.save(payload, file)
-            file.flush()
-            os.fsync(file.fileno())
+            torch.save(obj, file)
+            if durable:
+                file.flush()
+                os.fsync(file.fileno())
         os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
     return path
 
 

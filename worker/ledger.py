@@ -39,13 +39,17 @@ class SampleLedger:
         if len(index):
             self.counts[epoch].index_add_(0, index, torch.ones(len(index), dtype=torch.int32))
 
-    def add_tags(self, tags) -> None:
-        """Count the samples of :class:`~antdt.worker.provenance.SampleTag` s."""
+    def add_samples(self, samples: Iterable[tuple[int, int]]) -> None:
+        """Count ``(epoch, index)`` pairs, of any epochs."""
         by_epoch: dict[int, list[int]] = {}
-        for tag in tags:
-            by_epoch.setdefault(tag.epoch, []).append(tag.index)
+        for epoch, index in samples:
+            by_epoch.setdefault(epoch, []).append(index)
         for epoch, indices in by_epoch.items():
             self.add(epoch, indices)
+
+    def add_tags(self, tags) -> None:
+        """Count the samples of :class:`~antdt.worker.provenance.SampleTag` s."""
+        self.add_samples((tag.epoch, tag.index) for tag in tags)
 
     def state_dict(self) -> dict:
         return {"counts": self.counts.clone()}
@@ -107,10 +111,4 @@ class LedgerSlots:
     def add(self, summed: Iterable[int]) -> None:
         """Count the samples of every rank, from the summed slots."""
         size = self.ledger.size
-        by_epoch: dict[int, list[int]] = {}
-        for value in summed:
-            if value:
-                epoch, index = divmod(int(value) - 1, size)
-                by_epoch.setdefault(epoch, []).append(index)
-        for epoch, indices in by_epoch.items():
-            self.ledger.add(epoch, indices)
+        self.ledger.add_samples(divmod(int(value) - 1, size) for value in summed if value)

@@ -212,10 +212,8 @@ class ShardClient:
             answer = self._take(seq)
             if answer is not None:
                 return answer
-        except BaseException:
-            self._forget(seq)
-            raise
-        self._forget(seq)
+        finally:
+            self._forget(seq)  # answered or not, nobody waits for it any more
         raise NoAnswer(f"no answer from the sharder to {self.worker_id}'s request {seq} within {timeout_s:.0f} s")
 
     def answer_if_ready(self, seq: int) -> ShardAssignment | None:

@@ -64,10 +64,6 @@ class GapGuard:
             self._next.pop((tp.topic, tp.partition), None)
             self._waiting_since.pop((tp.topic, tp.partition), None)
 
-    def forget_all(self) -> None:
-        self._next.clear()
-        self._waiting_since.clear()
-
     def _waited_out(self, partition: Partition, hole: int) -> bool:
         since = self._waiting_since.get(partition)
         if since is None or since[0] != hole:

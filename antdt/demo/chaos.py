@@ -137,25 +137,24 @@ class Chaos:
         back would only kill processes still starting up.)
         """
         recovering = {kill.target for kill in self.kills if kill.back_s is None and kill.kind == "worker"}
-        if pool.plan.training == "sync" and (recovering or pool.finished):
-            return False  # (a rank that finished: the whole group is done, and a kill now restarts nothing)
+        if (recovering and pool.plan.training == "sync") or _group_done(pool):
+            return False
         names = {rank: pool.scenario.workers[rank].name for rank in pool.running()}
         candidates = sorted(rank for rank, name in names.items() if name not in recovering)
         if not candidates:
             return False
         rank = self._rng.choice(candidates)
-        self._worker_kills += 1
         every = self.spec.mid_step_every
         phase = None
         waited = time.monotonic()
-        if every and self._worker_kills % every == 0:
+        if every and (self._worker_kills + 1) % every == 0:
             wanted = Phase.PUSH if pool.plan.training == "async" else Phase.ALLREDUCE
             phase = "push" if wanted is Phase.PUSH else "all-reduce"
             if not _wait_for_phase(pool, rank, wanted):
                 phase = None  # it never got there (too slow): killed all the same, not counted mid-step
-        if rank not in pool.running() or (pool.plan.training == "sync" and pool.finished):
-            self._worker_kills -= 1
+        if rank not in pool.running() or _group_done(pool):
             return False  # it finished meanwhile: nothing left to kill
+        self._worker_kills += 1
         pool.kill(rank)
         self.kills.append(Kill(names[rank], "worker", now_s + time.monotonic() - waited, phase=phase))
         return True
@@ -203,6 +202,11 @@ class Chaos:
         if trained:
             kill.parts["first worker"], kill.parts["workers"] = min(trained) - kill.at_s, max(trained) - kill.at_s
         return kill.at_s + max(kill.parts.values())
+
+
+def _group_done(pool: WorkerPool) -> bool:
+    """A synchronous group with a finished rank is done: a kill now would restart nothing."""
+    return pool.plan.training == "sync" and bool(pool.finished)
 
 
 def _wait_for_phase(pool: WorkerPool, rank: int, wanted: Phase, timeout_s: float = MID_STEP_WAIT_S) -> bool:

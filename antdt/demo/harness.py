@@ -39,6 +39,7 @@ from antdt.demo.trainer import LR
 from antdt.errors import AntdtError
 from antdt.services.sharder.audit import LedgerCheck, check_ledgers
 from antdt.settings import Settings
+from antdt.worker.ledger import FILE_PATTERN
 
 
 @dataclass
@@ -147,7 +148,7 @@ def _wait_for(condition: Callable[[], bool], pool: WorkerPool, timeout_s: float,
 
 def _wait_for_ledgers(run_dir: Path, scenario: Scenario, pool: WorkerPool, timeout_s: float = 30.0) -> None:
     """The parameter servers write the last epoch's ledger when they read its close in the log."""
-    last = f"ledger-epoch{scenario.epochs - 1}.npy"
+    last = FILE_PATTERN.format(epoch=scenario.epochs - 1)
     _wait_for(lambda: all((run_dir / f"ps-{k}" / last).exists() for k in range(scenario.parameter_servers)),
               pool, timeout_s, "the parameter servers' ledgers")
 

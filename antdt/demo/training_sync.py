@@ -37,7 +37,7 @@ from antdt.demo.feeds import ShardFeed, StaticFeed
 from antdt.demo.phases import Phase
 from antdt.settings import Settings
 from antdt.worker.agent import Agent
-from antdt.worker.checkpoint import load_checkpoint, save_checkpoint
+from antdt.worker.checkpoint import load_checkpoint, save_atomically, save_checkpoint
 from antdt.worker.ddp import WeightedGradientAverager, agreed_checkpoint_version
 from antdt.worker.ledger import LedgerSlots, SampleLedger
 
@@ -202,6 +202,4 @@ class Lockstep:
 
 
 def write_model(model: torch.nn.Module, path: Path) -> None:
-    partial = path.with_name(path.name + ".partial")
-    torch.save(model.state_dict(), partial)
-    partial.replace(path)
+    save_atomically(model.state_dict(), path, durable=False)  # read by the evaluator; not a checkpoint

@@ -697,13 +697,13 @@ class LedgerCheck:
 
 def check_ledgers(run_dir: Path, report: AuditReport | None) -> LedgerCheck:
     """Every ledger the run wrote (one per parameter-server shard, or rank 0's) all ones and, with a log, agreeing with it."""
-    from antdt.worker.ledger import read_ledgers  # torch: only when there are ledgers to read
+    from antdt.worker.ledger import FILE_PATTERN, read_ledgers  # torch: only when there are ledgers to read
 
     check = LedgerCheck()
     owners = sorted(p for p in run_dir.glob("ps-*") if p.is_dir()) or [run_dir]
     for owner in owners:
         ledgers = read_ledgers(owner)
-        check.files += [str(owner / f"ledger-epoch{e}.npy") for e in sorted(ledgers)]
+        check.files += [str(owner / FILE_PATTERN.format(epoch=e)) for e in sorted(ledgers)]
         where = owner.name if owner != run_dir else "the ledger"
         if report is not None:
             covered = {e.epoch for e in report.epochs}

@@ -8,7 +8,6 @@ file); the newest few are kept, and every one of the last minutes.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import torch
 
 from antdt.errors import AntdtError
+from antdt.worker.checkpoint import save_atomically
 
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 
@@ -36,10 +36,7 @@ class CheckpointStore:
         return versions[-1] if versions else None
 
     def save(self, version: int, state: dict) -> Path:
-        path = self.directory / f"ckpt-{version}.pt"
-        partial = path.with_name(f".{path.name}.partial")
-        torch.save(state, partial)
-        os.replace(partial, path)
+        path = save_atomically(state, self.directory / f"ckpt-{version}.pt", durable=False)
         now = time.time()
         for old in self.versions()[:-self.keep]:
             stale = self.directory / f"ckpt-{old}.pt"
