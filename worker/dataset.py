@@ -62,8 +62,13 @@ class ShardedDataset(IterableDataset):
 
     def __init__(self, source: Sequence, spec: DatasetSpec, *, settings: Settings, job_id: str, worker_id: str,
                  quota: int = 2, shuffle: bool = True, request_timeout_s: float = 10.0, wait_s: float = 0.02,
-                 prefetch: bool = True, client: ShardClient | None = None):
-        """``client``: the process's sharder client to share (the agent's), else one is made per process."""
+                 prefetch: bool = True, client: ShardClient | None = None, sharder_timeout_s: float = 120.0):
+        """``client``: the process's sharder client to share (the agent's), else one is made per process.
+
+        ``sharder_timeout_s``: how long the sharder may stay silent (each
+        request timing out after ``request_timeout_s`` and asked again, as
+        while it restarts) before iterating raises :class:`NoAnswer`.
+        """
         if len(source) != spec.size:
             raise ValueError(f"the dataset has {len(source)} samples but the spec says {spec.size}")
         self.source, self.spec, self.settings = source, spec, settings
@@ -71,7 +76,7 @@ class ShardedDataset(IterableDataset):
         self.quota, self.shuffle, self.prefetch = quota, shuffle, prefetch
         #: True while the sharder has nothing for this worker yet (others hold the epoch's last shards).
         self.waiting = False
-        self.request_timeout_s, self.wait_s = request_timeout_s, wait_s
+        self.request_timeout_s, self.wait_s, self.sharder_timeout_s = request_timeout_s, wait_s, sharder_timeout_s
         #: Grants (epoch, shard, attempt) whose commits were refused: their samples are not read any further.
         self.revoked: set[tuple[int, int, int]] = set()
         self._epoch, self._finished = 0, False
@@ -146,6 +151,7 @@ class ShardedDataset(IterableDataset):
         prefetched shard its lease): the request is made again.
         """
         ahead: tuple[int, float] | None = None  # (seq, sent at) of the request sent as the last shard started
+        answered_at = time.monotonic()
         while True:
             early = ahead is not None and time.monotonic() - ahead[1] < self.spec.lease_s / 4
             try:
@@ -156,8 +162,13 @@ class ShardedDataset(IterableDataset):
                                             read_shards=sorted(self._read))
             except NoAnswer:
                 ahead = None
+                silent_s = time.monotonic() - answered_at
+                if silent_s >= self.sharder_timeout_s:
+                    raise NoAnswer(f"worker {client.worker_id}: no answer from the sharder for {silent_s:.0f} s "
+                                   f"(is the sharder running and the bus reachable?)") from None
                 continue  # the sharder is restarting or taking the job over: ask again
-            ahead = None
+            ahead, answered_at = None, time.monotonic()
+            client.resend_lost_commits(answer)  # a commit lost on the bus would leave its shard held for ever
             if answer.status is AssignmentStatus.FINISHED:
                 self._learn(finished=True)
                 return

@@ -10,7 +10,8 @@ training thread commits), one of them polling for all.
 A record on the worker's key that is not an assignment for this worker goes
 to the dead-letter topic and is counted; the wait for the answer goes on.
 After a bus reset (:mod:`antdt.bus.watch`) the reader starts over at offset
-0 and the last seconds of reports are sent again.
+0 and the last seconds of reports are sent again; a commit an answer shows
+lost is sent again too (:mod:`antdt.worker.sent_commits`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from antdt.schemas.models import DatasetSpec, ProgressKind, ShardAssignment, Sha
 from antdt.schemas.types import utc_now
 from antdt.settings import Settings
 from antdt.topics import topic_spec, worker_key
+from antdt.worker.sent_commits import SentCommits
 
 
 #: When an answer is this late, write a marker to our partition (see ShardClient._nudge), then again every second.
@@ -70,6 +72,10 @@ class ShardClient:
         self._watch = shared_watch(settings)
         self._rewinder = Rewinder(self._consumer, self._watch)  # after a bus reset, answers come from offset 0 again
         self._recent: deque[tuple[float, bytes]] = deque(maxlen=RESEND_MAX)
+        self._sent_commits = SentCommits(worker_id)
+        self._last_seq = 0
+        #: Commit reports sent again because an answer showed them lost.
+        self.recommitted = 0
         self._send_lock = threading.Lock()  # seq order is send order
         self._poll_lock = threading.Lock()  # one thread polls the reader at a time
         self._reset_lock = threading.Lock()
@@ -95,7 +101,7 @@ class ShardClient:
         """
         self._after_bus_reset()
         with self._send_lock:
-            seq = next(self._seq)
+            seq = self._last_seq = next(self._seq)
             report = ShardProgress(
                 job_id=self.job_id, worker_id=self.worker_id, incarnation=self.incarnation, seq=seq, kind=kind,
                 epoch=epoch, timestamp=utc_now(), **fields,
@@ -104,11 +110,28 @@ class ShardClient:
             if answered:
                 with self._arrived:
                     self._wanted.add(seq)
-            self._producer.produce(self._progress_topic, key=self.job_id.encode(), value=value,
-                                   on_delivery=self._delivered)
-            self._recent.append((time.monotonic(), value))
+            self._produce(value)
+            if kind is ProgressKind.COMMIT:
+                self._sent_commits.add(seq, value, epoch, fields["commits"])
         self._producer.poll(0)
         return seq
+
+    def _produce(self, value: bytes) -> None:
+        self._producer.produce(self._progress_topic, key=self.job_id.encode(), value=value, on_delivery=self._delivered)
+        self._recent.append((time.monotonic(), value))
+
+    def resend_lost_commits(self, answer: ShardAssignment) -> int:
+        """Send again the commits ``answer`` shows the sharder never got; returns how many."""
+        with self._send_lock:
+            again = self._sent_commits.lost(answer, self._last_seq)
+            for value in again:
+                self._produce(value)
+        if again:
+            self.recommitted += len(again)
+            self._producer.poll(0)
+            log.warning("worker %s: %d commit(s) missing from the sharder's answer to %d: sent again",
+                        self.worker_id, len(again), answer.in_reply_to)
+        return len(again)
 
     def _after_bus_reset(self) -> None:
         """If the bus came back empty: answers from offset 0, and the recent reports sent again.

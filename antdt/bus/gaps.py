@@ -12,6 +12,11 @@ after it from that partition in the batch, and seeks the partition back to
 the hole. A hole still there after ``patience_s`` is accepted with a
 warning. Every reposition the reader makes itself (assign, seek, a
 rebalance) resets what the guard expects of that partition.
+
+A dropped record must not count as consumed: librdkafka stores the offset of
+every message it hands the application (and a seek does not take that back),
+so a commit after a drop would skip the hole for the next reader. The
+guarded consumer therefore stores offsets itself, only for what it admits.
 """
 
 from __future__ import annotations
@@ -20,11 +25,11 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 log = logging.getLogger(__name__)
 
-PATIENCE_S = 2.0
+PATIENCE_S = 10.0
 
 Partition = tuple[str, int]
 
@@ -85,12 +90,29 @@ class GuardedConsumer(Consumer):
     """A consumer whose :func:`~antdt.bus.readers.poll_batch` reads through a :class:`GapGuard`.
 
     Its own repositions (assign, seek, a rebalance's assignment) reset the
-    guard for the partitions concerned.
+    guard for the partitions concerned. Offsets are stored (for ``commit()``)
+    only for admitted messages, see the module docstring.
     """
 
     def __init__(self, conf: dict):
-        super().__init__(conf)
+        super().__init__({**conf, "enable.auto.offset.store": False})
         self.gaps = GapGuard(super().seek)
+
+    def admit(self, messages: list[Message]) -> list[Message]:
+        """The messages the guard lets through, their offsets stored as consumed."""
+        admitted = self.gaps.admit(messages)
+        last: dict[Partition, int] = {}
+        for message in admitted:
+            last[(message.topic(), message.partition())] = message.offset()
+        if last:
+            self._store(last)
+        return admitted
+
+    def _store(self, last: dict[Partition, int]) -> None:
+        try:
+            self.store_offsets(offsets=[TopicPartition(t, p, offset + 1) for (t, p), offset in last.items()])
+        except KafkaException as exc:  # a partition revoked meanwhile: its next owner reads it again
+            log.debug("offsets not stored: %s", exc)
 
     def assign(self, partitions) -> None:
         self.gaps.forget(partitions)

@@ -17,6 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from antdt.bus.clients import make_admin, make_consumer
 from antdt.bus.admin import partition_counts
 from antdt.bus.deadletter import DeadLetter, SourceRecord
+from antdt.bus.gaps import GuardedConsumer
 from antdt.bus.markers import marker_id, write_marker
 from antdt.bus.murmur2 import partition_for
 from antdt.errors import AntdtError, BusError, CodecError
@@ -160,8 +161,7 @@ def poll_batch(consumer: Consumer, max_records: int, timeout_s: float) -> list[M
             raise BusError(f"fatal consumer error: {error.str()}")
         elif error.code() != KafkaError._PARTITION_EOF:
             log.warning("consumer error: %s", error.str())
-    gaps = getattr(consumer, "gaps", None)
-    return gaps.admit(good) if gaps is not None else good
+    return consumer.admit(good) if isinstance(consumer, GuardedConsumer) else good
 
 
 class KeyedReader:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from antdt.bus.clients import make_consumer, make_producer
 from antdt.bus.gaps import GapGuard
@@ -73,23 +73,28 @@ def test_going_back_is_never_a_hole_and_forgotten_partitions_expect_nothing(guar
     assert offsets(guard.admit([Record(40)])) == [40] and sought == []
 
 
-def test_a_guarded_consumer_repositioned_by_its_reader_sees_no_hole(settings, topics):
-    """A reader's own assign past what it read is not a hole: the records come, none sought back."""
+@pytest.fixture
+def ten_records(settings, topics):
+    """Offsets 0-9 in partition 0 of a topic, and a guarded consumer (closed afterwards) to read them."""
     topic = f"{settings.topic_prefix}.shard.progress"
     producer = make_producer(settings)
     for i in range(10):
         producer.produce(topic, key=b"job", value=str(i).encode(), partition=0)
     assert producer.flush(10) == 0
     consumer = make_consumer(settings)
-    try:
-        assign_now(consumer, [TopicPartition(topic, 0, 0)])
-        first = read(consumer, 3)
-        assign_now(consumer, [TopicPartition(topic, 0, 7)])
-        later = read(consumer, 3)
-        assert (offsets(first), offsets(later)) == ([0, 1, 2], [7, 8, 9])
-        assert consumer.gaps.holes_refilled == consumer.gaps.holes_accepted == 0
-    finally:
-        consumer.close()
+    yield topic, consumer
+    consumer.close()
+
+
+def test_a_guarded_consumer_repositioned_by_its_reader_sees_no_hole(ten_records):
+    """A reader's own assign past what it read is not a hole: the records come, none sought back."""
+    topic, consumer = ten_records
+    assign_now(consumer, [TopicPartition(topic, 0, 0)])
+    first = read(consumer, 3)
+    assign_now(consumer, [TopicPartition(topic, 0, 7)])
+    later = read(consumer, 3)
+    assert (offsets(first), offsets(later)) == ([0, 1, 2], [7, 8, 9])
+    assert consumer.gaps.holes_refilled == consumer.gaps.holes_accepted == 0
 
 
 def read(consumer, count: int) -> list:
@@ -99,3 +104,28 @@ def read(consumer, count: int) -> list:
         if len(got) >= count:
             return got
     raise AssertionError(f"read {len(got)} of {count} records")
+
+
+def test_a_record_held_back_is_not_committed_as_consumed(ten_records):
+    """A commit right after a hole commits up to the hole, not past what was dropped (librdkafka stores what it hands out)."""
+    topic, consumer = ten_records
+    assign_now(consumer, [TopicPartition(topic, 0, 0)])
+    assert offsets(read(consumer, 3)) == [0, 1, 2]
+    Consumer.seek(consumer, TopicPartition(topic, 0, 6))  # what a skipped fetch looks like: the guard is not told
+    assert wait_for_a_drop(consumer) and committed_now(consumer, topic) == 3
+    assert offsets(read(consumer, 7)) == [3, 4, 5, 6, 7, 8, 9]  # the hole and what was dropped, read again
+    assert committed_now(consumer, topic) == 10 and consumer.gaps.holes_refilled == 1
+
+
+def wait_for_a_drop(consumer) -> bool:
+    """Poll until the guard holds a batch back (a seek back to the hole), admitting nothing meanwhile."""
+    for _ in range(200):
+        assert poll_batch(consumer, 10, 0.05) == []
+        if consumer.gaps._waiting_since:
+            return True
+    return False
+
+
+def committed_now(consumer, topic: str) -> int:
+    consumer.commit(asynchronous=False)
+    return consumer.committed([TopicPartition(topic, 0)], timeout=10)[0].offset

@@ -184,7 +184,7 @@ def test_pause_holds_the_step_until_resume(agent_settings):
             while not stop.is_set():
                 agent.step()
 
-        trainer = threading.Thread(target=train)
+        trainer = threading.Thread(target=train, daemon=True)
         trainer.start()
         pause = send_command(agent_settings, action=CommandAction.PAUSE)
         deadline = time.monotonic() + 20

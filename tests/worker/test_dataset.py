@@ -9,11 +9,12 @@ from collections import Counter
 import pytest
 import torch
 
-from antdt.schemas.models import DatasetSpec
+from antdt.schemas.models import DatasetSpec, ProgressKind
 from antdt.services.sharder.audit import audit_log
 from antdt.worker import Agent
 from antdt.worker.dataset import ShardedDataset, loader
 from antdt.worker.provenance import Tagged
+from antdt.worker.shard_client import NoAnswer
 from tests.services.sharder.harness import assert_exactly_once, job_log, running_sharder
 
 
@@ -88,6 +89,65 @@ def test_samples_come_tagged_with_their_grant(settings, topics):
     tag = first.tags[0]
     assert (tag.epoch, tag.attempt, tag.holder) == (0, 0, "w0") and first.data == tag.index
     assert tag.shard_id * 50 <= tag.index < (tag.shard_id + 1) * 50
+
+
+@pytest.mark.slow
+def test_a_commit_the_bus_loses_is_sent_again_and_the_epoch_still_ends_exactly_once(settings, topics):
+    """The first commit report never reaches the sharder: the next answer shows it missing, the worker sends it again.
+
+    Without that the shard stays held, read to the end, never DONE: the
+    worker would wait for it for ever, its requests renewing the lease.
+    """
+    dataset_spec = spec(size=200, shard_size=20, epochs=1)
+    seen: Counter = Counter()
+    failures: list[BaseException] = []
+
+    def lossy_training():
+        try:
+            with Agent("job-lossy", "w0", settings=settings, listen_for_commands=False) as agent:
+                lose_the_first_commit(agent.shard_client)
+                data = agent.shards(list(range(200)), dataset_spec)
+                while not data.finished:
+                    for batch in agent.iterate(loader(data, batch_size=7)):
+                        seen.update((tag.epoch, tag.index) for tag in agent.pending_tags)
+                        agent.step(samples=len(batch))
+                data.close()
+                failures.append(agent.shard_client.recommitted)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            failures.append(exc)
+
+    with running_sharder(settings):
+        trainer = threading.Thread(target=lossy_training, daemon=True)
+        trainer.start()
+        trainer.join(90)
+        assert not trainer.is_alive(), "the worker waits for a commit the bus lost"
+    [recommitted] = failures
+    assert recommitted >= 1, recommitted
+    assert seen == Counter({(0, i): 1 for i in range(200)})
+    assert_exactly_once("job-lossy", dataset_spec, job_log(settings, "job-lossy"))
+
+
+def lose_the_first_commit(client) -> None:
+    """The bus loses the client's first COMMIT report (it is produced nowhere)."""
+    produce, lost = client._produce, []
+
+    def lossy(value: bytes) -> None:
+        if not lost and client.codec.decode(value).kind is ProgressKind.COMMIT:
+            lost.append(value)
+            return
+        produce(value)
+
+    client._produce = lossy
+
+
+def test_a_silent_sharder_ends_the_wait_with_a_clear_error(settings, topics):
+    """No sharder running: each request times out and is asked again, until the bound, then NoAnswer names it."""
+    with Agent("job-silent", "w0", settings=settings, listen_for_commands=False) as agent:
+        data = agent.shards(list(range(100)), spec(size=100, shard_size=50, epochs=1), request_timeout_s=0.3,
+                            sharder_timeout_s=1.0)
+        with pytest.raises(NoAnswer, match=r"worker w0: no answer from the sharder for \d+ s"):
+            next(iter(data))
+        data.close()
 
 
 def test_checkpoint_then_restore_retrains_exactly_what_the_model_has_not_seen(settings, topics, tmp_path):

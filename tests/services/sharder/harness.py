@@ -94,7 +94,7 @@ def run_workers(settings: Settings, job_id: str, spec: DatasetSpec, count: int, 
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(count)]
+    threads = [threading.Thread(target=worker, args=(f"w{i}",), daemon=True) for i in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:

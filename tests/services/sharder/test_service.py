@@ -48,7 +48,7 @@ def test_workers_train_every_sample_exactly_once(settings, topics):
 def test_several_jobs_are_served_at_once(settings, topics):
     datasets = {"job-x": spec(size=600, epochs=1), "job-y": spec(size=900, shard_size=30, epochs=2)}
     with running_sharder(settings):
-        threads = [threading.Thread(target=run_workers, args=(settings, job, ds, 2)) for job, ds in datasets.items()]
+        threads = [threading.Thread(target=run_workers, args=(settings, job, ds, 2), daemon=True) for job, ds in datasets.items()]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -146,7 +146,7 @@ def test_kill_9_mid_epoch_then_a_new_sharder_finishes_with_exactly_once(settings
         time.sleep(0.002)
 
     with sharder_process(settings, "--snapshot-every", "50") as first:
-        workers = threading.Thread(target=run_workers, args=(settings, "job-k", dataset, 3, count))
+        workers = threading.Thread(target=run_workers, args=(settings, "job-k", dataset, 3, count), daemon=True)
         workers.start()
         while progress["shards"] < dataset.shard_count // 2 and workers.is_alive():
             time.sleep(0.05)

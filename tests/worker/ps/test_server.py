@@ -14,14 +14,14 @@ from contextlib import ExitStack
 import pytest
 import torch
 
-from antdt.schemas.models import DatasetSpec, ShardTransition as T
+from antdt.schemas.models import DatasetSpec, ShardState, ShardTransition as T
 from antdt.services.sharder.audit import audit_log, compare_with_ledger
 from antdt.worker import Agent
 from antdt.worker.example import SyntheticClassification, batches, evaluate, make_model
 from antdt.worker.ledger import read_ledgers
 from antdt.worker.ps.client import ParameterClient, read_parameters
 from antdt.worker.ps.server import ParameterServer, ServerSpec, ServerState
-from tests.services.sharder.harness import job_log, running_sharder
+from tests.services.sharder.harness import accepted_done_counts, job_log, running_sharder
 
 pytestmark = pytest.mark.slow
 SPEC = DatasetSpec(name="ps", size=2048, shard_size=16, epochs=2, shuffle_seed=3, max_attempts=3, lease_s=30)
@@ -57,17 +57,31 @@ def train(settings, name: str, addresses: list[str], source, trained: dict, pace
 
 
 def run_workers(settings, addresses, source, count: int, pace_s: float = 0.0, during=None) -> dict:
+    """Train ``count`` worker threads to the end; a worker still running after two minutes fails the test.
+
+    The threads are daemons, so one that never ends cannot keep the test
+    session alive; the failure names what the shard log says is unfinished.
+    """
     trained: dict[str, int] = {}
-    threads = [threading.Thread(target=train, args=(settings, f"w{i}", addresses, source, trained, pace_s))
-               for i in range(count)]
+    threads = [threading.Thread(target=train, args=(settings, f"w{i}", addresses, source, trained, pace_s),
+                                daemon=True) for i in range(count)]
     for thread in threads:
         thread.start()
     if during is not None:
         during()
+    deadline = time.monotonic() + 120
     for thread in threads:
-        thread.join(180)
-    assert not any(thread.is_alive() for thread in threads), "a worker did not finish"
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert not any(thread.is_alive() for thread in threads), f"a worker did not finish: {unfinished(settings)}"
     return trained
+
+
+def unfinished(settings) -> str:
+    """The job's shards that are not DONE, as the shard log folds them (for a failure message)."""
+    _, state = accepted_done_counts(settings.job_id, job_log(settings, settings.job_id))
+    open_slots = [f"{s.shard_id}:{s.state.value}@{s.attempt} by {s.worker} ({len(s.applied)}/{s.length} applied)"
+                  for s in state.slots if s.state is not ShardState.DONE]
+    return f"epoch {state.epoch} seq {state.last_seq} finished={state.finished}; open: {open_slots[:20]}"
 
 
 def wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
