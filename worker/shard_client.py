@@ -116,9 +116,11 @@ class ShardClient:
         self._producer.poll(0)
         return seq
 
-    def _produce(self, value: bytes) -> None:
+    def _produce(self, value: bytes, remember: bool = True) -> None:
+        """One report onto the progress topic; ``remember``: kept to be sent again after a bus reset."""
         self._producer.produce(self._progress_topic, key=self.job_id.encode(), value=value, on_delivery=self._delivered)
-        self._recent.append((time.monotonic(), value))
+        if remember:
+            self._recent.append((time.monotonic(), value))
 
     def resend_lost_commits(self, answer: ShardAssignment) -> int:
         """Send again the commits ``answer`` shows the sharder never got; returns how many."""
@@ -148,8 +150,7 @@ class ShardClient:
         since = time.monotonic() - RESEND_WINDOW_S
         again = [value for at, value in self._recent if at >= since]
         for value in again:
-            self._producer.produce(self._progress_topic, key=self.job_id.encode(), value=value,
-                                   on_delivery=self._delivered)
+            self._produce(value, remember=False)
         self._producer.poll(0)
         log.warning("the bus was reset: %d report(s) of the last %.0f s sent again", len(again), RESEND_WINDOW_S)
 

@@ -16,12 +16,13 @@ import torch
 
 from antdt.schemas.models import DatasetSpec, ShardState, ShardTransition as T
 from antdt.services.sharder.audit import audit_log, compare_with_ledger
+from antdt.services.sharder.state import fold
 from antdt.worker import Agent
 from antdt.worker.example import SyntheticClassification, batches, evaluate, make_model
 from antdt.worker.ledger import read_ledgers
 from antdt.worker.ps.client import ParameterClient, read_parameters
 from antdt.worker.ps.server import ParameterServer, ServerSpec, ServerState
-from tests.services.sharder.harness import accepted_done_counts, job_log, running_sharder
+from tests.services.sharder.harness import job_log, running_sharder
 
 pytestmark = pytest.mark.slow
 SPEC = DatasetSpec(name="ps", size=2048, shard_size=16, epochs=2, shuffle_seed=3, max_attempts=3, lease_s=30)
@@ -78,7 +79,7 @@ def run_workers(settings, addresses, source, count: int, pace_s: float = 0.0, du
 
 def unfinished(settings) -> str:
     """The job's shards that are not DONE, as the shard log folds them (for a failure message)."""
-    _, state = accepted_done_counts(settings.job_id, job_log(settings, settings.job_id))
+    state = fold(settings.job_id, job_log(settings, settings.job_id))
     open_slots = [f"{s.shard_id}:{s.state.value}@{s.attempt} by {s.worker} ({len(s.applied)}/{s.length} applied)"
                   for s in state.slots if s.state is not ShardState.DONE]
     return f"epoch {state.epoch} seq {state.last_seq} finished={state.finished}; open: {open_slots[:20]}"
