@@ -2,7 +2,7 @@
 
 The demo, development and the tests run on one machine against this broker;
 production runs on Apache Kafka. It keeps data in memory only: stopping it
-loses everything (DESIGN.md lists the other differences to design around).
+loses everything (docs/embedded-broker.md lists the other differences to design around).
 
 :class:`EmbeddedBroker` starts the binary on a loopback port, waits until it
 answers a metadata request, and stops it on exit: SIGTERM first, then SIGKILL

@@ -76,7 +76,7 @@ def run_bus_check(settings: Settings, timeout_s: float = 20.0) -> CheckResult:
 def _warm_up(producer, consumer, examples, counts, run_id: bytes, timeout_s: float) -> None:
     """Assign every partition and wait until a marker on each topic is seen.
 
-    DESIGN.md: the embedded broker's high watermark cannot tell when a reader
+    docs/embedded-broker.md: the embedded broker's high watermark cannot tell when a reader
     is live, so the reader proves it by reading markers it wrote itself.
     """
     assign_now(consumer, [TopicPartition(t, p, OFFSET_BEGINNING) for t in examples for p in range(counts[t])])

@@ -44,7 +44,7 @@ class BrokerProfile(str, Enum):
 
     ``kafka`` keeps librdkafka's and Faust's production defaults. ``embedded``
     applies the short session timeouts and fetch waits measured against the
-    embedded Tansu broker (see DESIGN.md), where group joins are otherwise
+    embedded Tansu broker (see docs/embedded-broker.md), where group joins are otherwise
     held for half the session timeout.
     """
 

@@ -31,7 +31,7 @@ def test_every_topic_has_explicit_partitions_and_retention():
 
 
 def test_shard_log_is_never_compacted_or_expired():
-    """DESIGN.md: never rely on compaction; the log is the source of truth."""
+    """docs/embedded-broker.md: never rely on compaction; the log is the source of truth."""
     log = topic_spec("shard", "log")
     assert log.configs["cleanup.policy"] == "delete" and log.configs["retention.ms"] == "-1"
 

@@ -1,6 +1,6 @@
 """Explicit, idempotent topic creation from the registry.
 
-DESIGN.md: topics are created explicitly, with their configs, at start-up;
+docs/embedded-broker.md: topics are created explicitly, with their configs, at start-up;
 never by auto-creation. Creating a topic that exists is not an error; a topic
 that exists with fewer partitions than the registry asks for is reported,
 because per-key readers compute partitions from the live count.

@@ -2,7 +2,7 @@
 
 Every producer, consumer and admin client of every service and of the agent
 gets its configuration here, so security settings and the embedded-broker
-tuning (see DESIGN.md: group joins are held for half the session timeout, so
+tuning (see docs/embedded-broker.md: group joins are held for half the session timeout, so
 sessions are short and fetch waits low) can never drift between components.
 """
 
@@ -27,7 +27,7 @@ EMBEDDED_CONSUMER = {
 #: For the few consumers on a request/reply path (sharder requests, a worker's
 #: assignments) on the embedded broker: ~4 ms per hop, at 200 idle fetches/s.
 EMBEDDED_LOW_LATENCY = {"fetch.wait.max.ms": 5}
-#: The embedded broker forgets everything when it restarts (DESIGN.md). An
+#: The embedded broker forgets everything when it restarts (docs/embedded-broker.md). An
 #: idempotent producer then hangs for good (measured: nothing delivered
 #: after 15 s, no error), because the broker no longer knows its producer id
 #: and sequence numbers; a plain one delivers what it buffered within a second

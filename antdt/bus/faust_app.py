@@ -2,7 +2,7 @@
 
 The monitor runs on Faust. :func:`make_faust_app` gives it the connection and
 security settings of :class:`Settings` and, with the embedded broker, the
-tuning that makes a worker ready in about 2 s (DESIGN.md): short sessions,
+tuning that makes a worker ready in about 2 s (docs/embedded-broker.md): short sessions,
 ``at_least_once`` (exactly-once does not start there), no recovery
 consistency check, no waiting for empty streams, and ``broker_max_poll_interval``
 left at 300 s or more (lower values hang the worker). The app runs on

@@ -1,6 +1,6 @@
 """Markers: how a reader knows it has caught up, without the high watermark.
 
-The embedded broker reports high watermarks wrong (DESIGN.md), so "read until
+The embedded broker reports high watermarks wrong (docs/embedded-broker.md), so "read until
 the end" is done the way that works everywhere: write a marker record with a
 unique id to the partition you read, then read until you see it. Everything
 written before the marker has then been read. Markers carry an empty value and

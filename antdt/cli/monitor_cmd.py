@@ -66,7 +66,7 @@ def monitor(
 
 
 def restart_in_place() -> None:
-    """After a bus reset, start this process over (same pid, same arguments), as DESIGN.md advises for Faust.
+    """After a bus reset, start this process over (same pid, same arguments), as docs/embedded-broker.md advises for Faust.
 
     A Faust worker does not come back from a broker that forgot its groups,
     offsets and changelog topics; its tables held only recent windows, which

@@ -2,7 +2,7 @@
 
 :func:`replay_events` yields a job's events in log order (the order the fold
 applies them) with the record timestamp of each, restricted to a window of
-record time. Two broker behaviours are designed around (DESIGN.md):
+record time. Two broker behaviours are designed around (docs/embedded-broker.md):
 
 * ``offsets_for_times`` answers are unreliable (the embedded broker answers
   offset 0 whatever the time). The answer is used only after it is checked
