@@ -431,6 +431,7 @@ class ShardStateEntry(AvroRecord):
     done_seq: Count64 | None = None
     reason: str | None = None
     applied: list[AppliedSamples] = Field(default_factory=list)
+    rewound_below: Count32 = 0
 
 
 class ShardSnapshot(AvroModel):

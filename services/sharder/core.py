@@ -18,7 +18,8 @@ What each report does (the state machine is in :mod:`state`):
 * COMMIT: samples whose training update is in the model. Without an
   ``update_id`` the update is already applied (synchronous training): the
   samples are recorded, whatever the grants say, so the log tells the truth
-  (a repeat is the audit's to report). With one, the update waits at the
+  (a repeat is the audit's to report), except a grant a REWOUND took back:
+  the restored model lost its updates. With one, the update waits at the
   parameter servers, which apply it when they read the APPLIED event: the
   commit is recorded only if every sample belongs to a grant its holder
   still has (or had, with nobody granted the shard since) and none is
@@ -276,7 +277,7 @@ class ShardCore:
     def _commit(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
         state = self.state
         if report.update_id is None:
-            self._record_applied(report, self._not_applied_yet(report.commits), now_ms, out)
+            self._record_applied(report, self._not_applied_yet(self._still_in_model(report.commits)), now_ms, out)
             return
         if report.update_id in state.updates and report.epoch == state.epoch:  # a redelivery: recorded already
             out.assignment = self.assignment_for(report.worker_id, now_ms, in_reply_to=report.seq)
@@ -325,6 +326,10 @@ class ShardCore:
                 slot = self.state.slots[commit.shard_id]
                 self._emit(out.events, T.FAILED, now_ms, shard_id=slot.shard_id, worker_id=slot.worker,
                            attempt=slot.attempt + 1, reason=f"commit refused: {refusal}"[:1000])
+
+    def _still_in_model(self, commits: list[ShardCommit]) -> list[ShardCommit]:
+        """The commits less those of grants a rewind took back: the restored model does not hold their updates."""
+        return [c for c in commits if c.attempt >= self.state.slots[c.shard_id].rewound_below]
 
     def _not_applied_yet(self, commits: list[ShardCommit]) -> list[ShardCommit]:
         """The commits less their samples already recorded (input is at-least-once: a report may come twice).

@@ -92,6 +92,8 @@ class Slot:
     done_seq: int | None = None
     reason: str | None = None
     applied: dict[int, int] = field(default_factory=dict)  # sample index -> seq of the APPLIED that recorded it
+    #: grants of a lower attempt were taken back by a rewind: the model lost their updates, so their late commits are void.
+    rewound_below: int = 0
 
     def remaining(self) -> list[int]:
         """Sample indices of the shard not applied yet."""
@@ -217,7 +219,7 @@ class JobState:
         self.epoch, self.epoch_opened_seq, self.finished = epoch, seq, False
         self._ranks = grant_ranks(self.dataset, epoch)
         self.held, self.updates = {}, {}
-        self.slots = [Slot(r.shard_id, r.start, r.length, attempt=attempt) for r in split(self.dataset)]
+        self.slots = [Slot(r.shard_id, r.start, r.length, attempt=attempt, rewound_below=attempt) for r in split(self.dataset)]
         for shard_id in done:
             slot = self.slots[shard_id]
             slot.state, slot.done_seq = ShardState.DONE, seq
@@ -235,7 +237,7 @@ class JobState:
         entries = [
             trusted(
                 ShardStateEntry, shard_id=s.shard_id, state=s.state, worker_id=s.worker, lease_expires=from_ms(s.lease_ms),
-                started=s.started, attempt=s.attempt, done_seq=s.done_seq, reason=s.reason,
+                started=s.started, attempt=s.attempt, done_seq=s.done_seq, reason=s.reason, rewound_below=s.rewound_below,
                 applied=[trusted(AppliedSamples, seq=seq, samples=samples, update_id=by_seq.get(seq))
                          for seq, samples in s.applied_groups()],
             )
@@ -259,6 +261,7 @@ class JobState:
                 state._leave_todo(slot)
             slot.state, slot.worker, slot.lease_ms = entry.state, entry.worker_id, to_ms(entry.lease_expires)
             slot.started, slot.attempt, slot.done_seq, slot.reason = entry.started, entry.attempt, entry.done_seq, entry.reason
+            slot.rewound_below = entry.rewound_below
             slot.applied = {sample: group.seq for group in entry.applied for sample in group.samples}
             state.updates.update({group.update_id: group.seq for group in entry.applied if group.update_id})
             if entry.state is ShardState.DOING:
@@ -368,7 +371,8 @@ def _rewound(state: JobState, event: ShardLogEvent) -> None:
             if redo:
                 state._set_todo(slot, slot.attempt + 1)
             if slot.state is ShardState.TODO:
-                slot.worker = None  # work from before the rewind is not in the model: no late DONE for it
+                slot.worker = None  # work from before the rewind is not in the model: no late DONE or commit for it
+                slot.rewound_below = slot.attempt
         state.finished = False
         return
     state._open_epoch(event.epoch, event.seq, done=set(event.shard_ids), attempt=event.attempt or 0, partial=event.commits)

@@ -339,3 +339,32 @@ def test_a_snapshot_keeps_applied_samples_and_updates():
     restored = JobState.from_snapshot(codec.decode(codec.encode(core.state.to_snapshot(utc_now()))))
     assert restored.logical_view() == core.state.logical_view()
     assert restored.updates == {"u1": core.state.updates["u1"]}
+
+
+def test_a_sync_commit_of_a_grant_a_rewind_took_back_is_not_recorded():
+    """The restored model lost that update: recording it would leave its samples untrained."""
+    from antdt.schemas.codec import SingleObjectCodec
+    from antdt.schemas.types import utc_now
+    from antdt.services.sharder.audit import audit_log
+
+    core, log = new_core(dataset(size=200, shard_size=100, epochs=1), quota=1)
+    answer = core.on_progress(report(K.REQUESTED, "w1", 0), 0)
+    log += answer.events
+    shard = answer.assignment.shards[0]
+    checkpoint = core.on_progress(report(K.CHECKPOINT, "w1", 0), 0)
+    log += checkpoint.events
+    late = report(K.COMMIT, "w1", 0, commits=[commit(shard, [shard.start + 4])])
+    log += core.on_progress(late, 0).events
+    log += core.rewind(report(K.REWIND, "w0", 0, version=checkpoint.assignment.version), 0).events
+    assert core.on_progress(late, 0).events == []  # delivered again after the rewind
+    assert core.state.slots[shard.shard_id].applied == {}
+    codec = SingleObjectCodec()
+    restored = JobState.from_snapshot(codec.decode(codec.encode(core.state.to_snapshot(utc_now()))))
+    assert restored.logical_view() == core.state.logical_view() == fold(JOB, log).logical_view()
+    regrant = core.on_progress(report(K.REQUESTED, "w2", 0), 0)
+    log += regrant.events
+    again = regrant.assignment.shards[0]
+    log += core.on_progress(report(K.COMMIT, "w2", 0, commits=[commit(again, range(again.start, again.start + 100))]), 0).events
+    audit = audit_log(log)
+    assert audit.ok, audit.violations
+    assert core.state.slots[shard.shard_id].state is ShardState.DONE
