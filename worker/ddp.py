@@ -19,14 +19,25 @@ effective step (:class:`BatchSizePlan`) is about the data, not about safety.
 With a :class:`~antdt.worker.ledger.LedgerSlots` the averager also counts
 every rank's samples of the step into the ledger, in the same all-reduce as
 the gradients: the ledger changes exactly when the model does.
+
+Never hang: with a :class:`StepSizedTimeout` each collective waits at most a
+few of the job's recent step periods, then raises :class:`CollectiveTimeout`
+(a dead rank breaks the collective at once; a stuck one would otherwise hold
+every other rank for the process group's whole timeout). The process group is
+unusable after that: end the process and let the launcher (torchrun, the
+demo's pool) restart the group from the last checkpoint.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -40,6 +51,43 @@ SyncTimer = Callable[[], AbstractContextManager[object]]
 
 class DistributedError(AntdtError):
     """The ranks could not agree (a collective helper failed on some rank)."""
+
+
+class CollectiveTimeout(DistributedError):
+    """A step's collective waited longer than the job's steps allow: a rank is dead or stuck."""
+
+
+@dataclass
+class StepSizedTimeout:
+    """How long a step's collective may wait: ``factor`` x the longest of the last ``window`` step periods.
+
+    Never less than ``floor_s`` (a step can slow down for real: a straggler,
+    a checkpoint), and ``first_s`` before any period is known (the ranks'
+    start-up differs). A period is the time between two completed collectives.
+    """
+
+    floor_s: float = 10.0
+    factor: float = 10.0
+    window: int = 20
+    first_s: float = 120.0
+    _periods: deque = field(default_factory=deque, repr=False)
+    _last_done: float | None = field(default=None, repr=False)
+
+    def limit_s(self) -> float:
+        if not self._periods:
+            return self.first_s
+        return max(self.floor_s, self.factor * max(self._periods))
+
+    def completed(self, now: float) -> None:
+        if self._last_done is not None:
+            self._periods.append(now - self._last_done)
+            while len(self._periods) > self.window:
+                self._periods.popleft()
+        self._last_done = now
+
+    def describe(self) -> str:
+        known = f"{self.factor:g}x the slowest of the last {len(self._periods)} steps, at least {self.floor_s:g} s"
+        return known if self._periods else "the first step's bound"
 
 
 def _no_timer() -> AbstractContextManager[object]:
@@ -90,10 +138,12 @@ class WeightedGradientAverager:
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, sync_timer: SyncTimer | None = None,
-                 ledger: LedgerSlots | None = None):
+                 ledger: LedgerSlots | None = None, timeout: StepSizedTimeout | None = None):
         self.group = group
         self.sync_timer = sync_timer
         self.ledger = ledger
+        self.timeout = timeout
+        self.steps = 0  # collectives completed: names the step in a timeout's message
 
     def sync(
         self, model_or_params: torch.nn.Module | Iterable[torch.Tensor], local_batch_size: int,
@@ -155,7 +205,29 @@ class WeightedGradientAverager:
                 global_batch, sums = self._one_collective(params, local_batch_size, counters)
             else:
                 global_batch, sums = self._two_collectives(params, local_batch_size, counters)
+        self.steps += 1
+        if self.timeout is not None:
+            self.timeout.completed(time.monotonic())
         return global_batch, sums
+
+    def _all_reduce(self, buffers: list[torch.Tensor]) -> None:
+        """Sum each buffer over the ranks, all in flight at once; within the timeout's bound when there is one."""
+        works = [dist.all_reduce(b, op=dist.ReduceOp.SUM, group=self.group, async_op=True) for b in buffers]
+        limit = self.timeout.limit_s() if self.timeout is not None else None
+        began = time.monotonic()
+        for work in works:
+            if limit is None:
+                work.wait()
+                continue
+            try:
+                work.wait(timeout=timedelta(seconds=max(0.001, limit - (time.monotonic() - began))))
+            except RuntimeError as exc:
+                if "timed out" not in str(exc).lower():
+                    raise
+                raise CollectiveTimeout(
+                    f"the all-reduce of step {self.steps} waited {time.monotonic() - began:.1f} s "
+                    f"(limit {limit:.1f} s: {self.timeout.describe()}): a rank is dead or stuck") from None
+        _finish_cuda(buffers)
 
     def _one_collective(self, params: list[torch.nn.Parameter], local_batch_size: int,
                         counters: list[int]) -> tuple[int, list[int]]:
@@ -168,8 +240,7 @@ class WeightedGradientAverager:
         head = [local_batch_size, *counters] + [int(contributes and p.grad is not None) for p in params]
         flat = self._flatten(params, float(local_batch_size), contributes) if params else torch.zeros(0)
         buffer = torch.cat([torch.tensor(head, dtype=flat.dtype, device=flat.device), flat])
-        dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group)
-        _finish_cuda([buffer])
+        self._all_reduce([buffer])
         control = [round(x) for x in buffer[:len(head)].tolist()]
         global_batch, sums, has_grad = control[0], control[1:1 + len(counters)], control[1 + len(counters):]
         grads = buffer[len(head):]
@@ -195,7 +266,7 @@ class WeightedGradientAverager:
             [local_batch_size, *counters] + [int(contributes and param.grad is not None) for param in params],
             dtype=torch.int64, device=device,
         )
-        dist.all_reduce(control, op=dist.ReduceOp.SUM, group=self.group)
+        self._all_reduce([control])
         control = control.tolist()
         global_batch, sums, has_grad = control[0], control[1:1 + len(counters)], control[1 + len(counters):]
         weight = local_batch_size / global_batch if global_batch else 0.0
@@ -206,10 +277,7 @@ class WeightedGradientAverager:
             else:
                 param.grad = None  # consistent on every rank: no rank with samples had a gradient
         flats = [self._flatten(members, weight, contributes) for members in buckets.values()]
-        works = [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True) for flat in flats]
-        for work in works:
-            work.wait()
-        _finish_cuda(flats)
+        self._all_reduce(flats)
         for members, flat in zip(buckets.values(), flats):
             self._unflatten(members, flat)
         return global_batch, sums

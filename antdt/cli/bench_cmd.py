@@ -120,13 +120,14 @@ def plan_figures(name: str, runs: list, baseline) -> dict:
 
 
 def run_figures(result, baseline) -> dict:
-    from antdt.demo.report import reactions, time_split, worker_splits
+    from antdt.demo.report import command_counts, reactions, time_split, worker_splits
 
     return {
         "plan": result.plan.name, "label": result.plan.label, "wall_s": round(result.wall_s, 3),
         "ideal_s": round(result.ideal_s, 3), "efficiency": round(result.efficiency, 4),
         "speedup": None if baseline is None else round(result.speedup_over(baseline), 3),
         "samples": result.samples, "verdicts": result.timeline.verdicts, "commands": result.commands,
+        "command_counts": command_counts(result),
         "restarts": result.restarts, "audit_clean": result.audit_ok, "ledger": result.ledger.to_dict(),
         "heldout_loss": None if result.heldout is None else round(result.heldout[0], 4),
         "heldout_accuracy": None if result.heldout is None else round(result.heldout[1], 4),

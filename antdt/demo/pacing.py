@@ -3,7 +3,7 @@
 A demo worker does real torch work for every step (forward, backward, SGD on
 its batch), which on its own takes a millisecond or so. The scenario says how
 long the step *should* take on the worker's simulated hardware:
-``samples / speed(t)``. :class:`Pacer` fills the difference, either by
+``(fixed + samples) / speed(t)`` (:meth:`Scenario.step_s`). :class:`Pacer` fills the difference, either by
 sleeping (``cause: sleep``, and outside episodes) or, during a ``cause: cpu``
 episode, by running more torch matrix products until the deadline, so the
 worker really keeps a core busy as a noisy neighbour would. If the real work
@@ -32,10 +32,10 @@ class Pacer:
         return time.time() - self.start_wall
 
     def pace(self, samples: int, started_s: float) -> None:
-        """Hold until the step that began at ``started_s`` (run time) has lasted ``samples / speed``."""
+        """Hold until the step that began at ``started_s`` (run time) has lasted what the scenario says."""
         if samples <= 0:
             return
-        target = samples / self.scenario.speed_at(self.rank, started_s)
+        target = self.scenario.step_s(self.rank, started_s, samples)
         remaining = started_s + target - self.now_s()
         if remaining <= 0:
             return

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from antdt.demo.handshake import done_file
 from antdt.demo.launcher import WorkerProcess
+from antdt.demo.phases import Phase, read_phase
 from antdt.demo.plans import RunPlan
 from antdt.demo.scenario import Scenario
 from antdt.errors import AntdtError
@@ -71,13 +72,25 @@ class WorkerPool:
             if code == 0:
                 self.finished.add(rank)
             elif not (code == EXIT_RESTART or self.restart_failed):
-                raise AntdtError(f"worker {name} exited with code {code}; its log ends:\n{self.log_tail(rank)}")
+                raise AntdtError(f"worker {name} (rank {rank}) exited with code {code}: {self._last_words(rank)}"
+                                 f"{self._outside_the_collective()}\nits log ends:\n{self.log_tail(rank)}")
             elif self.plan.training == "async":
                 self.restarts += 1
                 self._launch(rank)
             else:
                 self._restart_group()
                 return
+
+    def _last_words(self, rank: int) -> str:
+        lines = [line for line in self.log_tail(rank).splitlines() if line.strip()]
+        return lines[-1].strip()[:300] if lines else "(nothing in its log)"
+
+    def _outside_the_collective(self) -> str:
+        """Synchronous runs: the live ranks that are not in the step's all-reduce (the stuck ones, if any)."""
+        if self.plan.training != "sync":
+            return ""
+        names = [self.scenario.workers[r].name for r in self.running() if read_phase(self.handshake, r) is not Phase.ALLREDUCE]
+        return f"; live ranks outside the all-reduce: {', '.join(names)}" if names else ""
 
     def _restart_group(self) -> None:
         """Stop every rank and start the next generation of the group (it resumes from the last checkpoint)."""

@@ -56,6 +56,24 @@ def reactions(result: RunResult) -> list[dict]:
     return rows
 
 
+def command_counts(result: RunResult) -> dict:
+    """How many commands each worker got, against the speed changes the scenario made during the run.
+
+    A speed change is the start (workers differ from the first step) and
+    every episode boundary or noise redraw before the run ended: each is one
+    real reason to rebalance. Rejected commands are listed with the reason
+    the agent gave (in normal operation there should be none).
+    """
+    _, commands = result.timeline.snapshot()
+    per_worker: dict[str, int] = {}
+    for line in commands:
+        per_worker[line.worker] = per_worker.get(line.worker, 0) + 1
+    changes = len([p for p in result.scenario.change_points(result.wall_s) if p < result.wall_s])
+    return {"per_worker": per_worker, "speed_changes": changes,
+            "max_per_worker_per_change": round(max(per_worker.values(), default=0) / max(1, changes), 3),
+            "rejected": [f"{line.worker} {line.text}: {reason}" for line in commands for reason in line.rejections]}
+
+
 SPLIT = ("compute", "data_wait", "sync_wait")
 
 

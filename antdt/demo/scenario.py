@@ -13,11 +13,16 @@ where ``factor`` is the active episode's slowdown (1 outside episodes) and
 ``noise`` is a factor drawn uniformly in ``[1 - amplitude, 1 + amplitude]``,
 held for ``period_s`` and redrawn (seeded, so every run and the ideal see the
 same noise). A step of ``b`` samples starting at ``t`` is paced to last
-``b / speed(t)`` (:mod:`antdt.demo.pacing`).
+``(A + b) / speed(t)`` (:mod:`antdt.demo.pacing`), where ``A`` is the step's
+fixed cost in samples (``step_fixed_s`` of a speed-1.0 worker, so a slower
+worker is slower at both parts, as a slower device is).
 
 The ideal (:meth:`Scenario.ideal_time_s`) is the physical limit: the time at
 which the integral of the workers' summed speeds reaches the total work
-(dataset size x epochs). No schedule can train faster on these workers.
+(dataset size x epochs). With a fixed cost, at the scenario's global batch
+``B = n b`` the best any split can do, synchronous or not, is every worker
+busy with steps that all end together, which trains ``b / (b + A)`` of the
+summed speed. No schedule can train faster on these workers at that batch.
 """
 
 from __future__ import annotations
@@ -105,6 +110,7 @@ class Scenario(_Strict):
     shard_size: int = Field(gt=0)
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1, description="each worker's initial local batch")
+    step_fixed_s: float = Field(0.0, ge=0, description="each step's fixed cost on a speed-1.0 worker, in seconds")
     parameter_servers: int = Field(1, ge=1, le=64, description="parameter-server shards of asynchronous plans")
     seed: int = 0
     report_interval_s: float = Field(1.0, gt=0)
@@ -166,6 +172,20 @@ class Scenario(_Strict):
         draw = random.Random(f"{self.seed}/{rank}/{period}").uniform(-1.0, 1.0)
         return 1.0 + self.noise.amplitude * draw
 
+    @property
+    def fixed_samples(self) -> float:
+        """A step's fixed cost in samples: what a speed-1.0 worker trains in ``step_fixed_s``."""
+        return self.step_fixed_s * self.base_rate
+
+    @property
+    def fixed_cost_factor(self) -> float:
+        """The share of the summed speed a split at the scenario's batch can train (1.0 without a fixed cost)."""
+        return self.batch_size / (self.batch_size + self.fixed_samples)
+
+    def step_s(self, rank: int, t: float, samples: int) -> float:
+        """How long worker ``rank``'s step of ``samples`` starting at ``t`` lasts."""
+        return (self.fixed_samples + samples) / self.speed_at(rank, t)
+
     def speed_at(self, rank: int, t: float) -> float:
         """Worker ``rank``'s speed in samples per second at ``t`` seconds after the start."""
         worker = self.workers[rank]
@@ -190,7 +210,7 @@ class Scenario(_Strict):
         while True:
             points = self.change_points(horizon)
             for start, end in zip(points, points[1:]):
-                rate = sum(self.speed_at(rank, start) for rank in range(len(self.workers)))
+                rate = self.fixed_cost_factor * sum(self.speed_at(rank, start) for rank in range(len(self.workers)))
                 if rate * (end - start) >= remaining:
                     return start + remaining / rate
                 remaining -= rate * (end - start)
@@ -202,7 +222,7 @@ class Scenario(_Strict):
         curve, done, now = [(0.0, 0.0)], 0.0, 0.0
         marks = sorted(set(self.change_points(until_s)) | {until_s * i / points for i in range(1, points + 1)})
         for mark in marks[1:]:
-            done += sum(self.speed_at(r, now) for r in range(len(self.workers))) * (mark - now)
+            done += self.fixed_cost_factor * sum(self.speed_at(r, now) for r in range(len(self.workers))) * (mark - now)
             now = mark
             curve.append((now, min(done, float(self.total_samples))))
         return curve

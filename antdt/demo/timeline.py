@@ -80,6 +80,7 @@ class CommandLine:
     worker: str
     text: str
     acks: dict[str, int] = field(default_factory=dict)
+    rejections: list[str] = field(default_factory=list)  # the reasons of REJECTED acks
 
     def acks_text(self, none: str = "-") -> str:
         """``applied 1, rejected 2``; ``none`` when no ack came yet."""
@@ -150,7 +151,7 @@ class Timeline:
         """Copies safe to render while the thread goes on."""
         with self._lock:
             tracks = {name: replace(t, points=list(t.points)) for name, t in self.workers.items()}
-            return tracks, [replace(c, acks=dict(c.acks)) for c in self.commands]
+            return tracks, [replace(c, acks=dict(c.acks), rejections=list(c.rejections)) for c in self.commands]
 
     # ------------------------------------------------------------ reading
 
@@ -214,6 +215,8 @@ class Timeline:
             line = self._commands_by_id.get(record.command_id)
             if line is not None and record.status is not AckStatus.SCHEDULED:
                 line.acks[record.status.value] = line.acks.get(record.status.value, 0) + 1
+                if record.status is AckStatus.REJECTED:
+                    line.rejections.append(record.reason or "no reason given")
         elif isinstance(record, ShardAssignment):
             track = self._track(record.worker_id)
             track.held = len(record.shards) if record.status is AssignmentStatus.GRANTED else 0

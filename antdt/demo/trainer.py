@@ -78,9 +78,12 @@ class Trainer:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=LR)
         self.loss_fn = nn.CrossEntropyLoss()
 
-    def backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
+    def backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> float:
+        """Gradients of the batch's mean loss; returns that loss."""
         self.optimizer.zero_grad()
-        self.loss_fn(self.model(inputs), labels).backward()
+        loss = self.loss_fn(self.model(inputs), labels)
+        loss.backward()
+        return float(loss.detach())
 
 
 class Worker:

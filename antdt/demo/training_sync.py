@@ -7,8 +7,9 @@ ledger; then the optimizer step, then the agent commits the step's samples.
 Samples come from dynamic shards (a non-blocking feed, :mod:`antdt.demo.feeds`)
 or, for the baseline, a static slice.
 
-A rank whose collective fails (a peer died) exits at once with
-:data:`EXIT_GROUP_BROKEN`, saying nothing more on the bus: no leaving
+A rank whose collective fails (a peer died) or outwaits the step-sized
+timeout (a peer is stuck: :class:`~antdt.worker.ddp.StepSizedTimeout`) exits
+at once with :data:`EXIT_GROUP_BROKEN`, saying nothing more on the bus: no leaving
 announcement (which would return its shards while its last commits are
 still on their way), no further report. Its generation is over; what it did
 after the last checkpoint is rewound.
@@ -35,13 +36,14 @@ import torch.distributed as dist
 
 from antdt.demo.feeds import ShardFeed, StaticFeed
 from antdt.demo.phases import Phase
+from antdt.demo.steptrace import LOSS_SCALE, StepTrace, trace_path
 from antdt.settings import Settings
 from antdt.worker.agent import Agent
 from antdt.worker.checkpoint import load_checkpoint, save_atomically, save_checkpoint
-from antdt.worker.ddp import WeightedGradientAverager, agreed_checkpoint_version
+from antdt.worker.ddp import DistributedError, StepSizedTimeout, WeightedGradientAverager, agreed_checkpoint_version
 from antdt.worker.ledger import LedgerSlots, SampleLedger
 
-GROUP_TIMEOUT = timedelta(seconds=120)
+GROUP_TIMEOUT = timedelta(seconds=45)  # set-up and checkpoint collectives; steps have their own bound
 #: Exit code of a rank whose group broke under it (the harness restarts the whole group).
 EXIT_GROUP_BROKEN = 77
 CHECKPOINT_EVERY_S = 2.0
@@ -62,7 +64,7 @@ def run_sync(worker, settings: Settings, started: float) -> None:
                   flush=True)
             try:
                 Lockstep(worker, agent).run()
-            except dist.DistBackendError as exc:
+            except (dist.DistBackendError, DistributedError) as exc:  # a peer died, or one is stuck
                 group_broke(worker, exc)
             except RuntimeError as exc:  # gloo reports a peer gone as a plain RuntimeError
                 if "gloo" not in str(exc).lower() and "connection" not in str(exc).lower():
@@ -88,13 +90,15 @@ class Lockstep:
         self.dynamic = worker.args.sharding == "dynamic"
         self.ledger = SampleLedger(scenario.dataset_size, scenario.epochs)
         cap = scenario.batch_size * worker.world  # a rank's batch never exceeds the global batch
-        self.averager = WeightedGradientAverager(ledger=LedgerSlots(self.ledger, worker.world, worker.rank, cap))
+        self.averager = WeightedGradientAverager(ledger=LedgerSlots(self.ledger, worker.world, worker.rank, cap),
+                                                 timeout=StepSizedTimeout())
         self.checkpoint_path = worker.handshake / CHECKPOINT
         self.data = agent.shards(worker.source, worker.spec) if self.dynamic else None
         self.static = None if self.dynamic else StaticFeed(worker.source.inputs, worker.source.labels, worker.rank,
                                                              worker.world, scenario.epochs, scenario.seed)
         self._snapshot_at = 0.0
         self._checkpoint_at = time.monotonic() + CHECKPOINT_EVERY_S
+        self.checkpoints, self.checkpoint_s = 0, 0.0  # what checkpointing cost this rank (the job waits for it)
 
     def run(self) -> None:
         began = time.monotonic()
@@ -133,6 +137,7 @@ class Lockstep:
 
     def _checkpoint(self) -> None:
         """Every rank's commits so far covered by one version; rank 0 saves it with the model and the ledger."""
+        began = time.monotonic()
         positions = torch.zeros((2, self.worker.world), dtype=torch.int64)
         positions[0, self.worker.rank] = self.static.position if self.static is not None else 0
         positions[1, self.worker.rank] = self.agent.batch_size
@@ -148,6 +153,8 @@ class Lockstep:
                             {"ledger": self.ledger.counts.clone(), "positions": positions[0].tolist(),
                              "batch_sizes": positions[1].tolist()})
         self._checkpoint_at = time.monotonic() + CHECKPOINT_EVERY_S
+        self.checkpoints += 1
+        self.checkpoint_s += time.monotonic() - began
 
     # ------------------------------------------------------------ steps
 
@@ -163,29 +170,44 @@ class Lockstep:
         """Lockstep steps until every rank's feed is exhausted; returns this rank's samples."""
         agent, trainer, phases = self.agent, self.worker.trainer, self.worker.phases
         trained = 0
-        while True:
-            with agent.data_wait():
-                batch = feed.take(agent.batch_size)
-            started = pacer.now_s()
-            count = 0
-            if batch is not None:
-                inputs, labels = agent.untag(batch)
-                count = len(labels)
-                trainer.backward(inputs, labels)
-            pacer.pace(count, started)
-            due = int(self.worker.rank == 0 and time.monotonic() >= self._checkpoint_at)
-            with phases.during(Phase.ALLREDUCE), agent.sync_wait():
-                global_batch, (ranks_with_data, checkpoint_due) = self.averager.sync_counting(
-                    trainer.model, count, [int(not feed.exhausted), due], tags=agent.pending_tags)
-            if global_batch:
-                trainer.optimizer.step()
-            trained += count
-            agent.step(samples=count)  # commits this rank's samples: their update is in the model
-            self._snapshot_for_evaluation()
-            if not ranks_with_data:
-                return trained
-            if checkpoint_due:
-                self._checkpoint()
+        trace = StepTrace(trace_path(self.worker.out, self.worker.scenario.workers[self.worker.rank].name))
+        try:
+            while True:
+                began = time.perf_counter()
+                with agent.data_wait():
+                    batch = feed.take(agent.batch_size)
+                fed, started = time.perf_counter(), pacer.now_s()
+                count, loss = 0, 0.0
+                if batch is not None:
+                    inputs, labels = agent.untag(batch)
+                    count = len(labels)
+                    loss = trainer.backward(inputs, labels)
+                pacer.pace(count, started)
+                computed = time.perf_counter()
+                due = int(self.worker.rank == 0 and time.monotonic() >= self._checkpoint_at)
+                with phases.during(Phase.ALLREDUCE), agent.sync_wait():
+                    global_batch, (ranks_with_data, checkpoint_due, loss_sum) = self.averager.sync_counting(
+                        trainer.model, count, [int(not feed.exhausted), due, round(loss * count * LOSS_SCALE)],
+                        tags=agent.pending_tags)
+                reduced = time.perf_counter()
+                if global_batch:
+                    trainer.optimizer.step()
+                trained += count
+                step = agent.step_count
+                agent.step(samples=count)  # commits this rank's samples: their update is in the model
+                # Checkpoints and the evaluator's snapshots hold every rank up alike: they are booked as
+                # synchronisation, so they do not read as one rank's slower compute and skew its batch size.
+                with agent.sync_wait():
+                    self._snapshot_for_evaluation()
+                    if ranks_with_data and checkpoint_due:
+                        self._checkpoint()
+                trace.write(step, started, count, global_batch, fed - began, computed - fed, reduced - computed,
+                            time.perf_counter() - reduced,
+                            loss_sum / LOSS_SCALE / global_batch if global_batch else None)
+                if not ranks_with_data:
+                    return trained
+        finally:
+            trace.close()
 
     def _snapshot_for_evaluation(self, final: bool = False) -> None:
         """Rank 0 leaves the model where the harness evaluates it (every rank holds the same model)."""
@@ -195,6 +217,8 @@ class Lockstep:
         write_model(self.worker.trainer.model, self.worker.out / ("model-final.pt" if final else "model-latest.pt"))
 
     def _final(self, pacer, trained: int) -> None:
+        print(f"generation {self.worker.args.generation}: rank {self.worker.rank}: {self.agent.step_count} steps, "
+              f"{self.checkpoints} checkpoints taking {self.checkpoint_s:.2f} s", flush=True)
         if self.worker.rank == 0:
             self.ledger.write(self.worker.out)
             self._snapshot_for_evaluation(final=True)

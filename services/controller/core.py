@@ -85,6 +85,8 @@ class ControllerCore:
         policy = load_policy(config.policy)
         decision: Decision = policy.decide(job, event, config, now)
         if not decision.intents:
+            if decision.memo is not None:  # what the policy learnt, without acting on it
+                job.memo[policy.name] = decision.memo
             return Outcome(skipped=decision.skipped)
         if not self.rate.allow(job.job_id, len(decision.intents), config.max_commands_per_minute, now):
             return Outcome(skipped=(*decision.skipped, f"rate limit: {len(decision.intents)} command(s) over "

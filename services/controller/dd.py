@@ -1,26 +1,24 @@
 """AntDT-DD: per-worker batch sizes for dedicated clusters with synchronous all-reduce (LB-BSP style).
 
 In synchronous training every step waits for the slowest worker, so the
-controller gives each worker a batch proportional to its measured compute
-throughput (samples per compute-second) and all workers finish a step at
-about the same time. Gradients are averaged with weights proportional to the
-local batch sizes (:class:`antdt.worker.ddp.WeightedGradientAverager`), so
-the update equals that of the global batch.
+controller sizes each worker's batch so that all finish a step together.
+Gradients are averaged with weights proportional to the local batch sizes
+(:class:`antdt.worker.ddp.WeightedGradientAverager`), so the update equals
+that of the global batch.
 
-* **global batch constant**: the sizes always sum to the global batch
-  (``global_batch_size``, or the workers' sum when the job is first seen),
-  by exact integer allocation (largest remainder) within
-  ``[min_batch_size, max_batch_size]`` (:func:`allocate`).
-* **damping**: each worker moves ``gain`` of the way to its target; the gain
-  halves when the worker's change reverses direction and doubles back
-  towards 1 while it keeps its direction, so a noisy estimate does not make
-  batch sizes oscillate.
-* **one switch step**: all changed workers switch at the same
-  ``effective_step``, ahead of the most advanced worker by
-  ``switch_lead_s`` of steps (plus one), so every command arrives before any
-  worker reaches it.
-* changes smaller than ``min_relative_change`` are not sent, and the job is
-  rebalanced at most every ``rebalance_interval_s``.
+* **a step-time model**: each worker's step is a fixed part plus a
+  per-sample part (:mod:`step_model`), measured from its reports; the split
+  minimises the slowest predicted step and keeps the global batch
+  (``global_batch_size``, or the workers' sum when the job is first seen)
+  within ``[min_batch_size, max_batch_size]``.
+* **one decision, one command**: a rebalance names one switch step for
+  every changed worker, ahead of the most advanced one by ``switch_lead_s``
+  of steps (plus one), and the next rebalance waits until every worker has
+  reported a step from it on: no decision is taken on figures from before
+  the last one took effect, so nothing is sent twice.
+* **no chasing noise**: a rebalance is sent only if it shortens the
+  predicted step by at least ``min_relative_change``, and at most every
+  ``rebalance_interval_s``.
 """
 
 from __future__ import annotations
@@ -32,107 +30,79 @@ from datetime import datetime
 from antdt.schemas.models import CommandAction
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.policy import NOTHING, Decision, Event, Intent, register
-from antdt.services.controller.state import JobView
+from antdt.services.controller.state import JobView, WorkerView
+from antdt.services.controller.step_model import (
+    StepModel, balance, current_model, fixed_part_evidence, fixed_parts, slowest_step_s,
+)
 
-
-def allocate(total: int, weights: list[float], low: int, high: int) -> list[int] | None:
-    """Integers proportional to ``weights`` within [low, high] that sum to ``total``; None if impossible.
-
-    Finds the level ``x`` at which ``sum(clamp(x * w, low, high)) == total``:
-    the sum is piecewise linear and growing in ``x``, with breaks where a share
-    reaches a bound, so the level is solved exactly on the right piece. Then
-    the floors are taken and the remainder handed out, one each, to the
-    largest fractional parts. A zero weight counts as a vanishing one (it
-    takes only what the others cannot), and all-zero weights share equally.
-    """
-    n = len(weights)
-    if n == 0 or n * low > total or n * high < total or any(w < 0 or math.isnan(w) for w in weights):
-        return None
-    top = max(weights) or 1.0
-    weights = [max(w / top, 1e-12) for w in weights] if any(weights) else [1.0] * n
-
-    def spread(level: float) -> list[float]:
-        return [min(high, max(low, level * w)) for w in weights]
-
-    exact = spread(_level(total, weights, low, high, spread))
-    sizes = [math.floor(x) for x in exact]
-    order = sorted(range(n), key=lambda i: exact[i] - sizes[i], reverse=True)
-    short = total - sum(sizes)
-    for i in order:
-        if short <= 0:
-            break
-        if sizes[i] < high:
-            sizes[i] += 1
-            short -= 1
-    return sizes if short == 0 and all(low <= x <= high for x in sizes) else None
-
-
-def _level(total: int, weights: list[float], low: int, high: int, spread) -> float:
-    breaks = sorted({0.0, *(bound / w for w in weights if w > 0 for bound in (low, high))})
-    previous, reached = 0.0, sum(spread(0.0))
-    for point in breaks:
-        value = sum(spread(point))
-        if value >= total:
-            if value == reached:
-                return point
-            return previous + (total - reached) * (point - previous) / (value - reached)
-        previous, reached = point, value
-    return breaks[-1]
+#: Fixed-part evidence kept per worker (the latest pairs).
+EVIDENCE_KEPT = 16
+#: With the workers' sizes short of the global batch, the job is taken as whole once no new worker came for this long.
+MEMBERSHIP_SETTLE_S = 5.0
 
 
 @dataclass
-class Damping:
-    """What DD remembers per job."""
+class Rebalances:
+    """What DD remembers per job: the last switch step and the fixed-part evidence seen so far."""
 
-    gains: dict[str, float] = field(default_factory=dict)
-    directions: dict[str, int] = field(default_factory=dict)
+    switch_step: int = 0
     last_rebalance: datetime | None = None
+    evidence: dict[str, dict[datetime, tuple[float, float]]] = field(default_factory=dict)
+    members: frozenset = frozenset()
+    members_since: datetime | None = None
+
+    def learn(self, workers: list[WorkerView]) -> dict[str, list[tuple[float, float]]]:
+        """Fold the pairs in the workers' recent reports into the evidence; each worker's pairs."""
+        for worker in workers:
+            kept = self.evidence.setdefault(worker.worker_id, {})
+            kept.update(fixed_part_evidence(list(worker.windows)))
+            for stale in sorted(kept)[:-EVIDENCE_KEPT]:
+                del kept[stale]
+        return {w.worker_id: list(self.evidence.get(w.worker_id, {}).values()) for w in workers}
 
 
 class DedicatedPolicy:
     name = "antdt-dd"
 
     def decide(self, job: JobView, event: Event, config: ControllerConfig, now: datetime) -> Decision:
-        memo: Damping = job.memo.get(self.name) or Damping()
+        memo: Rebalances = job.memo.get(self.name) or Rebalances()
         if memo.last_rebalance is not None and (now - memo.last_rebalance).total_seconds() < config.rebalance_interval_s:
             return NOTHING
-        workers = sorted((w for w in job.workers.values() if w.samples_per_s and w.batch_size and w.last_step is not None),
+        workers = sorted((w for w in job.workers.values() if w.batch_size and w.last_step is not None and w.windows),
                          key=lambda w: w.worker_id)
         if len(workers) < 2 or len(workers) < len(job.workers):
             return NOTHING  # wait until every worker has reported
+        members = frozenset(w.worker_id for w in workers)
+        since = memo.members_since if members == memo.members else now
+        memo = Rebalances(memo.switch_step, memo.last_rebalance, {k: dict(v) for k, v in memo.evidence.items()},
+                          members, since)
         current = [w.batch_size for w in workers]
         total = config.global_batch_size or job.global_batch_size or sum(current)
-        target = allocate(total, [w.samples_per_s for w in workers], config.min_batch_size, config.max_batch_size)
-        if target is None:
+        if sum(current) != total and (now - since).total_seconds() < MEMBERSHIP_SETTLE_S:
+            return Decision(memo=memo)  # some worker has not reported yet: a split now would be wild
+        fixed = fixed_parts(memo.learn(workers))
+        models = [current_model(w.windows, memo.switch_step, fixed[w.worker_id]) for w in workers]
+        if any(m is None for m in models):
+            return Decision(memo=memo)  # the last rebalance is not measured everywhere yet
+        sizes = balance(total, models, config.min_batch_size, config.max_batch_size)
+        if sizes is None:
             return Decision(skipped=(f"global batch {total} cannot be split over {len(workers)} workers within "
-                                     f"[{config.min_batch_size}, {config.max_batch_size}]",))
-        gains, directions = dict(memo.gains), dict(memo.directions)
-        proposed = []
-        for worker, now_size, goal in zip(workers, current, target):
-            direction = (goal > now_size) - (goal < now_size)
-            gain = gains.get(worker.worker_id, 1.0)
-            if direction and directions.get(worker.worker_id, 0) == -direction:
-                gain /= 2
-            elif direction:
-                gain = min(1.0, gain * 2)
-            gains[worker.worker_id] = gain
-            if direction:
-                directions[worker.worker_id] = direction
-            proposed.append(max(now_size + gain * (goal - now_size), 1e-9))
-        sizes = allocate(total, proposed, config.min_batch_size, config.max_batch_size) or target
-        changed = [(w, old, new) for w, old, new in zip(workers, current, sizes) if new != old]
-        biggest = max((abs(new - old) / old for _, old, new in changed), default=0.0)
-        if not changed or (biggest < config.min_relative_change and sum(current) == total):
-            return NOTHING
+                                     f"[{config.min_batch_size}, {config.max_batch_size}]",), memo=memo)
+        now_s, then_s = slowest_step_s(models, current), slowest_step_s(models, sizes)
+        if sum(current) == total and now_s <= then_s * (1 + config.min_relative_change):
+            return Decision(memo=memo)
         step = switch_step(workers, config.switch_lead_s)
         intents = tuple(
-            Intent(CommandAction.ADJUST_BATCH_SIZE, w.worker_id,
-                   f"batch {old} -> {new}: {w.samples_per_s:.0f} samples/s of the job's "
-                   f"{sum(x.samples_per_s for x in workers):.0f}, global batch {total}",
+            Intent(CommandAction.ADJUST_BATCH_SIZE, w.worker_id, _reason(m, old, new, now_s, then_s, total),
                    batch_size=new, global_batch_size=total, effective_step=step)
-            for w, old, new in changed
+            for w, m, old, new in zip(workers, models, current, sizes) if new != old
         )
-        return Decision(intents, memo=Damping(gains, directions, now))
+        return Decision(intents, memo=Rebalances(step, now, memo.evidence, members, since))
+
+
+def _reason(model: StepModel, old: int, new: int, now_s: float, then_s: float, total: int) -> str:
+    return (f"batch {old} -> {new}: its step {model.step_s(old):.3f} -> {model.step_s(new):.3f} s "
+            f"(fixed part {model.fixed:.1f} samples); the job's {now_s:.3f} -> {then_s:.3f} s, global batch {total}")
 
 
 def switch_step(workers, lead_s: float) -> int:

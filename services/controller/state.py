@@ -18,6 +18,31 @@ from typing import Any
 from antdt.schemas.models import CommandAction, MitigationCommand, StragglerVerdict, VerdictKind, WorkerMetrics
 
 DISRUPTIVE = (CommandAction.RESTART, CommandAction.EVICT)
+WINDOWS_KEPT = 32
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """One report's steps: how many, their mean batch and mean compute time (a step-time model's data point).
+
+    ``size`` is the batch size the worker was set to; a window is *full* when
+    every step had it (a short batch at an epoch's end, or a feed running
+    dry, is timed alongside other costs). The *opening* window of an
+    incarnation holds its first steps' one-off costs.
+    """
+
+    at: datetime
+    first_step: int
+    last_step: int
+    steps: int
+    batch: float
+    step_s: float
+    size: int = 0
+    opening: bool = False
+
+    @property
+    def full(self) -> bool:
+        return abs(self.batch - self.size) < 0.5
 
 
 @dataclass
@@ -33,6 +58,7 @@ class WorkerView:
     quota: int | None = None  # the last quota commanded
     acted_at: datetime | None = None  # last RESTART/EVICT, until the worker is back
     last_seen: datetime | None = None
+    windows: deque = field(default_factory=lambda: deque(maxlen=WINDOWS_KEPT))  # recent StepWindows, oldest first
 
 
 @dataclass(frozen=True)
@@ -65,6 +91,7 @@ class JobView:
             view.acted_at = None  # back after a restart: no longer "acted on"
             view.episode = None
             view.quota = None
+            view.windows.clear()
         view.incarnation = report.incarnation
         view.node_id = report.node_id or view.node_id
         view.batch_size = report.local_batch_size
@@ -76,6 +103,11 @@ class JobView:
             view.steps_per_s = report.step_count / seconds
         if report.samples and report.compute.sum_s > 0:
             view.samples_per_s = report.samples / report.compute.sum_s
+            if report.step_count:
+                view.windows.append(StepWindow(
+                    report.window_end, report.first_step, report.last_step, report.step_count,
+                    report.samples / report.step_count, report.compute.sum_s / report.step_count,
+                    report.local_batch_size, opening=not view.windows))
 
     def on_verdict(self, verdict: StragglerVerdict) -> None:
         view = self.worker(verdict.worker_id)

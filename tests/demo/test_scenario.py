@@ -51,7 +51,7 @@ def test_a_bad_scenario_is_one_line_naming_the_problem(tmp_path, text, expected)
 
 
 def test_a_missing_scenario_lists_the_shipped_ones():
-    with pytest.raises(ConfigError, match="shipped scenarios: short, standard"):
+    with pytest.raises(ConfigError, match="shipped scenarios: fixed-cost, short, standard"):
         Scenario.load("no-such-scenario")
 
 
@@ -89,6 +89,15 @@ def test_ideal_time_integrates_an_episode():
     s = scenario(workers=(WorkerSpec(name="a"), WorkerSpec(name="b", episodes=(Episode(start_s=0, end_s=10, factor=4),))),
                  dataset_size=2000)
     assert s.ideal_time_s() == pytest.approx(10 + 750 / 200)
+
+
+def test_a_fixed_cost_lengthens_every_step_and_the_ideal_by_the_share_it_takes():
+    # a: 100/s, b: 25/s; each step pays 0.1 s on a speed-1.0 worker: 10 samples' worth, on top of a batch of 40.
+    s = scenario(workers=(WorkerSpec(name="a"), WorkerSpec(name="b", speed=0.25)), batch_size=40, step_fixed_s=0.1)
+    assert s.step_s(0, 0.0, 40) == pytest.approx(0.5) and s.step_s(1, 0.0, 40) == pytest.approx(2.0)
+    # at a global batch of 80 the best split trains 80 samples per (80 + 2 x 10) / 125 s: 4/5 of the summed speed
+    assert s.ideal_time_s() == pytest.approx(1000 / 125 / 0.8)
+    assert Scenario.load("fixed-cost").fixed_samples / (32 + Scenario.load("fixed-cost").fixed_samples) >= 0.30
 
 
 @hsettings(max_examples=50, deadline=None)

@@ -85,6 +85,7 @@ def test_sync_every_kill_is_survived_by_restarting_the_group_from_its_checkpoint
     check_kills(figures, ["controller", "monitor", "sharder"])
     assert any(kill.get("mid_step") == "all-reduce" for kill in figures["killed"])
     assert figures["restarts"] >= figures["worker_kills"]  # each kill restarted the whole group
+    assert all(kill["lost_s"] < 60 for kill in figures["killed"] if kill["kind"] == "worker")  # recovered, never hung
 
 
 def test_sync_every_sample_is_in_the_shared_model_exactly_once(synchronous):

@@ -20,7 +20,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from antdt.worker.ddp import BatchSizePlan, DistributedError, WeightedGradientAverager, agreed_checkpoint_version, world_size
+from antdt.worker.ddp import (
+    BatchSizePlan, CollectiveTimeout, DistributedError, StepSizedTimeout, WeightedGradientAverager,
+    agreed_checkpoint_version, world_size,
+)
 from antdt.worker.ledger import LedgerSlots, SampleLedger
 from antdt.worker.provenance import SampleTag
 
@@ -112,7 +115,7 @@ def rank_main(rank: int, world: int, init_file: str, out_dir: str, mixed: bool) 
 
         ledger = SampleLedger(STEPS * 100, 1)
         averager = WeightedGradientAverager(sync_timer=timer_named("default"),
-                                            ledger=LedgerSlots(ledger, world, rank, cap=32))
+                                            ledger=LedgerSlots(ledger, world, rank, cap=32), timeout=StepSizedTimeout())
         model, optimizer = new_model(mixed)
         global_batches, counted = [], []
         for step in range(STEPS):
@@ -172,6 +175,59 @@ def test_weighted_average_equals_single_process_on_the_whole_batch(world: int, m
         assert got["timed"] == ["default", "per call"] * (STEPS // 2)
         assert got["version"] == 41 and got["flushed"] == 1
         assert got["failure"] == ("asked and failed" if rank == 0 else "told")
+
+
+def stuck_rank_main(rank: int, init_file: str, out_dir: str) -> None:
+    """Rank 1 stops taking part after three steps (stuck, not dead); rank 0 must give up on its own."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    model, _ = new_model()
+    averager = WeightedGradientAverager(timeout=StepSizedTimeout(floor_s=1.0, factor=4.0, first_s=30.0))
+    outcome = Path(out_dir) / f"rank-{rank}.txt"
+    try:
+        for step in range(5):
+            if rank == 1 and step == 3:
+                outcome.write_text("stuck")
+                import time
+                time.sleep(20)  # longer than rank 0's bound; the test does not wait for it
+                return
+            x, y, _ = batch(2, 0)
+            train_step(model, x[:3], y[:3])
+            averager.sync(model, 3)
+        outcome.write_text("finished")
+    except CollectiveTimeout as exc:
+        outcome.write_text(str(exc))
+    finally:
+        if rank == 0:
+            import os
+            os._exit(0)  # the group is unusable: leave without the collective clean-up, as a real rank must
+
+
+def test_a_stuck_rank_is_noticed_within_the_step_sized_bound(tmp_path: Path):
+    context = mp.start_processes(stuck_rank_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=False,
+                                 start_method="spawn")
+    try:
+        rank0 = context.processes[0]
+        rank0.join(timeout=25)
+        assert rank0.exitcode == 0, "rank 0 did not give up on the stuck rank"
+        message = (tmp_path / "rank-0.txt").read_text()
+        assert message.startswith("the all-reduce of step 3 waited") and "a rank is dead or stuck" in message
+        assert "limit 1.0 s" in message  # 4x steps of milliseconds is below the floor
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+
+
+def test_the_bound_follows_the_slowest_recent_step():
+    bound = StepSizedTimeout(floor_s=1.0, factor=5.0, window=3, first_s=60.0)
+    assert bound.limit_s() == 60.0
+    for now in (0.0, 0.1, 0.2, 2.2, 2.3, 2.4, 2.5):
+        bound.completed(now)
+    assert bound.limit_s() == 1.0  # the 2 s period has left the window of three; 5 x 0.1 s is below the floor
+    bound.completed(5.5)
+    assert bound.limit_s() == pytest.approx(15.0)
 
 
 def test_plans_exercise_what_they_claim():
