@@ -2,7 +2,8 @@
 
 Plans, in order: static sharding with BSP (the baseline), dynamic sharding
 alone (parameter server), antdt with AntDT-ND (parameter server), antdt with
-AntDT-DD (all-reduce). For each: wall time, the ideal time (total work / the
+AntDT-DD (all-reduce, batches sized in-band every step); on request also
+``dd-commands`` (AntDT-DD sized by the controller's commands). For each: wall time, the ideal time (total work / the
 workers' summed speed), efficiency = ideal / wall, the speedup over the
 baseline, the shared model's held-out loss and accuracy, and whether the
 model's ledger shows every sample exactly once (and agrees with the log's
@@ -34,7 +35,7 @@ ALL_PLANS = "static-bsp,dynamic,nd,dd"
 
 def bench(
     scenario: str = typer.Option("standard", "--scenario", help=SCENARIO_HELP),
-    plans: str = typer.Option(ALL_PLANS, "--plans", help=f"Comma-separated subset of {ALL_PLANS}."),
+    plans: str = typer.Option(ALL_PLANS, "--plans", help=f"Comma-separated subset of {ALL_PLANS}, dd-commands."),
     workers: int | None = typer.Option(None, "--workers", min=2, max=64, help="Run this many of the scenario's workers."),
     repeat: int = typer.Option(1, "--repeat", min=1, max=50, help="Run each plan this many times."),
     json_: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
@@ -50,7 +51,7 @@ def bench(
     names = [name.strip() for name in plans.split(",") if name.strip()]
     unknown = [name for name in names if name not in PLANS]
     if unknown or not names:
-        raise typer.BadParameter(f"unknown plan(s) {', '.join(unknown) or '(none)'}; choose from {ALL_PLANS}",
+        raise typer.BadParameter(f"unknown plan(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(PLANS)}",
                                  param_hint="'--plans'")
     out_dir = Path(out) if out else default_out("bench")
     console = Console(stderr=json_)
@@ -120,7 +121,9 @@ def plan_figures(name: str, runs: list, baseline) -> dict:
 
 
 def run_figures(result, baseline) -> dict:
-    from antdt.demo.report import command_counts, reactions, time_split, worker_splits
+    from antdt.demo.report import command_counts, largest_loss_gap, reactions, time_split, worker_splits
+
+    gap = largest_loss_gap(result, baseline) if baseline is not None and result.loss_per_step else None
 
     return {
         "plan": result.plan.name, "label": result.plan.label, "wall_s": round(result.wall_s, 3),
@@ -128,6 +131,9 @@ def run_figures(result, baseline) -> dict:
         "speedup": None if baseline is None else round(result.speedup_over(baseline), 3),
         "samples": result.samples, "verdicts": result.timeline.verdicts, "commands": result.commands,
         "command_counts": command_counts(result),
+        "final_batch_sizes": {w: t.batch_size for w, t in result.timeline.snapshot()[0].items()
+                              if w in {spec.name for spec in result.scenario.workers}},
+        "loss_gap_to_baseline": None if gap is None else {"largest": round(gap[0], 4), "at_step": gap[1]},
         "restarts": result.restarts, "audit_clean": result.audit_ok, "ledger": result.ledger.to_dict(),
         "heldout_loss": None if result.heldout is None else round(result.heldout[0], 4),
         "heldout_accuracy": None if result.heldout is None else round(result.heldout[1], 4),

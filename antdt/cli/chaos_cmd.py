@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from antdt.cli.demo_cmd import SCENARIO_HELP, default_out, load_scenario
+
+CHAOS_CHECKPOINT_S = 2.0
 from antdt.demo.environment import bus_and_broker, external_bus
 from antdt.shutdown import interrupt_on_sigterm
 
@@ -54,7 +56,8 @@ def chaos(
         raise typer.BadParameter("kill workers at most once a second, or 0 for none", param_hint="'--worker-every'")
     broker_at = None if no_broker else broker_at
     spec = ChaosSpec(worker_every, parse_service_times(services_at), seed, broker_at, mid_step_every)
-    chosen = load_scenario(scenario, workers).model_copy(update={"epochs": epochs})
+    # Kills come every few seconds: a synchronous group checkpoints often, so each restart loses little.
+    chosen = load_scenario(scenario, workers).model_copy(update={"epochs": epochs, "checkpoint_every_s": CHAOS_CHECKPOINT_S})
     plan = PLANS["nd" if training == "async" else "dd"]
     out_dir = default_out("chaos") if out is None else Path(out)
     console = Console(stderr=json_)

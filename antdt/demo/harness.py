@@ -33,6 +33,7 @@ from antdt.demo.handshake import done_file, give_start, ready_file
 from antdt.demo.plans import RunPlan
 from antdt.demo.pool import WorkerPool
 from antdt.demo.scenario import Scenario
+from antdt.demo.steptrace import read_trace, trace_path
 from antdt.demo.services import Services, server_addresses, wanted_services
 from antdt.demo.timeline import Timeline
 from antdt.demo.trainer import LR
@@ -60,6 +61,7 @@ class RunResult:
     heldout: tuple[float, float] | None = None  # (loss, accuracy) of the final model
     loss_curve: list[tuple[float, float, float]] = field(default_factory=list)  # (s, loss, accuracy)
     service_exits: list[tuple[str, int]] = field(default_factory=list)  # services that died by themselves (restarted)
+    loss_per_step: list[tuple[int, float]] = field(default_factory=list)  # sync: (step, the global batch's training loss)
 
     @property
     def efficiency(self) -> float:
@@ -134,7 +136,17 @@ def run_plan(
     report = _audit(settings, job_id, run_dir) if plan.sharding == "dynamic" else None
     return RunResult(plan, scenario, job_id, wall, ideal, samples, pool.restarts, timeline,
                      None if report is None else report.to_dict(), chaos.kills if chaos is not None else [],
-                     check_ledgers(run_dir, report), heldout, evaluator.curve, services.exits)
+                     check_ledgers(run_dir, report), heldout, evaluator.curve, services.exits,
+                     loss_per_step(run_dir, scenario) if plan.training == "sync" else [])
+
+
+def loss_per_step(run_dir: Path, scenario: Scenario) -> list[tuple[int, float]]:
+    """Rank 0's trace of the global batch's loss, per step (a restarted generation's steps replace the lost ones)."""
+    path = trace_path(run_dir, scenario.workers[0].name)
+    if not path.exists():
+        return []
+    by_step = {int(row["step"]): row["loss"] for row in read_trace(path) if row["loss"] is not None}
+    return sorted(by_step.items())
 
 
 def _wait_for(condition: Callable[[], bool], pool: WorkerPool, timeout_s: float, what: str) -> None:

@@ -5,7 +5,8 @@
 | ``static-bsp`` | synchronous (BSP), all-reduce | static slices | none: the baseline |
 | ``dynamic`` | asynchronous, parameter server | dynamic shards | none |
 | ``nd`` | asynchronous, parameter server | dynamic shards | AntDT-ND |
-| ``dd`` | synchronous, all-reduce | dynamic shards | AntDT-DD |
+| ``dd`` | synchronous, all-reduce | dynamic shards | AntDT-DD, batches sized in-band every step |
+| ``dd-commands`` | synchronous, all-reduce | dynamic shards | AntDT-DD, batches sized by the controller's commands |
 
 Every plan trains one shared model: through the parameter server, or kept
 identical on every rank by the all-reduce.
@@ -25,18 +26,21 @@ class RunPlan:
     training: str  # "async" (parameter server) or "sync" (all-reduce)
     sharding: str  # "dynamic" or "static"
     policy: str | None  # a controller policy, or None for no controller
+    sizing: str = "commands"  # sync: "in-band" sizes the local batches at every step (antdt.sizing.inband)
 
     @property
     def label(self) -> str:
         return {"static-bsp": "static sharding, BSP (baseline)", "dynamic": "dynamic sharding only (PS)",
-                "nd": "antdt, AntDT-ND (PS)", "dd": "antdt, AntDT-DD"}.get(self.name, self.name)
+                "nd": "antdt, AntDT-ND (PS)", "dd": "antdt, AntDT-DD",
+                "dd-commands": "antdt, AntDT-DD by commands"}.get(self.name, self.name)
 
 
 PLANS = {
     "static-bsp": RunPlan("static-bsp", "sync", "static", None),
     "dynamic": RunPlan("dynamic", "async", "dynamic", None),
     "nd": RunPlan("nd", "async", "dynamic", "antdt-nd"),
-    "dd": RunPlan("dd", "sync", "dynamic", "antdt-dd"),
+    "dd": RunPlan("dd", "sync", "dynamic", "antdt-dd", "in-band"),
+    "dd-commands": RunPlan("dd-commands", "sync", "dynamic", "antdt-dd"),
 }
 POLICIES = ("nd", "dd", "off")
 
@@ -50,4 +54,4 @@ def demo_plan(scenario: Scenario, policy: str | None) -> RunPlan:
     if chosen == "off":
         return RunPlan("dynamic" if training == "async" else "sync-dynamic", training, "dynamic", None)
     return RunPlan(chosen if PLANS[chosen].training == training else f"{chosen}-on-{scenario.mode.value}",
-                   training, "dynamic", f"antdt-{chosen}")
+                   training, "dynamic", f"antdt-{chosen}", "in-band" if chosen == "dd" and training == "sync" else "commands")

@@ -55,7 +55,7 @@ class WorkerPool:
                "ANTDT_WORKER_ID": worker.name, "ANTDT_NODE_ID": f"node-{worker.name}", "OMP_NUM_THREADS": "1"}
         argv = ["--scenario", str(self.scenario_path), "--rank", str(rank), "--training", self.plan.training,
                 "--sharding", self.plan.sharding, "--handshake", str(self.handshake), "--out", str(self.run_dir),
-                "--ps", ",".join(self.servers), "--generation", str(self.generation)]
+                "--ps", ",".join(self.servers), "--generation", str(self.generation), "--sizing", self.plan.sizing]
         self.processes[rank] = WorkerProcess(argv, env, self.log_dir / f"worker-{worker.name}.log")
 
     def log_tail(self, rank: int, chars: int = 3000) -> str:

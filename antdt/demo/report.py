@@ -233,6 +233,10 @@ def write_summary(results: list[RunResult], out_dir: Path, images: list[Path], b
                   f"- held-out: {heldout_text(result)}",
                   f"- audit: {audit_text(result)}",
                   f"- ledger: {ledger_text(result)}", ""]
+        gap = largest_loss_gap(result, baseline) if baseline is not None and baseline is not result else None
+        if gap is not None:
+            lines.append(f"- training loss per step against {baseline.plan.label} (same global batch, "
+                         f"{SMOOTH_STEPS}-step means): largest gap {gap[0]:.4f} at step {gap[1]}")
         split = time_split(result)
         lines.append(f"- per worker, on average: {split['compute']:.1f} s computing, {split['data_wait']:.2f} s waiting "
                      f"for data, {split['sync_wait']:.2f} s waiting at the barrier")
@@ -251,10 +255,54 @@ def write_summary(results: list[RunResult], out_dir: Path, images: list[Path], b
     return path
 
 
+SMOOTH_STEPS = 10
+
+
+def smoothed(curve: list[tuple[int, float]], width: int = SMOOTH_STEPS) -> dict[int, float]:
+    """Step -> the mean loss of the ``width`` steps ending there (single steps differ by which samples they hold)."""
+    out, window = {}, []
+    for step, loss in curve:
+        window = (window + [loss])[-width:]
+        if len(window) == width:
+            out[step] = sum(window) / width
+    return out
+
+
+def largest_loss_gap(result: RunResult, baseline: RunResult) -> tuple[float, int] | None:
+    """The largest gap between two runs' smoothed loss-per-step curves over their common steps, and where."""
+    ours, theirs = smoothed(result.loss_per_step), smoothed(baseline.loss_per_step)
+    common = sorted(set(ours) & set(theirs))
+    if not common:
+        return None
+    step = max(common, key=lambda s: abs(ours[s] - theirs[s]))
+    return abs(ours[step] - theirs[step]), step
+
+
+def plot_loss_per_step(results: list[RunResult], path: Path) -> Path | None:
+    """Synchronous plans keep one global batch: their training loss per step should overlay."""
+    synchronous = [r for r in results if r.loss_per_step]
+    if not synchronous:
+        return None
+    figure, axis = plt.subplots(figsize=(9, 4))
+    for result in synchronous:
+        curve = smoothed(result.loss_per_step)
+        axis.plot(list(curve), list(curve.values()), label=result.plan.label)
+    axis.set_xlabel("step")
+    axis.set_ylabel(f"training loss (mean of {SMOOTH_STEPS} steps)")
+    axis.set_title(f"{results[0].scenario.name}: loss per step of the synchronous plans (one global batch)")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def write_report(results: list[RunResult], out_dir: Path, baseline: RunResult | None = None) -> list[Path]:
     """Every file of the report, in ``out_dir``; returns their paths (summary first)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     images = [plot_progress(results, out_dir / "progress.png"), plot_loss(results, out_dir / "loss.png")]
+    per_step = plot_loss_per_step(results, out_dir / "loss-per-step.png")
+    images += [per_step] if per_step is not None else []
     for result in results:
         suffix = "" if len(results) == 1 else f"-{result.plan.name}"
         images.append(plot_throughput(result, out_dir / f"throughput{suffix}.png"))

@@ -111,6 +111,7 @@ class Scenario(_Strict):
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1, description="each worker's initial local batch")
     step_fixed_s: float = Field(0.0, ge=0, description="each step's fixed cost on a speed-1.0 worker, in seconds")
+    checkpoint_every_s: float = Field(10.0, gt=0, description="sync: seconds between the group's checkpoints")
     parameter_servers: int = Field(1, ge=1, le=64, description="parameter-server shards of asynchronous plans")
     seed: int = 0
     report_interval_s: float = Field(1.0, gt=0)

@@ -46,6 +46,8 @@ def service_settings(plan: RunPlan, scenario: Scenario) -> dict[str, dict[str, s
         job = {"policy": plan.policy}
         if plan.training == "sync":  # the job's global batch, which a synchronous policy keeps whatever restarts
             job["global_batch_size"] = str(scenario.batch_size * len(scenario.workers))
+        if plan.sizing == "in-band":
+            job["batch_sizing"] = "in-band"
         settings["controller"] = {**scenario.controller, **job}
     return settings
 

@@ -61,6 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="the run's directory: ledger files, model snapshots")
     parser.add_argument("--ps", default="", help="async: the parameter-server shards, HOST:PORT,... in shard order")
     parser.add_argument("--generation", type=int, default=0, help="sync: how many times the group was restarted")
+    parser.add_argument("--sizing", choices=("commands", "in-band"), default="commands",
+                        help="sync: who sizes the local batches (the controller's commands, or every step in-band)")
     return parser.parse_args(argv)
 
 

@@ -14,11 +14,11 @@ announcement (which would return its shards while its last commits are
 still on their way), no further report. Its generation is over; what it did
 after the last checkpoint is rewound.
 
-Failures are handled as torchelastic does: about every ``CHECKPOINT_EVERY_S``
-(rank 0 keeps the time and raises a flag in a step's all-reduce, so every
-rank learns it at the same step) the ranks agree on a shard-state version and
-rank 0 saves the model, the optimizer, the ledger, every rank's batch size
-and that version together. When any rank dies the
+Failures are handled as torchelastic does: about every ``checkpoint_every_s``
+of the scenario (rank 0 keeps the time and raises a flag in a step's
+all-reduce, so every rank learns it at the same step) the ranks agree on a
+shard-state version and rank 0 saves the model, the optimizer, the ledger,
+every rank's batch size and that version together. When any rank dies the
 harness stops them all and starts a new generation, which restores the
 checkpoint and rewinds the shard state to its version before reading any
 data: what the model lost is trained again, nothing else.
@@ -38,6 +38,7 @@ from antdt.demo.feeds import ShardFeed, StaticFeed
 from antdt.demo.phases import Phase
 from antdt.demo.steptrace import LOSS_SCALE, StepTrace, trace_path
 from antdt.settings import Settings
+from antdt.sizing.inband import InBandSizer
 from antdt.worker.agent import Agent
 from antdt.worker.checkpoint import load_checkpoint, save_atomically, save_checkpoint
 from antdt.worker.ddp import DistributedError, StepSizedTimeout, WeightedGradientAverager, agreed_checkpoint_version
@@ -46,7 +47,6 @@ from antdt.worker.ledger import LedgerSlots, SampleLedger
 GROUP_TIMEOUT = timedelta(seconds=45)  # set-up and checkpoint collectives; steps have their own bound
 #: Exit code of a rank whose group broke under it (the harness restarts the whole group).
 EXIT_GROUP_BROKEN = 77
-CHECKPOINT_EVERY_S = 2.0
 SNAPSHOT_EVERY_S = 1.0
 CHECKPOINT = "sync-checkpoint.pt"
 
@@ -92,12 +92,14 @@ class Lockstep:
         cap = scenario.batch_size * worker.world  # a rank's batch never exceeds the global batch
         self.averager = WeightedGradientAverager(ledger=LedgerSlots(self.ledger, worker.world, worker.rank, cap),
                                                  timeout=StepSizedTimeout())
+        self.sizer = InBandSizer(worker.world, worker.rank, [scenario.batch_size] * worker.world) \
+            if worker.args.sizing == "in-band" else None
         self.checkpoint_path = worker.handshake / CHECKPOINT
         self.data = agent.shards(worker.source, worker.spec) if self.dynamic else None
         self.static = None if self.dynamic else StaticFeed(worker.source.inputs, worker.source.labels, worker.rank,
                                                              worker.world, scenario.epochs, scenario.seed)
         self._snapshot_at = 0.0
-        self._checkpoint_at = time.monotonic() + CHECKPOINT_EVERY_S
+        self._checkpoint_at = time.monotonic() + self.worker.scenario.checkpoint_every_s
         self.checkpoints, self.checkpoint_s = 0, 0.0  # what checkpointing cost this rank (the job waits for it)
 
     def run(self) -> None:
@@ -129,6 +131,8 @@ class Lockstep:
         self.ledger.load_state_dict({"counts": info.extra["ledger"]})
         self.agent.step_count = info.step
         self.agent.batch_size = info.extra["batch_sizes"][self.worker.rank]  # as rebalanced before the failure
+        if self.sizer is not None:
+            self.sizer.load_state_dict({"sizes": info.extra["batch_sizes"]})
         if self.static is not None:
             self.static.skip_to(info.extra["positions"][self.worker.rank])
         if self.dynamic and self.worker.rank == 0:
@@ -152,7 +156,7 @@ class Lockstep:
             save_checkpoint(self.checkpoint_path, trainer.model, trainer.optimizer, version, self.agent.step_count,
                             {"ledger": self.ledger.counts.clone(), "positions": positions[0].tolist(),
                              "batch_sizes": positions[1].tolist()})
-        self._checkpoint_at = time.monotonic() + CHECKPOINT_EVERY_S
+        self._checkpoint_at = time.monotonic() + self.worker.scenario.checkpoint_every_s
         self.checkpoints += 1
         self.checkpoint_s += time.monotonic() - began
 
@@ -185,11 +189,14 @@ class Lockstep:
                 pacer.pace(count, started)
                 computed = time.perf_counter()
                 due = int(self.worker.rank == 0 and time.monotonic() >= self._checkpoint_at)
+                sizing = self.sizer.encode(count, computed - fed) if self.sizer is not None else []
                 with phases.during(Phase.ALLREDUCE), agent.sync_wait():
-                    global_batch, (ranks_with_data, checkpoint_due, loss_sum) = self.averager.sync_counting(
-                        trainer.model, count, [int(not feed.exhausted), due, round(loss * count * LOSS_SCALE)],
+                    global_batch, (ranks_with_data, checkpoint_due, loss_sum, *sizes) = self.averager.sync_counting(
+                        trainer.model, count, [int(not feed.exhausted), due, round(loss * count * LOSS_SCALE), *sizing],
                         tags=agent.pending_tags)
                 reduced = time.perf_counter()
+                if self.sizer is not None:
+                    agent.batch_size = self.sizer.decide(sizes)
                 if global_batch:
                     trainer.optimizer.step()
                 trained += count

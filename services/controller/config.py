@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from antdt.control import refuse_broken, with_text_changes
 
 PERSISTENT_ACTIONS = ("RESTART", "EVICT")
+BATCH_SIZINGS = ("commands", "in-band")
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class ControllerConfig:
     node_cooldown_s: float = 600.0
     action_timeout_s: float = 300.0  # a restarted worker counts as "acted on" until it is back, or this long
     # AntDT-DD
+    batch_sizing: str = "commands"  # "in-band": the workers size their batches every step (antdt.sizing.inband)
     global_batch_size: int = 0  # 0: the sum of the workers' batch sizes when the job is first seen
     min_batch_size: int = 1
     max_batch_size: int = 4096
@@ -49,6 +51,7 @@ class ControllerConfig:
             (self.global_batch_size < 0, "global_batch_size must be >= 0"),
             (not 1 <= self.min_batch_size <= self.max_batch_size, "need 1 <= min_batch_size <= max_batch_size"),
             (self.rebalance_interval_s < 0, "rebalance_interval_s must be >= 0"),
+            (self.batch_sizing not in BATCH_SIZINGS, f"batch_sizing must be one of {BATCH_SIZINGS}"),
             (not 0 <= self.min_relative_change < 1, "min_relative_change must be in [0, 1)"),
             (self.switch_lead_s <= 0, "switch_lead_s must be > 0"),
         ))

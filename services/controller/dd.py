@@ -19,6 +19,10 @@ that of the global batch.
 * **no chasing noise**: a rebalance is sent only if it shortens the
   predicted step by at least ``min_relative_change``, and at most every
   ``rebalance_interval_s``.
+
+With ``batch_sizing = "in-band"`` the workers size their batches themselves
+at every step, inside the all-reduce (:mod:`antdt.sizing.inband`: the same
+model, without a round trip or a switch step), and the policy sends nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from antdt.schemas.models import CommandAction
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.policy import NOTHING, Decision, Event, Intent, register
 from antdt.services.controller.state import JobView, WorkerView
-from antdt.services.controller.step_model import (
+from antdt.sizing.step_model import (
     StepModel, balance, current_model, fixed_part_evidence, fixed_parts, slowest_step_s,
 )
 
@@ -65,6 +69,8 @@ class DedicatedPolicy:
     name = "antdt-dd"
 
     def decide(self, job: JobView, event: Event, config: ControllerConfig, now: datetime) -> Decision:
+        if config.batch_sizing == "in-band":
+            return NOTHING  # the workers size every step themselves
         memo: Rebalances = job.memo.get(self.name) or Rebalances()
         if memo.last_rebalance is not None and (now - memo.last_rebalance).total_seconds() < config.rebalance_interval_s:
             return NOTHING

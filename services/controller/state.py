@@ -16,33 +16,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from antdt.schemas.models import CommandAction, MitigationCommand, StragglerVerdict, VerdictKind, WorkerMetrics
+from antdt.sizing.step_model import StepWindow
 
 DISRUPTIVE = (CommandAction.RESTART, CommandAction.EVICT)
 WINDOWS_KEPT = 32
-
-
-@dataclass(frozen=True)
-class StepWindow:
-    """One report's steps: how many, their mean batch and mean compute time (a step-time model's data point).
-
-    ``size`` is the batch size the worker was set to; a window is *full* when
-    every step had it (a short batch at an epoch's end, or a feed running
-    dry, is timed alongside other costs). The *opening* window of an
-    incarnation holds its first steps' one-off costs.
-    """
-
-    at: datetime
-    first_step: int
-    last_step: int
-    steps: int
-    batch: float
-    step_s: float
-    size: int = 0
-    opening: bool = False
-
-    @property
-    def full(self) -> bool:
-        return abs(self.batch - self.size) < 0.5
 
 
 @dataclass

@@ -44,15 +44,18 @@ def test_bench_measures_the_baseline_and_dd_against_the_ideal(tmp_path):
         assert plan["samples"] == 6144 and plan["ideal_s"] == figures["ideal_s"]
         assert plan["efficiency"] == pytest.approx(plan["ideal_s"] / plan["wall_s"], abs=1e-3)
     assert baseline["audit_clean"] is None and baseline["speedup"] == 1.0
-    assert dd["audit_clean"] is True and dd["commands"] > 0  # batch sizes were rebalanced
-    # BSP waits for the 3x slower worker every step; DD gives it a third of the batch.
+    assert dd["audit_clean"] is True and dd["commands"] == 0  # sized in-band: the controller sends nothing
+    sizes = dd["final_batch_sizes"]  # BSP waits for the 3x slower w2 every step; DD gives it a third of the others'
+    assert sum(sizes.values()) == 96 and sizes["w2"] < 0.5 * min(sizes["w0"], sizes["w1"]), sizes
+    assert baseline["final_batch_sizes"] == {"w0": 32, "w1": 32, "w2": 32}
     assert dd["speedup"] > 1.3, figures
+    assert dd["loss_gap_to_baseline"] is not None and dd["loss_gap_to_baseline"]["largest"] < 0.5
     for plan in (baseline, dd):  # the shared model learnt, and its ledger shows every sample once
         assert plan["heldout_accuracy"] > 0.8 and plan["heldout_loss"] < 1.0, plan
         assert plan["ledger"]["ok"] and len(plan["runs"]) == 1 and plan["failures"] == []
         assert plan["median_efficiency"] == plan["runs"][0]["efficiency"]
     assert (tmp_path / "dd" / "ledger-epoch0.npy").exists()
-    for name in ("summary.md", "throughput-dd.png", "loss.png"):
+    for name in ("summary.md", "throughput-dd.png", "loss.png", "loss-per-step.png"):
         assert (tmp_path / name).exists(), name
 
 

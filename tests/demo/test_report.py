@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from antdt.demo.harness import RunResult
 from antdt.demo.plans import PLANS, demo_plan
 from antdt.demo.report import cumulative, write_report
@@ -87,3 +89,16 @@ def test_the_audit_line_names_violations_or_an_unfinished_log():
     assert audit_text(made_up_run("nd", 8.0, broken)) == "VIOLATIONS: epoch 0: shard 3 done twice"
     assert audit_text(made_up_run("nd", 8.0, unfinished)) == "job not finished: the log has no end"
     assert audit_text(made_up_run("static-bsp", 8.0, None)).startswith("no sharder")
+
+
+def test_the_loss_gap_compares_smoothed_curves_over_common_steps():
+    from types import SimpleNamespace
+
+    from antdt.demo.report import largest_loss_gap, smoothed
+
+    assert smoothed([(0, 1.0), (1, 3.0), (2, 5.0)], width=2) == {1: 2.0, 2: 4.0}
+    ours = SimpleNamespace(loss_per_step=[(s, 2.0 - s / 100) for s in range(40)])
+    theirs = SimpleNamespace(loss_per_step=[(s, 2.0 - s / 100 + (0.05 if s == 25 else 0.0)) for s in range(30)])
+    gap, step = largest_loss_gap(ours, theirs)
+    assert gap == pytest.approx(0.005) and 25 <= step <= 29  # one step 0.05 off, spread over a 10-step mean
+    assert largest_loss_gap(ours, SimpleNamespace(loss_per_step=[])) is None

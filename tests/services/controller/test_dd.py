@@ -110,3 +110,8 @@ def test_a_configured_global_batch_is_not_split_over_the_first_workers_to_report
     assert decide(job, config, 0).intents == ()
     assert decide(job, config, 4).intents == ()
     assert sum(sizes_of(decide(job, config, 6)).values()) == 256  # nobody else came: the job is these two
+
+
+def test_in_band_sizing_leaves_the_batches_to_the_workers():
+    config = ControllerConfig(batch_sizing="in-band", rebalance_interval_s=0)
+    assert decide(job_with({"a": 100, "b": 300}), config, 0).intents == ()

@@ -7,9 +7,8 @@ import itertools
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from antdt.services.controller.state import StepWindow
-from antdt.services.controller.step_model import (
-    StepModel, balance, current_model, fixed_part_evidence, fixed_parts, slowest_step_s, weighted_median,
+from antdt.sizing.step_model import (
+    StepModel, StepWindow, balance, current_model, fixed_part_evidence, fixed_parts, slowest_step_s, weighted_median,
 )
 from tests.services.controller.helpers import at
 

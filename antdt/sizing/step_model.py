@@ -23,7 +23,30 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from antdt.services.controller.state import StepWindow
+
+@dataclass(frozen=True)
+class StepWindow:
+    """One report's steps: how many, their mean batch and mean compute time (a step-time model's data point).
+
+    ``size`` is the batch size the worker was set to; a window is *full* when
+    every step had it (a short batch at an epoch's end, or a feed running
+    dry, is timed alongside other costs). The *opening* window of an
+    incarnation holds its first steps' one-off costs.
+    """
+
+    at: datetime
+    first_step: int
+    last_step: int
+    steps: int
+    batch: float
+    step_s: float
+    size: int = 0
+    opening: bool = False
+
+    @property
+    def full(self) -> bool:
+        return abs(self.batch - self.size) < 0.5
+
 
 #: Two reports count as seeing one speed when they are this close in time.
 PAIR_GAP_S = 3.0
@@ -56,15 +79,21 @@ def fixed_part_evidence(windows: Sequence[StepWindow]) -> dict[datetime, tuple[f
     """
     evidence = {}
     for before, after in zip(windows, windows[1:]):
-        spread = abs(before.batch - after.batch) / max(before.batch, after.batch)
         close = (after.at - before.at).total_seconds() <= PAIR_GAP_S
         clean = before.full and after.full and not before.opening
-        if spread < MIN_SPREAD or not close or not clean or before.step_s == after.step_s:
-            continue
-        fixed = (after.step_s * before.batch - before.step_s * after.batch) / (before.step_s - after.step_s)
-        if math.isfinite(fixed):
-            evidence[after.at] = (fixed, spread)
+        found = fixed_part_between(before.batch, before.step_s, after.batch, after.step_s) if close and clean else None
+        if found is not None:
+            evidence[after.at] = found
     return evidence
+
+
+def fixed_part_between(x1: float, t1: float, x2: float, t2: float) -> tuple[float, float] | None:
+    """(fixed part, weight) from two steps of ``x1`` and ``x2`` samples at one speed; None if they say nothing."""
+    spread = abs(x1 - x2) / max(x1, x2)
+    if spread < MIN_SPREAD or t1 == t2:
+        return None
+    fixed = (t2 * x1 - t1 * x2) / (t1 - t2)
+    return (fixed, spread) if math.isfinite(fixed) else None
 
 
 def weighted_median(pairs: Iterable[tuple[float, float]]) -> float | None:

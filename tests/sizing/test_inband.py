@@ -1,0 +1,82 @@
+"""In-band sizing: every rank reaches the same split from the same summed counters, one step after a change."""
+
+from __future__ import annotations
+
+import pytest
+
+from antdt.sizing.inband import TICK_S, InBandSizer
+
+
+def step(sizers, step_s_per_rank):
+    """One all-reduce: each rank's counters summed, every sizer deciding from the sum."""
+    world = len(sizers)
+    sums = [0] * (2 * world)
+    for sizer in sizers:
+        x = sizer.size
+        for i, value in enumerate(sizer.encode(x, step_s_per_rank[sizer.rank](x))):
+            sums[i] += value
+    return [sizer.decide(sums) for sizer in sizers]
+
+
+def ranks(world=3, size=32, **knobs):
+    return [InBandSizer(world, r, [size] * world, **knobs) for r in range(world)]
+
+
+def linear(fixed_s, per_sample_s):
+    return lambda x: fixed_s + per_sample_s * x
+
+
+def test_every_rank_reaches_the_same_split_after_the_first_step_and_the_global_batch_holds():
+    sizers = ranks()
+    speeds = [linear(0, 0.01), linear(0, 0.01), linear(0, 0.04)]  # rank 2 is 4x slower
+    sizes = step(sizers, speeds)
+    assert sizes == [43, 43, 10]  # the slowest step 0.43 s; proportional 43 / 42 / 11 would take 0.44 s
+    assert all(s.sizes == [43, 43, 10] for s in sizers)
+
+
+def test_a_slowdown_is_answered_at_the_next_step():
+    sizers = ranks()
+    even = [linear(0, 0.01)] * 3
+    for _ in range(3):
+        assert step(sizers, even) == [32, 32, 32]  # balanced: nothing moves
+    slowed = [linear(0, 0.01), linear(0, 0.01), linear(0, 0.03)]
+    sizes = step(sizers, slowed)
+    assert sizes[2] < 20 and sum(sizes) == 96
+
+
+def test_the_fixed_part_is_learnt_from_the_resizes_and_shapes_the_split():
+    sizers = ranks(world=2)
+    speeds = [linear(0.10, 0.01), linear(0.40, 0.04)]  # 10 samples' worth of fixed cost, rank 1 4x slower
+    first = step(sizers, speeds)  # proportional: the fixed part is not known yet
+    assert first in ([51, 13], [52, 12])
+    step(sizers, speeds)  # the proportional split leaves the straggler slow: it is cut again, at another size
+    settled = step(sizers, speeds)  # those two sizes showed the fixed part
+    assert settled[1] <= 7 and sum(settled) == 64
+    assert step(sizers, speeds) == settled  # and it stays
+
+
+def test_jitter_under_the_gain_moves_nothing():
+    sizers = ranks(world=2, size=32)
+    jitter = iter([1.0, 1.02, 0.99, 1.03, 1.0, 0.98] * 4)
+
+    def noisy(x):
+        return 0.01 * x * next(jitter)
+
+    for _ in range(10):
+        step(sizers, [noisy, linear(0, 0.01)])
+    assert sizers[0].resizes == 0 and sizers[0].sizes == [32, 32]
+
+
+def test_an_empty_step_says_nothing_and_bad_arguments_are_refused():
+    sizer = InBandSizer(2, 0, [4, 4])
+    assert sizer.decide([0, 0, 4, round(0.1 / TICK_S)]) == 4  # rank 0 had nothing: no model for it yet
+    with pytest.raises(ValueError):
+        InBandSizer(2, 2, [4, 4])
+
+
+def test_a_short_first_step_still_sets_the_first_split():
+    sizers = ranks(world=2)
+    sums = [0] * 4
+    for sizer, (samples, step_s) in zip(sizers, ((16, 0.16), (16, 0.64))):  # both short; rank 1 4x slower
+        sums = [a + b for a, b in zip(sums, sizer.encode(samples, step_s))]
+    assert [sizer.decide(sums) for sizer in sizers] in ([51, 13], [52, 12])
