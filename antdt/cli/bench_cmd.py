@@ -133,7 +133,7 @@ def run_figures(result, baseline) -> dict:
         "command_counts": command_counts(result),
         "final_batch_sizes": {w: t.batch_size for w, t in result.timeline.snapshot()[0].items()
                               if w in {spec.name for spec in result.scenario.workers}},
-        "loss_gap_to_baseline": None if gap is None else {"largest": round(gap[0], 4), "at_step": gap[1]},
+        "loss_gap_to_baseline": None if gap is None else {"largest": round(gap[0], 4), "after_global_batches": gap[1]},
         "restarts": result.restarts, "audit_clean": result.audit_ok, "ledger": result.ledger.to_dict(),
         "heldout_loss": None if result.heldout is None else round(result.heldout[0], 4),
         "heldout_accuracy": None if result.heldout is None else round(result.heldout[1], 4),

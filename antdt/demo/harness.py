@@ -61,7 +61,7 @@ class RunResult:
     heldout: tuple[float, float] | None = None  # (loss, accuracy) of the final model
     loss_curve: list[tuple[float, float, float]] = field(default_factory=list)  # (s, loss, accuracy)
     service_exits: list[tuple[str, int]] = field(default_factory=list)  # services that died by themselves (restarted)
-    loss_per_step: list[tuple[int, float]] = field(default_factory=list)  # sync: (step, the global batch's training loss)
+    loss_per_step: list[tuple[int, float]] = field(default_factory=list)  # sync: (full-batch steps trained, the loss)
 
     @property
     def efficiency(self) -> float:
@@ -141,12 +141,22 @@ def run_plan(
 
 
 def loss_per_step(run_dir: Path, scenario: Scenario) -> list[tuple[int, float]]:
-    """Rank 0's trace of the global batch's loss, per step (a restarted generation's steps replace the lost ones)."""
+    """Rank 0's trace of the global batch's loss, by samples trained in units of the full global batch.
+
+    Counting full-batch steps rather than steps keeps two plans comparable
+    where one takes a few short or empty steps (an epoch's end); a restarted
+    generation's steps replace the ones the group lost.
+    """
     path = trace_path(run_dir, scenario.workers[0].name)
     if not path.exists():
         return []
-    by_step = {int(row["step"]): row["loss"] for row in read_trace(path) if row["loss"] is not None}
-    return sorted(by_step.items())
+    by_step = {int(row["step"]): (int(row["global_batch"]), row["loss"]) for row in read_trace(path)}
+    full, trained, curve = scenario.batch_size * len(scenario.workers), 0, {}
+    for _, (global_batch, loss) in sorted(by_step.items()):
+        trained += global_batch
+        if loss is not None:
+            curve[round(trained / full)] = loss
+    return sorted(curve.items())
 
 
 def _wait_for(condition: Callable[[], bool], pool: WorkerPool, timeout_s: float, what: str) -> None:

@@ -236,7 +236,8 @@ def write_summary(results: list[RunResult], out_dir: Path, images: list[Path], b
         gap = largest_loss_gap(result, baseline) if baseline is not None and baseline is not result else None
         if gap is not None:
             lines.append(f"- training loss per step against {baseline.plan.label} (same global batch, "
-                         f"{SMOOTH_STEPS}-step means): largest gap {gap[0]:.4f} at step {gap[1]}")
+                         f"{SMOOTH_STEPS}-step means, by samples trained): largest gap {gap[0]:.4f} "
+                         f"after {gap[1]} global batches")
         split = time_split(result)
         lines.append(f"- per worker, on average: {split['compute']:.1f} s computing, {split['data_wait']:.2f} s waiting "
                      f"for data, {split['sync_wait']:.2f} s waiting at the barrier")
@@ -287,7 +288,7 @@ def plot_loss_per_step(results: list[RunResult], path: Path) -> Path | None:
     for result in synchronous:
         curve = smoothed(result.loss_per_step)
         axis.plot(list(curve), list(curve.values()), label=result.plan.label)
-    axis.set_xlabel("step")
+    axis.set_xlabel("samples trained, in global batches")
     axis.set_ylabel(f"training loss (mean of {SMOOTH_STEPS} steps)")
     axis.set_title(f"{results[0].scenario.name}: loss per step of the synchronous plans (one global batch)")
     axis.legend(fontsize=8)
