@@ -24,6 +24,14 @@ from antdt.demo.harness import RunResult  # noqa: E402
 from antdt.demo.services import service_settings  # noqa: E402
 
 
+def save(figure, path: Path) -> Path:
+    """Lay the figure out, write it to ``path`` and free it."""
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def cumulative(result: RunResult) -> tuple[list[float], list[float]]:
     """(times, samples trained by then) from every worker's reports."""
     tracks, _ = result.timeline.snapshot()
@@ -117,10 +125,7 @@ def plot_throughput(result: RunResult, path: Path) -> Path:
     axes[0, 0].set_title(f"{scenario.name} / {result.plan.label}: samples/s per worker "
                          "(red: verdicts, green: commands, dashed: nominal speed)", fontsize=9)
     axes[-1, 0].set_xlabel("seconds since start")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save(figure, path)
 
 
 def plot_progress(results: list[RunResult], path: Path) -> Path:
@@ -138,10 +143,7 @@ def plot_progress(results: list[RunResult], path: Path) -> Path:
     axis.set_ylabel("samples trained")
     axis.set_title(f"{scenario.name}: cumulative samples against the ideal")
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save(figure, path)
 
 
 def plot_loss(results: list[RunResult], path: Path) -> Path:
@@ -159,10 +161,7 @@ def plot_loss(results: list[RunResult], path: Path) -> Path:
     accuracy_axis.set_ylabel("held-out accuracy")
     accuracy_axis.set_xlabel("seconds since start")
     accuracy_axis.set_ylim(0, 1)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save(figure, path)
 
 
 def heldout_text(result: RunResult) -> str:
@@ -292,10 +291,7 @@ def plot_loss_per_step(results: list[RunResult], path: Path) -> Path | None:
     axis.set_ylabel(f"training loss (mean of {SMOOTH_STEPS} steps)")
     axis.set_title(f"{results[0].scenario.name}: loss per step of the synchronous plans (one global batch)")
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save(figure, path)
 
 
 def write_report(results: list[RunResult], out_dir: Path, baseline: RunResult | None = None) -> list[Path]:

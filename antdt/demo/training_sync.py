@@ -132,7 +132,7 @@ class Lockstep:
         self.agent.step_count = info.step
         self.agent.batch_size = info.extra["batch_sizes"][self.worker.rank]  # as rebalanced before the failure
         if self.sizer is not None:
-            self.sizer.load_state_dict({"sizes": info.extra["batch_sizes"]})
+            self.sizer.restore(info.extra["batch_sizes"])
         if self.static is not None:
             self.static.skip_to(info.extra["positions"][self.worker.rank])
         if self.dynamic and self.worker.rank == 0:

@@ -22,11 +22,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from antdt.sizing.step_model import StepModel, balance, fixed_part_between, fixed_parts, slowest_step_s
+from antdt.sizing.step_model import EVIDENCE_KEPT, StepModel, balance, fixed_part_between, fixed_parts, worth_moving
 
 #: Compute times travel as integers of this many seconds (exact in the all-reduce's float32 up to hours).
 TICK_S = 1e-4
-EVIDENCE_KEPT = 16
 
 
 class InBandSizer:
@@ -64,10 +63,9 @@ class InBandSizer:
         if any(last is None for last in self._last):
             return self.size
         fixed = fixed_parts({rank: list(found) for rank, found in enumerate(self._evidence)})
-        models = [StepModel(t / (fixed[r] + x), fixed[r]) for r, (x, t) in enumerate(self._last)]
+        models = [StepModel.through(x, t, fixed[r]) for r, (x, t) in enumerate(self._last)]
         split = balance(self.total, models, self.low, self.high)
-        if split and split != self.sizes and \
-                slowest_step_s(models, self.sizes) > slowest_step_s(models, split) * (1 + self.min_gain):
+        if split and split != self.sizes and worth_moving(models, self.sizes, split, self.min_gain):
             self.sizes = split
             self.resizes += 1
         return self.size
@@ -86,9 +84,8 @@ class InBandSizer:
                 self._evidence[rank].append(found)
         self._last[rank] = (samples, step_s)
 
-    def state_dict(self) -> dict:
-        """What a checkpoint keeps: the sizes (the models are learnt again in a few steps)."""
-        return {"sizes": list(self.sizes)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.sizes = list(state["sizes"])
+    def restore(self, sizes: Sequence[int]) -> None:
+        """The sizes a checkpoint kept (the models are learnt again in a few steps)."""
+        if len(sizes) != self.world or sum(sizes) != self.total:
+            raise ValueError(f"a checkpoint's sizes {list(sizes)} are not {self.world} summing to {self.total}")
+        self.sizes = list(sizes)

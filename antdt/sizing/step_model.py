@@ -54,6 +54,8 @@ PAIR_GAP_S = 3.0
 MIN_SPREAD = 0.2
 #: Evidence (summed spreads) a worker needs before its own fixed part is trusted over the job's.
 OWN_EVIDENCE = 0.5
+#: Fixed-part evidence kept per worker (the latest pairs).
+EVIDENCE_KEPT = 16
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,11 @@ class StepModel:
 
     def step_s(self, batch: float) -> float:
         return self.scale * (self.fixed + batch)
+
+    @classmethod
+    def through(cls, batch: float, step_s: float, fixed: float) -> StepModel:
+        """The model with fixed part ``fixed`` whose line passes through a step of ``batch`` samples in ``step_s``."""
+        return cls(step_s / (fixed + batch), fixed)
 
 
 def fixed_part_evidence(windows: Sequence[StepWindow]) -> dict[datetime, tuple[float, float]]:
@@ -129,7 +136,7 @@ def current_model(windows: Sequence[StepWindow], since_step: int, fixed: float) 
     latest = windows[-1] if windows else None
     if latest is None or latest.last_step < since_step:
         return None
-    return StepModel(latest.step_s / (fixed + latest.batch), fixed)
+    return StepModel.through(latest.batch, latest.step_s, fixed)
 
 
 def balance(total: int, models: Sequence[StepModel], low: int, high: int) -> list[int] | None:
@@ -164,3 +171,10 @@ def balance(total: int, models: Sequence[StepModel], low: int, high: int) -> lis
 
 def slowest_step_s(models: Sequence[StepModel], sizes: Sequence[int]) -> float:
     return max(m.step_s(x) for m, x in zip(models, sizes))
+
+
+def worth_moving(models: Sequence[StepModel], current: Sequence[int], split: Sequence[int], min_gain: float) -> bool:
+    """Move to ``split``: the current sizes miss the global batch, or the slowest step shortens by ``min_gain``."""
+    if sum(current) != sum(split):
+        return True
+    return slowest_step_s(models, current) > slowest_step_s(models, split) * (1 + min_gain)

@@ -36,11 +36,9 @@ from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.policy import NOTHING, Decision, Event, Intent, register
 from antdt.services.controller.state import JobView, WorkerView
 from antdt.sizing.step_model import (
-    StepModel, balance, current_model, fixed_part_evidence, fixed_parts, slowest_step_s,
+    EVIDENCE_KEPT, StepModel, balance, current_model, fixed_part_evidence, fixed_parts, slowest_step_s, worth_moving,
 )
 
-#: Fixed-part evidence kept per worker (the latest pairs).
-EVIDENCE_KEPT = 16
 #: With the workers' sizes short of the global batch, the job is taken as whole once no new worker came for this long.
 MEMBERSHIP_SETTLE_S = 5.0
 
@@ -94,9 +92,9 @@ class DedicatedPolicy:
         if sizes is None:
             return Decision(skipped=(f"global batch {total} cannot be split over {len(workers)} workers within "
                                      f"[{config.min_batch_size}, {config.max_batch_size}]",), memo=memo)
-        now_s, then_s = slowest_step_s(models, current), slowest_step_s(models, sizes)
-        if sum(current) == total and now_s <= then_s * (1 + config.min_relative_change):
+        if not worth_moving(models, current, sizes, config.min_relative_change):
             return Decision(memo=memo)
+        now_s, then_s = slowest_step_s(models, current), slowest_step_s(models, sizes)
         step = switch_step(workers, config.switch_lead_s)
         intents = tuple(
             Intent(CommandAction.ADJUST_BATCH_SIZE, w.worker_id, _reason(m, old, new, now_s, then_s, total),

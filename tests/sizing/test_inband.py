@@ -80,3 +80,11 @@ def test_a_short_first_step_still_sets_the_first_split():
     for sizer, (samples, step_s) in zip(sizers, ((16, 0.16), (16, 0.64))):  # both short; rank 1 4x slower
         sums = [a + b for a, b in zip(sums, sizer.encode(samples, step_s))]
     assert [sizer.decide(sums) for sizer in sizers] in ([51, 13], [52, 12])
+
+
+def test_a_checkpoints_sizes_are_restored_only_if_they_fit_the_group():
+    sizer = InBandSizer(2, 1, [32, 32])
+    sizer.restore([50, 14])
+    assert sizer.size == 14
+    with pytest.raises(ValueError):
+        sizer.restore([50, 50])  # not the global batch
