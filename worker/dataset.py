@@ -11,7 +11,9 @@ sharder counts a shard DONE when every sample of it is committed, so a
 sample handed out but lost (a crash before the step, samples waiting in a
 DataLoader queue) is simply granted again.
 
-A pass ends when the sharder's epoch ends, or when the sharder has nothing
+A pass ends when the sharder's epoch ends (or a rewind by another process,
+such as a parameter server back from its checkpoint, takes the job back to
+an earlier epoch), or when the sharder has nothing
 for this worker right now and the pass has handed something out: the
 consumer can then train and commit what it holds (the last partial batch
 included), and iterates again, which resumes the same epoch. Loop with
@@ -174,6 +176,9 @@ class ShardedDataset(IterableDataset):
                 return
             if answer.status is AssignmentStatus.EPOCH_END or answer.epoch > epoch:
                 self._learn(epoch=max(answer.epoch, epoch + 1))
+                return
+            if answer.epoch < epoch:  # another process rewound the job into an epoch this worker had left
+                self._learn(epoch=answer.epoch)
                 return
             held = {s.shard_id: s.attempt for s in answer.shards}
             # Read grants no longer held are DONE (or reclaimed); a held one is never read twice, pass after pass.

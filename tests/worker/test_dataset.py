@@ -14,7 +14,7 @@ from antdt.services.sharder.audit import audit_log
 from antdt.worker import Agent
 from antdt.worker.dataset import ShardedDataset, loader
 from antdt.worker.provenance import Tagged
-from antdt.worker.shard_client import NoAnswer
+from antdt.worker.shard_client import NoAnswer, ShardClient
 from tests.services.sharder.harness import assert_exactly_once, job_log, running_sharder
 
 
@@ -176,3 +176,43 @@ def test_checkpoint_then_restore_retrains_exactly_what_the_model_has_not_seen(se
     assert version > 0
     assert sorted(before[:50] + after_restore) == list(range(200))  # the rest of the epoch, exactly once
     assert set(before[50:]) <= set(after_restore)  # what the model lost is trained again
+
+
+def test_a_worker_that_a_rewind_leaves_in_a_later_epoch_goes_back_to_the_rewound_one(settings, topics):
+    """Another process (a parameter server back from its checkpoint) rewinds the job to before this worker's epoch ended.
+
+    The sharder is back in epoch 0 and answers this worker's requests for
+    epoch 1 with epoch 0: the worker must follow it there, or it waits for
+    ever while the shards the rewind reopened stay TODO.
+    """
+    dataset_spec = spec(size=100, shard_size=50, epochs=2)
+    trained: list[tuple[int, int]] = []
+    with (running_sharder(settings), Agent("job-back", "w0", settings=settings, listen_for_commands=False) as agent,
+          ShardClient(settings, "job-back", "ps-0", dataset_spec) as server):
+        data = agent.shards(list(range(100)), dataset_spec, shuffle=False)
+        stream = agent.iterate(iter(data))
+        for _ in range(50):  # the first shard, committed
+            next(stream)
+            agent.step()
+        stream.close()
+        version = data.checkpoint_version()
+        while data.epoch == 0:  # the rest of epoch 0: the sharder opens epoch 1
+            for _ in agent.iterate(data):
+                agent.step()
+        assert server.rewind(1, version).epoch == 0
+
+        def rest():
+            while not data.finished:
+                for _ in agent.iterate(data):
+                    trained.extend((tag.epoch, tag.index) for tag in agent.pending_tags)
+                    agent.step()
+
+        worker = threading.Thread(target=rest, daemon=True)
+        worker.start()
+        worker.join(60)
+        assert not worker.is_alive(), "the worker waits in epoch 1 while the rewind reopened epoch 0"
+        data.close()
+    assert sorted(trained) == [(0, i) for i in range(50, 100)] + [(1, i) for i in range(100)]
+    report = audit_log(job_log(settings, "job-back"), "job-back")  # shard 1's first DONE was undone: audit, not DONE counts
+    assert report.ok and report.finished, report.violations
+    assert [e.samples_done_once for e in report.epochs] == [100, 100]
