@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from collections.abc import Iterator, Sequence
 
@@ -57,6 +58,8 @@ from antdt.worker.provenance import SampleTag, Tagged, collate
 from antdt.worker.shard_client import NoAnswer, ShardClient
 
 _EPOCH, _FINISHED = 0, 1
+#: How often a worker holding nothing by choice (quota 0) asks again, to learn of an epoch's end.
+IDLE_POLL_S = 0.25
 
 
 class ShardedDataset(IterableDataset):
@@ -75,7 +78,8 @@ class ShardedDataset(IterableDataset):
             raise ValueError(f"the dataset has {len(source)} samples but the spec says {spec.size}")
         self.source, self.spec, self.settings = source, spec, settings
         self.job_id, self.worker_id = job_id, worker_id
-        self.quota, self.shuffle, self.prefetch = quota, shuffle, prefetch
+        self._quota, self._woken = quota, threading.Event()
+        self.shuffle, self.prefetch = shuffle, prefetch
         #: True while the sharder has nothing for this worker yet (others hold the epoch's last shards).
         self.waiting = False
         self.request_timeout_s, self.wait_s, self.sharder_timeout_s = request_timeout_s, wait_s, sharder_timeout_s
@@ -88,6 +92,20 @@ class ShardedDataset(IterableDataset):
         self._owns_client = client is None
         self._read: dict[int, int] = {}  # shard -> attempt: held grants read to the end, this epoch (passes included)
         self._read_epoch = 0
+
+    # ------------------------------------------------------------ how much to hold
+
+    @property
+    def quota(self) -> int:
+        """Shards to read at once. 0: hold nothing (the sharder takes back what is held) until it is raised again."""
+        return self._quota
+
+    @quota.setter
+    def quota(self, value: int) -> None:
+        if value and not self._quota:
+            self.waiting = False  # not known yet: the sharder has not answered a request for shards since
+        self._quota = value
+        self._woken.set()  # a wait between requests ends now, so a raised quota is asked for at once
 
     # ------------------------------------------------------------ epoch and end, as the sharder says
 
@@ -152,15 +170,17 @@ class ShardedDataset(IterableDataset):
         quarter of the lease is not trusted (a long stall may have cost a
         prefetched shard its lease): the request is made again.
         """
-        ahead: tuple[int, float] | None = None  # (seq, sent at) of the request sent as the last shard started
+        ahead: tuple[int, float, int] | None = None  # (seq, sent at, quota) of the request sent as the last shard started
         answered_at = time.monotonic()
         while True:
             early = ahead is not None and time.monotonic() - ahead[1] < self.spec.lease_s / 4
             try:
                 if early:
+                    asked = ahead[2]
                     answer = client.wait_answer(ahead[0], self.request_timeout_s, flush=False)
                 else:
-                    answer = client.request(epoch, quota=self.quota, timeout_s=self.request_timeout_s,
+                    asked = self.quota
+                    answer = client.request(epoch, quota=asked, timeout_s=self.request_timeout_s,
                                             read_shards=sorted(self._read))
             except NoAnswer:
                 ahead = None
@@ -189,15 +209,17 @@ class ShardedDataset(IterableDataset):
                     self.waiting = True
                     return  # nothing for us now: the consumer trains and commits what it has, then comes back
                 if not early:  # an early answer predates the last reads: ask again at once
-                    self.waiting = True
-                    time.sleep(self.wait_s)  # WAIT: others hold the last shards of the epoch
+                    self.waiting = asked > 0  # (an answer to a request for nothing says nothing about shards)
+                    self._woken.clear()
+                    self._woken.wait(self.wait_s if asked else IDLE_POLL_S)  # WAIT: others hold the epoch's last shards
                 continue
             self.waiting = False
             # One shard per answer: the next answer (at most lease/4 old, see above)
             # re-confirms what is still held, so a shard whose lease ran out is never read.
             shard = fresh[0]
             if self.prefetch:
-                ahead = (client.ask(epoch, quota=self.quota, read_shards=sorted(self._read)), time.monotonic())
+                ahead = (client.ask(epoch, quota=self.quota, read_shards=sorted(self._read)), time.monotonic(),
+                         self.quota)
             yield shard, answer.epoch
 
     def _positions(self, epoch: int, shard) -> list[int]:
@@ -254,7 +276,12 @@ class ShardedDataset(IterableDataset):
         state = dict(self.__dict__)
         state["_client"] = None  # a Kafka client does not cross a process boundary
         state["_owns_client"] = True
+        state["_woken"] = None  # nor does an Event: each process gets its own
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._woken = threading.Event()
 
 
 def loader(dataset: ShardedDataset, batch_size: int, num_workers: int = 0, **options):

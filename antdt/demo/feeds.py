@@ -10,7 +10,9 @@ or whatever is buffered (possibly nothing) while the sharder has nothing
 for this rank. Batches come as :class:`~antdt.worker.provenance.Tagged`: the
 samples' provenance stays with them until the step that trains them is
 committed (a sample in the buffer when a rank dies was never committed, and
-is granted again).
+is granted again). A rank sized to 0 sits steps out: its feed drops what it
+buffered and holds nothing (quota 0: the sharder takes its shards back, and
+grants the rest of them to the others) until it is sized up again.
 
 :class:`StaticFeed` is the baseline's static sharding: rank ``r`` of ``n``
 trains positions ``r, r + n, ...`` of a seeded per-epoch permutation, the
@@ -47,6 +49,8 @@ class ShardFeed:
         self._changed = threading.Condition()
         self._source_done = False
         self._stopped = False
+        self._sitting_out = False
+        self._quota = dataset.quota
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._fill, name="antdt-shard-feed", daemon=True)
 
@@ -57,20 +61,38 @@ class ShardFeed:
     def _fill(self) -> None:
         try:
             while not self.dataset.finished and not self._stopped:
-                for sample in self.dataset:  # one epoch
-                    with self._changed:
-                        while len(self._buffer) >= self.capacity() and not self._stopped:
-                            self._changed.wait(0.1)
-                        self._buffer.append(sample)
-                        self._changed.notify_all()
-                    if self._stopped:
-                        return
+                for sample in self.dataset:  # one epoch, or until the rank sits out
+                    if not self._put(sample):
+                        break
         except BaseException as exc:  # noqa: BLE001 - re-raised on the training thread by take()
             self.error = exc
         finally:
             with self._changed:
                 self._source_done = True
                 self._changed.notify_all()
+
+    def _put(self, sample: Tagged) -> bool:
+        """Buffer ``sample`` once there is room; False (the sample dropped, never trained) if stopping or sitting out."""
+        with self._changed:
+            while len(self._buffer) >= self.capacity() and not self._stopped and not self._sitting_out:
+                self._changed.wait(0.1)
+            if self._stopped or self._sitting_out:
+                return False
+            self._buffer.append(sample)
+            self._changed.notify_all()
+            return True
+
+    def _sit_out(self, out: bool) -> None:
+        """Start or end sitting out (module docstring); called with the lock held."""
+        if out == self._sitting_out:
+            return
+        self._sitting_out = out
+        if out:
+            self._buffer.clear()
+            self.dataset.quota = 0
+        else:
+            self.dataset.quota = self._quota
+        self._changed.notify_all()
 
     @property
     def exhausted(self) -> bool:
@@ -79,8 +101,12 @@ class ShardFeed:
             return self._source_done and not self._buffer
 
     def take(self, wanted: int) -> Tagged | None:
-        """Up to ``wanted`` samples stacked; a short (or no) batch only while the sharder has nothing more."""
+        """Up to ``wanted`` samples stacked; a short (or no) batch only while the sharder has nothing more.
+
+        ``wanted`` 0 sits the rank out (module docstring).
+        """
         with self._changed:
+            self._sit_out(wanted == 0)
             while (len(self._buffer) < wanted and not self._source_done and not self.dataset.waiting
                    and not self._stopped):
                 self._changed.wait(0.05)

@@ -22,7 +22,10 @@ which the integral of the workers' summed speeds reaches the total work
 (dataset size x epochs). With a fixed cost, at the scenario's global batch
 ``B = n b`` the best any split can do, synchronous or not, is every worker
 busy with steps that all end together, which trains ``b / (b + A)`` of the
-summed speed. No schedule can train faster on these workers at that batch.
+summed speed; or, when a slow worker's fixed part alone outlasts that step,
+the same with only the fastest ``k`` workers taking part (a worker with no
+samples computes nothing), whichever trains more (:meth:`Scenario.rate_at`).
+No schedule can train faster on these workers at that batch.
 """
 
 from __future__ import annotations
@@ -204,6 +207,17 @@ class Scenario(_Strict):
             points.update(k * self.noise.period_s for k in range(1, int(horizon_s / self.noise.period_s) + 1))
         return sorted(p for p in points if p <= horizon_s)
 
+    def rate_at(self, t: float) -> float:
+        """The most samples per second any split of the global batch trains at ``t`` (module docstring)."""
+        speeds = sorted((self.speed_at(rank, t) for rank in range(len(self.workers))), reverse=True)
+        best = self.fixed_cost_factor * sum(speeds)
+        total, fixed = self.batch_size * len(speeds), self.fixed_samples
+        for k in range(1, len(speeds) + 1):  # the fastest k take part, each busy the whole step
+            step_s = (total + k * fixed) / sum(speeds[:k])
+            if speeds[k - 1] * step_s >= fixed:  # the slowest of them still has a batch >= 0
+                best = max(best, total / step_s)
+        return best
+
     def ideal_time_s(self, samples: int | None = None) -> float:
         """When the workers' summed speed has done ``samples`` (default all the work): exact, speeds are piecewise constant."""
         remaining = float(self.total_samples if samples is None else samples)
@@ -211,7 +225,7 @@ class Scenario(_Strict):
         while True:
             points = self.change_points(horizon)
             for start, end in zip(points, points[1:]):
-                rate = self.fixed_cost_factor * sum(self.speed_at(rank, start) for rank in range(len(self.workers)))
+                rate = self.rate_at(start)
                 if rate * (end - start) >= remaining:
                     return start + remaining / rate
                 remaining -= rate * (end - start)
@@ -223,7 +237,7 @@ class Scenario(_Strict):
         curve, done, now = [(0.0, 0.0)], 0.0, 0.0
         marks = sorted(set(self.change_points(until_s)) | {until_s * i / points for i in range(1, points + 1)})
         for mark in marks[1:]:
-            done += self.fixed_cost_factor * sum(self.speed_at(r, now) for r in range(len(self.workers))) * (mark - now)
+            done += self.rate_at(now) * (mark - now)
             now = mark
             curve.append((now, min(done, float(self.total_samples))))
         return curve

@@ -60,13 +60,13 @@ EVIDENCE_KEPT = 16
 
 @dataclass(frozen=True)
 class StepModel:
-    """``step_s(x) = scale * (fixed + x)``."""
+    """``step_s(x) = scale * (fixed + x)``; a step of no samples is no step (0 s: the worker computes nothing)."""
 
     scale: float
     fixed: float
 
     def step_s(self, batch: float) -> float:
-        return self.scale * (self.fixed + batch)
+        return self.scale * (self.fixed + batch) if batch > 0 else 0.0
 
     @classmethod
     def through(cls, batch: float, step_s: float, fixed: float) -> StepModel:

@@ -12,7 +12,9 @@ What each report does (the state machine is in :mod:`state`):
 * REQUESTED: optionally defines the dataset (first request) and the worker's
   quota, then grants TODO shards, lowest grant rank first, until the worker
   is reading its quota (held shards it has read to the end, ``read_shards``,
-  do not count). Answers GRANTED (everything it holds, each shard with the
+  do not count). A quota of 0 gives back everything the worker holds
+  (RELEASED, progress kept: a synchronous rank that sits steps out drops
+  what it had buffered, and the rest of those shards is granted to others). Answers GRANTED (everything it holds, each shard with the
   samples already applied), WAIT (nothing free now, but shards are in flight
   elsewhere), EPOCH_END (the worker's epoch is over) or FINISHED.
 * COMMIT: samples whose training update is in the model. Without an
@@ -225,6 +227,8 @@ class ShardCore:
         if report.quota is not None and report.quota != state.quotas.get(worker):
             quota = min(report.quota, self.config.max_quota)
             self._emit(out.events, T.QUOTA_SET, now_ms, worker_id=worker, quota=quota)
+        if state.quotas.get(worker) == 0 and state.held.get(worker):
+            self._emit(out.events, T.RELEASED, now_ms, worker_id=worker, reason="quota 0: gives back what it holds")
         if state.finished:
             out.assignment = self._answer(report, AssignmentStatus.FINISHED, now_ms)
             return

@@ -12,7 +12,7 @@ Shard state machine (per shard, per epoch)::
        ▲                                      │ │ │
        │ FAILED (attempt+1 < max_attempts)    │ │ │ STARTED / LEASE_RENEWED:
        ├──────────────────────────────────────┘ │ │ stays DOING, lease extended
-       │ LEASE_EXPIRED / RELEASED (worker left)  │ │
+       │ LEASE_EXPIRED / RELEASED (left, quota 0)│ │
        ├────────────────────────────────────────┘ │ FAILED (attempt+1 >= max_attempts)
        │                                          └──────────────▶ QUARANTINED
        │ REWOUND: DONE after the version ─────── back to TODO

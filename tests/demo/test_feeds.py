@@ -39,6 +39,7 @@ class ScriptedDataset:
         self.epochs = epochs
         self.finished = False
         self.waiting = False
+        self.quota = 1
         self.release = threading.Event()
         self.closed = False
 
@@ -97,3 +98,66 @@ def test_an_error_in_the_feed_reaches_the_training_thread():
     with pytest.raises(RuntimeError, match="sharder unreachable"):
         feed.take(1)
     feed.close()
+
+
+def test_a_rank_sized_to_0_gives_its_shards_back_and_the_others_train_them_exactly_once(settings, topics):
+    """Sitting out drops the buffer and returns the held shards (their progress kept); sized up, it reads again."""
+    from antdt.schemas.models import DatasetSpec
+    from antdt.services.sharder.audit import audit_log
+    from antdt.worker import Agent
+    from tests.services.sharder.harness import job_log, running_sharder
+
+    spec = DatasetSpec(name="sit", size=200, shard_size=20, epochs=1, shuffle_seed=1, max_attempts=3, lease_s=60)
+    trained: list[int] = []
+
+    def train_one_batch(agent, feed, size):
+        batch = feed.take(size)
+        _, labels = agent.untag(batch)
+        trained.extend(labels.tolist())
+        agent.step(samples=len(labels))
+
+    with (running_sharder(settings), Agent("job-sit", "r0", settings=settings, listen_for_commands=False) as sitter,
+          Agent("job-sit", "r1", settings=settings, listen_for_commands=False) as other):
+        data = sitter.shards(Labelled(200), spec)
+        data.quota = 1
+        feed = ShardFeed(data, lambda: 8).start()
+        train_one_batch(sitter, feed, 4)
+        assert feed.take(0) is None  # sits out: what it buffered is dropped
+        train_one_batch(sitter, feed, 4)  # sized up again: it reads a shard again
+        assert feed.take(0) is None
+
+        def rest():
+            others = other.shards(Labelled(200), spec)
+            while not others.finished:
+                for sample in other.iterate(others):
+                    trained.append(int(sample[1]))
+                    other.step()
+            others.close()
+
+        worker = threading.Thread(target=rest, daemon=True)
+        worker.start()
+        worker.join(60)
+        assert not worker.is_alive(), "the other rank waits for shards the sitting-out rank kept"
+        for _ in range(200):  # it learns the job is finished while holding nothing (bounded: 200 x 50 ms)
+            if feed.exhausted:
+                break
+            feed.take(0)
+            threading.Event().wait(0.05)
+        assert feed.exhausted
+        feed.close()
+    assert sorted(trained) == list(range(200))
+    report = audit_log(job_log(settings, "job-sit"), "job-sit")
+    assert report.ok and report.finished, report.violations
+
+
+class Labelled:
+    """Samples (features, label) whose label is the sample's index."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int):
+        return torch.tensor([float(index)]), torch.tensor(index)

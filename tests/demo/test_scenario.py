@@ -100,6 +100,16 @@ def test_a_fixed_cost_lengthens_every_step_and_the_ideal_by_the_share_it_takes()
     assert Scenario.load("fixed-cost").fixed_samples / (32 + Scenario.load("fixed-cost").fixed_samples) >= 0.30
 
 
+def test_the_ideal_leaves_out_a_worker_whose_fixed_part_alone_outlasts_the_others_step():
+    # three at 100/s and one at 25/s; 15 samples' worth of fixed cost on a batch of 32 (global 128)
+    s = scenario(workers=(*(WorkerSpec(name=f"w{i}") for i in range(3)), WorkerSpec(name="slow", speed=0.25)),
+                 batch_size=32, step_fixed_s=0.15, dataset_size=1200)
+    # all four busy: a (128 + 4 x 15) / 325 s step, in which the slow one could not even pay its 0.6 s fixed part
+    with_all = 32 / 47 * 325
+    without = 128 / ((128 + 3 * 15) / 300)  # the three alone: a 0.577 s step
+    assert s.rate_at(0) == pytest.approx(without) and without > with_all
+
+
 @hsettings(max_examples=50, deadline=None)
 @given(st.lists(st.floats(0.1, 2.0), min_size=2, max_size=6), st.integers(1, 4), st.floats(0, 0.3))
 def test_the_ideal_curve_reaches_the_total_work_exactly_at_the_ideal_time(speeds, epochs, amplitude):

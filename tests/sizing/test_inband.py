@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from antdt.sizing.inband import TICK_S, InBandSizer
+from antdt.sizing.inband import PROBE_EVERY, TICK_S, InBandSizer
 
 
 def step(sizers, step_s_per_rank):
@@ -88,3 +88,16 @@ def test_a_checkpoints_sizes_are_restored_only_if_they_fit_the_group():
     assert sizer.size == 14
     with pytest.raises(ValueError):
         sizer.restore([50, 50])  # not the global batch
+
+
+def test_a_rank_whose_fixed_part_outlasts_the_others_step_sits_out_and_is_timed_again_now_and_then():
+    sizers = ranks(world=4)
+    fast, slow = linear(0.15, 0.01), linear(0.60, 0.04)  # 15 samples' worth of fixed cost; rank 3 4x slower at both
+    settled = [step(sizers, [fast, fast, fast, slow]) for _ in range(3)][-1]
+    assert settled[3] == 0 and sum(settled) == 128  # its 0.6 s alone outlasts the others' 0.58 s step
+    later = [step(sizers, [fast, fast, fast, slow]) for _ in range(PROBE_EVERY + 1)]
+    probes = [i for i, sizes in enumerate(later) if sizes[3]]
+    assert len(probes) == 1 and later[probes[0]][3] == 1 and later[probes[0] + 1] == settled  # still too slow: out again
+    recovered = [step(sizers, [fast] * 4) for _ in range(PROBE_EVERY + 2)]
+    assert recovered[-1] == [32, 32, 32, 32]  # the next probe shows it fast: it takes its share at once
+    assert all(sum(sizes) == 128 for sizes in later + recovered)

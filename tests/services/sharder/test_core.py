@@ -137,6 +137,21 @@ def test_worker_left_releases_all_its_shards():
     assert core.worker_left("w1", 20) == []
 
 
+def test_a_request_with_quota_0_gives_back_what_the_worker_holds_with_its_progress():
+    """A synchronous rank that sits steps out drops its buffer: the rest of its shards goes to others."""
+    core, _ = new_core(dataset(size=300, shard_size=100, epochs=1), quota=2)
+    held = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards
+    core.on_progress(report(K.COMMIT, "w1", 0, commits=[commit(held[0], [held[0].start + 1])]), 0)
+    out = core.on_progress(report(K.REQUESTED, "w1", 0, quota=0), 10)
+    assert transitions(out.events) == [T.QUOTA_SET, T.RELEASED]
+    assert out.assignment.status is AssignmentStatus.WAIT and not out.assignment.shards
+    assert core.on_progress(report(K.REQUESTED, "w1", 0, quota=0), 20).events == []  # nothing more to give back
+    regranted = {s.shard_id: s for s in core.on_progress(report(K.REQUESTED, "w2", 0, quota=3), 30).assignment.shards}
+    assert {s.shard_id for s in held} <= set(regranted)
+    assert regranted[held[0].shard_id].done == [held[0].start + 1]
+    assert core.on_progress(report(K.REQUESTED, "w1", 0, quota=1), 40).assignment.status is AssignmentStatus.WAIT
+
+
 def test_epochs_close_and_open_until_finished():
     core, _ = new_core(dataset(size=300, shard_size=100, epochs=2), quota=3)
     for epoch in range(2):
