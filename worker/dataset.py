@@ -60,6 +60,10 @@ from antdt.worker.shard_client import NoAnswer, ShardClient
 _EPOCH, _FINISHED = 0, 1
 #: How often a worker holding nothing by choice (quota 0) asks again, to learn of an epoch's end.
 IDLE_POLL_S = 0.25
+#: The longest pause between requests while the sharder has nothing: the pause doubles from ``wait_s`` up
+#: to this, so a job's workers waiting at an epoch's end do not queue up requests ahead of the commits
+#: that would end the wait.
+MAX_WAIT_S = 0.16
 
 
 class ShardedDataset(IterableDataset):
@@ -172,6 +176,7 @@ class ShardedDataset(IterableDataset):
         """
         ahead: tuple[int, float, int] | None = None  # (seq, sent at, quota) of the request sent as the last shard started
         answered_at = time.monotonic()
+        pause_s = self.wait_s
         while True:
             early = ahead is not None and time.monotonic() - ahead[1] < self.spec.lease_s / 4
             try:
@@ -205,15 +210,17 @@ class ShardedDataset(IterableDataset):
             self._read = {shard: attempt for shard, attempt in self._read.items() if held.get(shard) == attempt}
             fresh = [s for s in answer.shards if self._read.get(s.shard_id) != s.attempt]
             if not fresh:
+                if early:
+                    continue  # the prefetched answer predates the last reads: ask again at once
                 if handed_out():
                     self.waiting = True
                     return  # nothing for us now: the consumer trains and commits what it has, then comes back
-                if not early:  # an early answer predates the last reads: ask again at once
-                    self.waiting = asked > 0  # (an answer to a request for nothing says nothing about shards)
-                    self._woken.clear()
-                    self._woken.wait(self.wait_s if asked else IDLE_POLL_S)  # WAIT: others hold the epoch's last shards
+                self.waiting = asked > 0  # (an answer to a request for nothing says nothing about shards)
+                self._woken.clear()
+                self._woken.wait(pause_s if asked else IDLE_POLL_S)  # WAIT: others hold the epoch's last shards
+                pause_s = min(2 * pause_s, max(MAX_WAIT_S, self.wait_s))
                 continue
-            self.waiting = False
+            self.waiting, pause_s = False, self.wait_s
             # One shard per answer: the next answer (at most lease/4 old, see above)
             # re-confirms what is still held, so a shard whose lease ran out is never read.
             shard = fresh[0]

@@ -156,7 +156,7 @@ class Timeline:
     # ------------------------------------------------------------ reading
 
     def _follow(self) -> None:
-        consumer = make_consumer(self.settings, client_id="antdt-demo-timeline", low_latency=True)
+        consumer = make_consumer(self.settings, client_id="antdt-demo-timeline")
         names = [topic_spec(c, n).full_name(self.settings.topic_prefix) for c, n in FOLLOWED]
         counts = partition_counts(make_admin(self.settings), names)
         assign_now(consumer, [TopicPartition(t, p, BEGINNING) for t in names for p in range(counts[t])])

@@ -48,6 +48,8 @@ GROUP_TIMEOUT = timedelta(seconds=45)  # set-up and checkpoint collectives; step
 #: Exit code of a rank whose group broke under it (the harness restarts the whole group).
 EXIT_GROUP_BROKEN = 77
 SNAPSHOT_EVERY_S = 1.0
+#: Samples in the step that times every rank before the first (:meth:`Lockstep._calibrate`).
+CALIBRATION_SAMPLES = 4
 CHECKPOINT = "sync-checkpoint.pt"
 
 
@@ -111,6 +113,8 @@ class Lockstep:
               flush=True)
         try:
             pacer = self.worker.ready_and_wait()
+            if self.sizer is not None and self.agent.step_count == 0:
+                self._calibrate(pacer)
             trained = self._steps(feed, pacer)
             self._final(pacer, trained)
         finally:
@@ -161,6 +165,28 @@ class Lockstep:
         self.checkpoint_s += time.monotonic() - began
 
     # ------------------------------------------------------------ steps
+
+    def _calibrate(self, pacer) -> None:
+        """Time a step of a few samples on every rank, so the first real step is already split by speed.
+
+        The samples are random inputs, not data (no shard is read, nothing is
+        committed) and their gradients are dropped; as LB-BSP profiles before
+        it sizes, this costs one short step and saves a first step at the
+        initial batch paced by the slowest rank. Booked as synchronisation:
+        a one-off, not a slow first step.
+        """
+        trainer = self.worker.trainer
+        features = self.worker.source.inputs.shape[1]
+        inputs = torch.randn(CALIBRATION_SAMPLES, features, generator=torch.Generator().manual_seed(0))
+        labels = torch.zeros(CALIBRATION_SAMPLES, dtype=torch.long)
+        with self.agent.sync_wait():
+            began, started = time.perf_counter(), pacer.now_s()
+            trainer.backward(inputs, labels)
+            pacer.pace(CALIBRATION_SAMPLES, started)
+            timed = torch.tensor(self.sizer.encode(CALIBRATION_SAMPLES, time.perf_counter() - began), dtype=torch.int64)
+            trainer.optimizer.zero_grad()
+            dist.all_reduce(timed)
+            self.agent.batch_size = self.sizer.decide(timed.tolist())
 
     def _feed(self):
         if self.static is not None:

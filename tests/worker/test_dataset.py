@@ -216,3 +216,15 @@ def test_a_worker_that_a_rewind_leaves_in_a_later_epoch_goes_back_to_the_rewound
     report = audit_log(job_log(settings, "job-back"), "job-back")  # shard 1's first DONE was undone: audit, not DONE counts
     assert report.ok and report.finished, report.violations
     assert [e.samples_done_once for e in report.epochs] == [100, 100]
+
+
+def test_one_shard_at_a_time_a_pass_goes_on_until_the_sharder_really_has_nothing(settings, topics):
+    """With quota 1 the prefetched answer can never hold the next shard (the current one was unread when it was
+    asked): it is asked again at once, not taken for "nothing now", which would end the pass and have a
+    synchronous feed hand out short batches at every shard's end."""
+    with running_sharder(settings), Agent("job-one", "w0", settings=settings, listen_for_commands=False) as agent:
+        data = agent.shards(list(range(100)), spec(size=100, shard_size=10, epochs=1))
+        data.quota = 1
+        first_pass = list(iter(data))
+        data.close()
+    assert sorted(item.data for item in first_pass) == list(range(100))
