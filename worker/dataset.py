@@ -174,14 +174,13 @@ class ShardedDataset(IterableDataset):
         quarter of the lease is not trusted (a long stall may have cost a
         prefetched shard its lease): the request is made again.
         """
-        ahead: tuple[int, float, int] | None = None  # (seq, sent at, quota) of the request sent as the last shard started
+        ahead: tuple[int, float] | None = None  # (seq, sent at) of the request sent as the last shard started
         answered_at = time.monotonic()
         pause_s = self.wait_s
         while True:
             early = ahead is not None and time.monotonic() - ahead[1] < self.spec.lease_s / 4
             try:
                 if early:
-                    asked = ahead[2]
                     answer = client.wait_answer(ahead[0], self.request_timeout_s, flush=False)
                 else:
                     asked = self.quota
@@ -225,8 +224,7 @@ class ShardedDataset(IterableDataset):
             # re-confirms what is still held, so a shard whose lease ran out is never read.
             shard = fresh[0]
             if self.prefetch:
-                ahead = (client.ask(epoch, quota=self.quota, read_shards=sorted(self._read)), time.monotonic(),
-                         self.quota)
+                ahead = (client.ask(epoch, quota=self.quota, read_shards=sorted(self._read)), time.monotonic())
             yield shard, answer.epoch
 
     def _positions(self, epoch: int, shard) -> list[int]:
