@@ -17,12 +17,11 @@ from rich.console import Console
 from rich.table import Table
 
 from antdt.cli.demo_cmd import SCENARIO_HELP, default_out, load_scenario
-
-CHAOS_CHECKPOINT_S = 2.0
 from antdt.demo.environment import bus_and_broker, external_bus
 from antdt.shutdown import interrupt_on_sigterm
 
 SERVICES = ("sharder", "monitor", "controller")
+CHAOS_CHECKPOINT_S = 2.0
 
 
 def chaos(

@@ -53,5 +53,6 @@ def demo_plan(scenario: Scenario, policy: str | None) -> RunPlan:
         raise ConfigError(f"policy {chosen!r}: choose one of {', '.join(POLICIES)}")
     if chosen == "off":
         return RunPlan("dynamic" if training == "async" else "sync-dynamic", training, "dynamic", None)
-    return RunPlan(chosen if PLANS[chosen].training == training else f"{chosen}-on-{scenario.mode.value}",
-                   training, "dynamic", f"antdt-{chosen}", "in-band" if chosen == "dd" and training == "sync" else "commands")
+    own = PLANS[chosen].training == training  # the policy's own mode: its bench plan, sizing included
+    return RunPlan(chosen if own else f"{chosen}-on-{scenario.mode.value}", training, "dynamic", f"antdt-{chosen}",
+                   PLANS[chosen].sizing if own else "commands")

@@ -227,8 +227,8 @@ class ShardCore:
         if report.quota is not None and report.quota != state.quotas.get(worker):
             quota = min(report.quota, self.config.max_quota)
             self._emit(out.events, T.QUOTA_SET, now_ms, worker_id=worker, quota=quota)
-        if state.quotas.get(worker) == 0 and state.held.get(worker):
-            self._emit(out.events, T.RELEASED, now_ms, worker_id=worker, reason="quota 0: gives back what it holds")
+        if state.quotas.get(worker) == 0:
+            out.events += self.worker_left(worker, now_ms, "quota 0: gives back what it holds")
         if state.finished:
             out.assignment = self._answer(report, AssignmentStatus.FINISHED, now_ms)
             return
