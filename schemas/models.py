@@ -448,6 +448,8 @@ class ShardSnapshot(AvroModel):
     quotas: dict[str, Count32] = Field(default_factory=dict)
     epoch_opened_seq: Count64 = 0
     rewinds: dict[str, Count64] = Field(default_factory=dict)
+    attempt_base: Count32 = 0
+    attempt_high: Count32 = 0
     log_offset: Count64 | None = None
     timestamp: Timestamp
 

@@ -378,7 +378,7 @@ class ShardCore:
         slot = self.state.slots[report.shard_id]
         attempt = slot.attempt + 1
         reason = (report.error or "failed")[:1000]
-        if attempt >= self.state.dataset.max_attempts:
+        if attempt - self.state.attempt_base >= self.state.dataset.max_attempts:
             self._emit(out.events, T.QUARANTINED, now_ms, shard_id=slot.shard_id, worker_id=report.worker_id,
                        attempt=attempt, reason=f"failed {attempt} times; last: {reason}")
             self._close_epoch_if_complete(now_ms, out)
@@ -453,7 +453,7 @@ class ShardCore:
             done = [s.shard_id for s in target.slots if s.state is ShardState.DONE]
             partial = [trusted(ShardCommit, holder=None, shard_id=s.shard_id, attempt=s.attempt, samples=sorted(s.applied))
                        for s in target.slots if s.state is not ShardState.DONE and s.applied]
-            attempt = 1 + max((s.attempt for s in state.slots), default=0)
+            attempt = 1 + max([state.attempt_high, *(s.attempt for s in state.slots)])
             self._emit(out.events, T.REWOUND, now_ms, version=version, worker_id=report.worker_id,
                        epoch=target.epoch, shard_ids=done, attempt=attempt, commits=partial, cause=cause)
         self._close_epoch_if_complete(now_ms, out)

@@ -22,7 +22,8 @@ Shard state machine (per shard, per epoch)::
 
 * ``attempt`` counts returns to TODO, so (epoch, shard, attempt) names one
   grant; a report about an older attempt is ignored, which makes duplicate
-  and late deliveries harmless.
+  and late deliveries harmless. An epoch run again after a rewind starts its
+  attempts above every earlier grant (``attempt_base``), so the name stays unique.
 * Progress is kept per sample: APPLIED records samples whose training update
   is in the model (with the seq that recorded them); a shard is DONE once
   every sample is. A shard that returns to TODO keeps its applied samples,
@@ -135,6 +136,11 @@ class JobState:
     slots: list[Slot] = field(default_factory=list)
     held: dict[str, set[int]] = field(default_factory=dict)
     quotas: dict[str, int] = field(default_factory=dict)
+    #: The attempt every shard starts an epoch at. A rewind into an earlier epoch raises it past every
+    #: attempt granted so far, so (epoch, shard, attempt) names one grant even when an epoch runs again.
+    attempt_base: int = 0
+    #: The highest attempt granted so far in the job: what such a rewind must go past.
+    attempt_high: int = 0
     todo_count: int = 0
     #: update_id -> seq of its APPLIED, this epoch: a redelivered commit of an update is recognised.
     updates: dict[str, int] = field(default_factory=dict)
@@ -194,7 +200,7 @@ class JobState:
             self.job_id, self.dataset, self.epoch, self.finished, self.writer_epoch, self.writer, self.last_seq,
             self.epoch_opened_seq, tuple(astuple(s) for s in self.slots),
             {w: frozenset(s) for w, s in self.held.items() if s}, dict(self.quotas), dict(self.updates),
-            dict(self.rewinds),
+            dict(self.rewinds), self.attempt_base, self.attempt_high,
         )
 
     # ------------------------------------------------------------ mutations used by handlers
@@ -246,7 +252,8 @@ class JobState:
         return ShardSnapshot(
             job_id=self.job_id, seq=self.last_seq, writer_epoch=self.writer_epoch, writer=self.writer, dataset=self.dataset,
             epoch=self.epoch, finished=self.finished, shards=entries, quotas=dict(self.quotas),
-            epoch_opened_seq=self.epoch_opened_seq, rewinds=dict(self.rewinds), log_offset=log_offset, timestamp=now,
+            epoch_opened_seq=self.epoch_opened_seq, rewinds=dict(self.rewinds), attempt_base=self.attempt_base,
+            attempt_high=self.attempt_high, log_offset=log_offset, timestamp=now,
         )
 
     @classmethod
@@ -255,6 +262,7 @@ class JobState:
         state._open_epoch(snapshot.epoch, snapshot.epoch_opened_seq)
         state.finished, state.last_seq, state.quotas = snapshot.finished, snapshot.seq, dict(snapshot.quotas)
         state.rewinds = dict(snapshot.rewinds)
+        state.attempt_base, state.attempt_high = snapshot.attempt_base, snapshot.attempt_high
         for entry in snapshot.shards:
             slot = state.slots[entry.shard_id]
             if entry.state is not ShardState.TODO:
@@ -282,7 +290,7 @@ def _dataset_defined(state: JobState, event: ShardLogEvent) -> None:
 
 
 def _epoch_opened(state: JobState, event: ShardLogEvent) -> None:
-    state._open_epoch(event.epoch, event.seq)
+    state._open_epoch(event.epoch, event.seq, attempt=state.attempt_base)
 
 
 def _granted(state: JobState, event: ShardLogEvent) -> None:
@@ -290,6 +298,7 @@ def _granted(state: JobState, event: ShardLogEvent) -> None:
     state._leave_todo(slot)
     slot.state, slot.worker, slot.lease_ms = ShardState.DOING, event.worker_id, to_ms(event.lease_expires)
     slot.started, slot.attempt, slot.reason = False, event.attempt, None
+    state.attempt_high = max(state.attempt_high, event.attempt or 0)
     state.held.setdefault(event.worker_id, set()).add(event.shard_id)
 
 
@@ -375,7 +384,8 @@ def _rewound(state: JobState, event: ShardLogEvent) -> None:
                 slot.rewound_below = slot.attempt
         state.finished = False
         return
-    state._open_epoch(event.epoch, event.seq, done=set(event.shard_ids), attempt=event.attempt or 0, partial=event.commits)
+    state.attempt_base = event.attempt or 0
+    state._open_epoch(event.epoch, event.seq, done=set(event.shard_ids), attempt=state.attempt_base, partial=event.commits)
 
 
 _HANDLERS = {

@@ -212,6 +212,45 @@ def test_rewind_across_epochs_uses_the_folded_target():
     assert fold(JOB, log + outcome.events).logical_view() == core.state.logical_view()
 
 
+def test_an_epoch_run_again_after_a_rewind_names_its_grants_afresh():
+    """A worker that trained an epoch-1 grant before the rewind must not take the re-run's grant for the same one."""
+    core, log = new_core(dataset(size=200, shard_size=100, epochs=3), quota=2)
+    shards = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards
+    log += core.on_progress(report(K.DONE, "w1", 0, shard_id=shards[0].shard_id), 0).events
+    checkpoint = core.on_progress(report(K.CHECKPOINT, "w1", 0), 0)
+    log += checkpoint.events
+    log += core.on_progress(report(K.DONE, "w1", 0, shard_id=shards[1].shard_id), 0).events
+    first_run = core.on_progress(report(K.REQUESTED, "w1", 1), 0)
+    log += first_run.events
+    before = {(s.shard_id, s.attempt) for s in first_run.assignment.shards}
+    version = checkpoint.assignment.version
+    rewound = core.rewind(report(K.REWIND, "w1", 1, version=version), 0, fold(JOB, [e for e in log if e.seq <= version]))
+    log += rewound.events
+    remaining = core.on_progress(report(K.REQUESTED, "w1", 0), 0)
+    log += remaining.events
+    log += core.on_progress(report(K.DONE, "w1", 0, shard_id=remaining.assignment.shards[0].shard_id), 0).events
+    second_run = core.on_progress(report(K.REQUESTED, "w1", 1), 0)
+    log += second_run.events
+    again = {(s.shard_id, s.attempt) for s in second_run.assignment.shards}
+    assert core.state.epoch == 1 and {shard for shard, _ in again} == {shard for shard, _ in before}
+    assert again.isdisjoint(before)
+    assert fold(JOB, log).logical_view() == core.state.logical_view()
+
+
+def test_a_rewound_epoch_still_gives_a_shard_max_attempts_tries():
+    core, log = new_core(dataset(size=200, shard_size=100, epochs=2, max_attempts=2), quota=2)
+    shards = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards
+    log += core.on_progress(report(K.DONE, "w1", 0, shard_id=shards[0].shard_id), 0).events
+    checkpoint = core.on_progress(report(K.CHECKPOINT, "w1", 0), 0)
+    log += checkpoint.events
+    log += core.on_progress(report(K.DONE, "w1", 0, shard_id=shards[1].shard_id), 0).events
+    version = checkpoint.assignment.version
+    core.rewind(report(K.REWIND, "w1", 1, version=version), 0, fold(JOB, [e for e in log if e.seq <= version]))
+    shard = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards[0]
+    failed = core.on_progress(report(K.FAILED, "w1", 0, shard_id=shard.shard_id, error="x"), 0)
+    assert transitions(failed.events) == [T.FAILED]  # the first failure of this run, not the shard's last try
+
+
 def test_rewind_to_an_unknown_version_is_rejected():
     core, _ = new_core(dataset())
     with pytest.raises(ProgressRejected, match="does not exist"):
@@ -234,6 +273,7 @@ def test_snapshot_round_trip_preserves_the_state():
     shards = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards
     core.on_progress(report(K.DONE, "w1", 0, shard_id=shards[0].shard_id), 0)
     core.on_progress(report(K.FAILED, "w1", 0, shard_id=shards[1].shard_id, error="x"), 0)
+    core.state.attempt_base, core.state.attempt_high = 2, 3  # as a rewind into an earlier epoch leaves them
     from antdt.schemas.codec import SingleObjectCodec
     from antdt.schemas.types import utc_now
 

@@ -7,8 +7,10 @@ hard way (close without a word) and start a new one from its checkpoints.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import traceback
 from contextlib import ExitStack
 
 import pytest
@@ -73,8 +75,16 @@ def run_workers(settings, addresses, source, count: int, pace_s: float = 0.0, du
     deadline = time.monotonic() + 120
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
-    assert not any(thread.is_alive() for thread in threads), f"a worker did not finish: {unfinished(settings)}"
+    stuck = [thread for thread in threads if thread.is_alive()]
+    assert not stuck, f"a worker did not finish: {unfinished(settings)}\n{stacks(stuck)}"
     return trained
+
+
+def stacks(threads) -> str:
+    """Where each stuck thread is, so a hang in CI says where it hangs."""
+    frames = sys._current_frames()
+    return "\n".join(f"{thread.name}:\n{''.join(traceback.format_stack(frames[thread.ident]))}"
+                     for thread in threads if thread.ident in frames)
 
 
 def unfinished(settings) -> str:
