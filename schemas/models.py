@@ -12,7 +12,6 @@ meaningless record is rejected at decode time and dead-lettered.
 
 from __future__ import annotations
 
-from datetime import datetime
 from enum import Enum
 from typing import Annotated, ClassVar
 
@@ -285,6 +284,7 @@ class DatasetSpec(AvroRecord):
     shuffle_seed: Long
     max_attempts: Positive32
     lease_s: Annotated[float, AvroType("double"), Field(gt=0, allow_inf_nan=False)]
+    owners: list[Name] = Field(default_factory=list)
 
     @property
     def shard_count(self) -> int:
@@ -297,6 +297,10 @@ class DatasetSpec(AvroRecord):
         if not 1 <= shards <= size:
             raise ValueError(f"shards must be between 1 and the dataset size ({size}), got {shards}")
         return cls(name=name, size=size, shard_size=-(-size // shards), **fields)
+
+    def owner_of(self, shard_id: int) -> str | None:
+        """The worker a shard belongs to under static assignment (``owners``), or None: any worker may take it."""
+        return self.owners[shard_id % len(self.owners)] if self.owners else None
 
 
 class ShardCommit(AvroRecord):

@@ -259,18 +259,20 @@ class Agent:
     def iterate(self, iterable: Iterable) -> Iterator:
         """Yield from ``iterable``, booking the time to get each item as data wait.
 
+        Time the iterable books as synchronisation itself (a sharded dataset
+        waiting for the others at an epoch's end) is not counted twice.
         Tagged items (from a :class:`ShardedDataset`, one sample or a batch)
         are yielded without their tags, which are kept for the next commit.
         """
         iterator = iter(iterable)
         while True:
-            started = time.perf_counter()
+            started, synced = time.perf_counter(), self._sync_wait
             try:
                 item = next(iterator)
             except StopIteration:
                 return
             finally:
-                self._data_wait += time.perf_counter() - started
+                self._data_wait += time.perf_counter() - started - (self._sync_wait - synced)
             yield self.untag(item)
 
     def untag(self, item):
@@ -321,6 +323,7 @@ class Agent:
 
         client = self.shard_client
         client.dataset = dataset_spec
+        options.setdefault("waiting_for_others", self.sync_wait)
         dataset = ShardedDataset(source, dataset_spec, settings=self.settings, job_id=self.spec.job_id,
                                  worker_id=self.spec.worker_id, quota=self.shard_quota, client=client, **options)
         self.on_shard_quota(lambda quota: setattr(dataset, "quota", quota))

@@ -11,7 +11,9 @@ may be obeyed:
    "stale epoch": a fenced controller);
 4. it has not expired (else REJECTED "expired");
 5. its id was not seen before (else REJECTED "duplicate": a replay);
-6. it is not a dry run (else IGNORED: published for audit only).
+6. it is not a dry run (else IGNORED: published for audit only), nor a
+   placement hint for the orchestrator (MARK_NODE_DEGRADED: IGNORED, the
+   agent has nothing to do about its node).
 
 Every rejection is counted by reason. :class:`CommandListener` reads the
 worker's own partition of ``controller.commands`` (manual assignment, no
@@ -37,7 +39,7 @@ from antdt.bus.markers import marker_id
 from antdt.bus.readers import decode_or_deadletter, follow_key, poll_batch
 from antdt.bus.watch import Rewinder, shared_watch
 from antdt.schemas.codec import Codec
-from antdt.schemas.models import AckStatus, MitigationCommand
+from antdt.schemas.models import AckStatus, CommandAction, MitigationCommand
 from antdt.settings import Settings
 from antdt.signing import verify
 from antdt.topics import topic_spec, worker_key
@@ -91,6 +93,8 @@ class CommandVerifier:
         self._remember(command)
         if command.dry_run:
             return Verdict(AckStatus.IGNORED, "dry run")
+        if command.action is CommandAction.MARK_NODE_DEGRADED:
+            return Verdict(AckStatus.IGNORED, "a placement hint for the orchestrator")
         return ACCEPT
 
     def _remember(self, command: MitigationCommand) -> None:

@@ -69,6 +69,15 @@ class Committer:
         seq = self.client.commit(epoch, commits, update_id=update_id, step=step)
         return PendingUpdate(update_id, seq, epoch, tuple(commits))
 
+    def resend(self, pending: PendingUpdate, step: int | None = None) -> PendingUpdate:
+        """Ask again for an update whose answer never came (lost on the bus): same update, a new request.
+
+        The sharder knows the update by its id, so one recorded already is
+        only answered again, never recorded twice.
+        """
+        seq = self.client.commit(pending.epoch, list(pending.commits), update_id=pending.update_id, step=step)
+        return PendingUpdate(pending.update_id, seq, pending.epoch, pending.commits)
+
     def settle(self, pending: PendingUpdate, answer: ShardAssignment) -> bool:
         """True if the update was recorded; on a refusal its grants are revoked and False returned."""
         if answer.status is not AssignmentStatus.REFUSED:

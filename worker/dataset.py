@@ -49,6 +49,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -71,18 +72,25 @@ class ShardedDataset(IterableDataset):
 
     def __init__(self, source: Sequence, spec: DatasetSpec, *, settings: Settings, job_id: str, worker_id: str,
                  quota: int = 2, shuffle: bool = True, request_timeout_s: float = 10.0, wait_s: float = 0.02,
-                 prefetch: bool = True, client: ShardClient | None = None, sharder_timeout_s: float = 120.0):
+                 prefetch: bool = True, client: ShardClient | None = None, sharder_timeout_s: float = 120.0,
+                 waiting_for_others=None):
         """``client``: the process's sharder client to share (the agent's), else one is made per process.
 
         ``sharder_timeout_s``: how long the sharder may stay silent (each
         request timing out after ``request_timeout_s`` and asked again, as
         while it restarts) before iterating raises :class:`NoAnswer`.
+
+        ``waiting_for_others``: a context manager factory that books the time
+        the sharder has nothing for this worker (others hold the epoch's last
+        shards) as waiting for them, not for data (the agent's ``sync_wait``):
+        a worker idle at an epoch's end is not slow.
         """
         if len(source) != spec.size:
             raise ValueError(f"the dataset has {len(source)} samples but the spec says {spec.size}")
         self.source, self.spec, self.settings = source, spec, settings
         self.job_id, self.worker_id = job_id, worker_id
         self._quota, self._woken = quota, threading.Event()
+        self._waiting_for_others = waiting_for_others
         self.shuffle, self.prefetch = shuffle, prefetch
         #: True while the sharder has nothing for this worker yet (others hold the epoch's last shards).
         self.waiting = False
@@ -216,7 +224,8 @@ class ShardedDataset(IterableDataset):
                     return  # nothing for us now: the consumer trains and commits what it has, then comes back
                 self.waiting = asked > 0  # (an answer to a request for nothing says nothing about shards)
                 self._woken.clear()
-                self._woken.wait(pause_s if asked else IDLE_POLL_S)  # WAIT: others hold the epoch's last shards
+                with self._waiting_for_others() if self._waiting_for_others else nullcontext():
+                    self._woken.wait(pause_s if asked else IDLE_POLL_S)  # WAIT: others hold the epoch's last shards
                 pause_s = min(2 * pause_s, max(MAX_WAIT_S, self.wait_s))
                 continue
             self.waiting, pause_s = False, self.wait_s
@@ -282,6 +291,7 @@ class ShardedDataset(IterableDataset):
         state["_client"] = None  # a Kafka client does not cross a process boundary
         state["_owns_client"] = True
         state["_woken"] = None  # nor does an Event: each process gets its own
+        state["_waiting_for_others"] = None  # a loader process books into no agent
         return state
 
     def __setstate__(self, state: dict) -> None:

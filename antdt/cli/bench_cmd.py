@@ -3,7 +3,9 @@
 Plans, in order: static sharding with BSP (the baseline), dynamic sharding
 alone (parameter server), antdt with AntDT-ND (parameter server), antdt with
 AntDT-DD (all-reduce, batches sized in-band every step); on request also
-``dd-commands`` (AntDT-DD sized by the controller's commands). For each: wall time, the ideal time (total work / the
+``static-async`` (parameter server, each worker its own shards: the baseline
+of asynchronous training when static BSP is not run) and ``dd-commands``
+(AntDT-DD sized by the controller's commands). For each: wall time, the ideal time (total work / the
 workers' summed speed), efficiency = ideal / wall, the speedup over the
 baseline, the shared model's held-out loss and accuracy, and whether the
 model's ledger shows every sample exactly once (and agrees with the log's
@@ -31,11 +33,13 @@ from antdt.errors import AntdtError
 from antdt.shutdown import interrupt_on_sigterm
 
 ALL_PLANS = "static-bsp,dynamic,nd,dd"
+#: The plan speedups are measured against: the first of these that was run.
+BASELINES = ("static-bsp", "static-async")
 
 
 def bench(
     scenario: str = typer.Option("standard", "--scenario", help=SCENARIO_HELP),
-    plans: str = typer.Option(ALL_PLANS, "--plans", help=f"Comma-separated subset of {ALL_PLANS}, dd-commands."),
+    plans: str = typer.Option(ALL_PLANS, "--plans", help=f"Comma-separated subset of {ALL_PLANS}, static-async, dd-commands."),
     workers: int | None = typer.Option(None, "--workers", min=2, max=64, help="Run this many of the scenario's workers."),
     repeat: int = typer.Option(1, "--repeat", min=1, max=50, help="Run each plan this many times."),
     json_: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
@@ -60,7 +64,7 @@ def bench(
     with interrupt_on_sigterm():
         outcomes = {name: run_repeatedly(chosen, PLANS[name], out_dir / name, repeat, console) for name in names}
     medians = [median_run(runs) for runs in outcomes.values() if median_run(runs) is not None]
-    baseline = next((r for r in medians if r.plan.name == "static-bsp"), None)
+    baseline = next((r for name in BASELINES for r in medians if r.plan.name == name), None)
     files = write_report(medians, out_dir, baseline) if medians else []
     figures = [plan_figures(name, runs, baseline) for name, runs in outcomes.items()]
     if json_:
@@ -135,6 +139,10 @@ def run_figures(result, baseline) -> dict:
                               if w in {spec.name for spec in result.scenario.workers}},
         "loss_gap_to_baseline": None if gap is None else {"largest": round(gap[0], 4), "after_global_batches": gap[1]},
         "restarts": result.restarts, "audit_clean": result.audit_ok, "ledger": result.ledger.to_dict(),
+        "moves": [{"t": round(m.t, 2), "process": m.process, "from": m.source, "to": m.target, "reason": m.reason,
+                   "onto_healthy": m.helped and result.scenario.node(m.target).healthy_at(m.t)} for m in result.moves],
+        "slow_hardware_restarted": sorted({m.process for m in result.moves
+                                           if result.scenario.node(result.scenario.home(m.process)).speed < 1}),
         "heldout_loss": None if result.heldout is None else round(result.heldout[0], 4),
         "heldout_accuracy": None if result.heldout is None else round(result.heldout[1], 4),
         "job_id": result.job_id, "mean_worker_s": time_split(result), "per_worker_s": worker_splits(result),

@@ -37,7 +37,10 @@ def load_scenario(scenario: str, workers: int | None) -> Scenario:
         loaded = Scenario.load(scenario)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--scenario'") from None
-    return loaded.with_workers(workers) if workers else loaded
+    try:
+        return loaded.with_workers(workers) if workers else loaded
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--workers'") from None
 
 
 def default_out(kind: str) -> Path:

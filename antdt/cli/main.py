@@ -7,6 +7,8 @@ exits 1. Only bugs keep their traceback.
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 
 import typer
@@ -84,8 +86,29 @@ def run(argv: list[str] | None = None) -> int:
     except AntdtError as exc:
         code = fail(str(exc), 1)
     if argv is None:
+        if code:
+            _exit_now(code)
         sys.exit(code)
     return code
+
+
+def _exit_now(code: int) -> None:
+    """End a failed process without the interpreter's teardown.
+
+    A command that fails early (the bus refused its credentials) may leave
+    Kafka clients whose native threads are still running; tearing the
+    interpreter down under them can crash the process (SIGABRT, "corrupted
+    double-linked list") after the one-line error was printed, so the exit
+    code would lie. Output and logs are flushed first; the clients die with
+    the process, as they would have anyway.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

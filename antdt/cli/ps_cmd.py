@@ -29,7 +29,7 @@ def ps(
     log_level: str = typer.Option("INFO", help="Logging level."),
 ) -> None:
     """Serve one shard of a job's model to asynchronous workers (ANTDT_JOB_ID names the job)."""
-    from antdt.worker.ps.server import ParameterServer, ServerSpec
+    from antdt.worker.ps.server import ServerSpec
 
     if shard >= shards:
         raise typer.BadParameter(f"shard {shard} of {shards}: shards are numbered from 0", param_hint="'--shard'")
@@ -38,13 +38,20 @@ def ps(
     spec = ServerSpec(job_id=settings.job_id, checkpoint_dir=checkpoint_dir, shard=shard, shards=shards, port=port,
                       out_dir=out, lr=lr, momentum=momentum, checkpoint_every_s=checkpoint_every,
                       max_staleness=max_staleness)
+    serve(settings, spec, http_port)
+
+
+def serve(settings, spec, http_port: int) -> None:
+    """Run the shard until a signal; a RESTART or EVICT for it ends the process with the agent's exit code."""
+    from antdt.worker.ps.server import ParameterServer
+
     server = ParameterServer(settings, spec)
     health = HealthServer(http_port, lambda: True).start() if http_port else None
     try:
         with stop_on_signals() as stop:
             server.start()
             typer.echo(f"parameter server {spec.name} of job {spec.job_id} on port {server.port} "
-                       f"({shards} shard(s), checkpoints in {checkpoint_dir})", err=True)
+                       f"({spec.shards} shard(s), checkpoints in {spec.checkpoint_dir})", err=True)
             server.run(stop)
     finally:
         if health:

@@ -9,6 +9,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from antdt.demo.placement import node_at
 from antdt.demo.scenario import Scenario
 from antdt.demo.timeline import Timeline
 
@@ -49,7 +50,8 @@ class Dashboard:
             track = tracks.get(spec.name)
             if track is None:
                 continue
-            nominal = self.scenario.speed_at(rank, elapsed_s) / self.scenario.base_rate
+            node = node_at(self.scenario, spec.name, list(timeline.moves), elapsed_s)
+            nominal = self.scenario.node_speed(node, elapsed_s) / self.scenario.base_rate
             verdict = f"[red]{escape(track.verdict)}[/red]" if "straggler" in track.verdict else escape(track.verdict)
             workers.add_row(spec.name, f"{nominal:.2f}x", f"{track.throughput:.0f}", str(track.batch_size or "-"),
                             str(track.held), f"{track.samples:,}", verdict)

@@ -30,6 +30,7 @@ from pathlib import Path
 from antdt.demo.chaos import Chaos, Kill
 from antdt.demo.evaluation import Evaluator, from_file, from_servers
 from antdt.demo.handshake import done_file, give_start, ready_file
+from antdt.demo.placement import Move, Placement
 from antdt.demo.plans import RunPlan
 from antdt.demo.pool import WorkerPool
 from antdt.demo.scenario import Scenario
@@ -53,15 +54,16 @@ class RunResult:
     wall_s: float
     ideal_s: float
     samples: int
-    restarts: int
+    restarts: int  # workers started again (a RESTART, an EVICT, a chaos kill), and servers the controller replaced
     timeline: Timeline
-    audit: dict | None = None  # the sharder log's audit (dynamic sharding), None without a sharder
+    audit: dict | None = None  # the sharder log's audit, None without a sharder
     kills: list[Kill] = field(default_factory=list)  # what a chaos run killed, and when each came back
     ledger: LedgerCheck = field(default_factory=LedgerCheck)
     heldout: tuple[float, float] | None = None  # (loss, accuracy) of the final model
     loss_curve: list[tuple[float, float, float]] = field(default_factory=list)  # (s, loss, accuracy)
     service_exits: list[tuple[str, int]] = field(default_factory=list)  # services that died by themselves (restarted)
     loss_per_step: list[tuple[int, float]] = field(default_factory=list)  # sync: (full-batch steps trained, the loss)
+    moves: list[Move] = field(default_factory=list)  # where the orchestrator placed replaced processes, and why
 
     @property
     def efficiency(self) -> float:
@@ -96,14 +98,16 @@ def run_plan(
     ideal = scenario.ideal_time_s()
     timeout_s = timeout_s or 60 + 8 * ideal * max(1.0, len(names) * min(w.speed for w in scenario.workers))
     with ExitStack() as stack:
-        wanted = wanted_services(plan, scenario, run_dir, LR)
-        services = Services(stack, settings, run_dir / "logs").start(wanted)
-        servers = server_addresses(wanted)
         handshake = run_dir / f"handshake-{job_id}"
         handshake.mkdir()
         timeline = stack.enter_context(Timeline(settings, job_id, names))
+        placement = Placement(scenario)
+        wanted = wanted_services(plan, scenario, run_dir, LR, scenario_path, handshake)
+        services = Services(stack, settings, run_dir / "logs", placement, timeline.now).start(wanted)
+        servers = server_addresses(wanted)
         pool = WorkerPool(scenario_path, scenario, plan, handshake, settings, run_dir, servers,
-                          restart_failed=chaos is not None).start()
+                          restart_failed=chaos is not None, placement=placement,
+                          clock=timeline.now).start()
         stack.callback(pool.close)
         _wait_for(lambda: all(ready_file(handshake, r).exists() for r in range(len(names))), pool, 180.0,
                   "workers ready")
@@ -114,8 +118,13 @@ def run_plan(
                               clock=lambda: time.time() - start).start()
         deadline = time.monotonic() + timeout_s
         while not pool.all_finished:
+            for node in timeline.degraded():
+                placement.mark_degraded(node)
+            moves = len(placement.moves)
             pool.supervise()
             services.supervise(restart=chaos is not None)
+            for move in placement.moves[moves:]:
+                timeline.add_move(move)
             if chaos is not None:
                 chaos.tick(time.time() - start, pool, services, timeline)
             if on_tick is not None:
@@ -133,11 +142,12 @@ def run_plan(
         _settle(timeline, samples)
         if on_tick is not None:
             on_tick(timeline, wall)
-    report = _audit(settings, job_id, run_dir) if plan.sharding == "dynamic" else None
-    return RunResult(plan, scenario, job_id, wall, ideal, samples, pool.restarts, timeline,
+    report = _audit(settings, job_id, run_dir) if plan.uses_sharder else None
+    server_restarts = sum(1 for move in placement.moves if move.process in scenario.server_names)
+    return RunResult(plan, scenario, job_id, wall, ideal, samples, pool.restarts + server_restarts, timeline,
                      None if report is None else report.to_dict(), chaos.kills if chaos is not None else [],
                      check_ledgers(run_dir, report), heldout, evaluator.curve, services.exits,
-                     loss_per_step(run_dir, scenario) if plan.training == "sync" else [])
+                     loss_per_step(run_dir, scenario) if plan.training == "sync" else [], list(placement.moves))
 
 
 def loss_per_step(run_dir: Path, scenario: Scenario) -> list[tuple[int, float]]:

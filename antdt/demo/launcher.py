@@ -1,6 +1,6 @@
 """Starting demo worker processes from a fork server that has torch imported already.
 
-Every worker is a process of its own, as on a real cluster. Importing torch
+Every worker (and parameter-server shard) is a process of its own, as on a real cluster. Importing torch
 takes a couple of CPU-seconds, and a synchronous group that restarts after a
 failure starts all its ranks at once: on a small machine eight imports in
 parallel cost ten seconds that say nothing about antdt. A fork server
@@ -16,6 +16,7 @@ code does not care how it was started.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import sys
@@ -27,7 +28,9 @@ _CONTEXT = None
 #: that building an optimizer imports, above all: a second each otherwise).
 PRELOAD = ["torch", "torch._dynamo", "torch.optim", "antdt.demo.trainer", "antdt.demo.training_async",
            "antdt.demo.training_sync", "antdt.worker.dataset", "antdt.worker.resources", "antdt.worker.ps.client",
-           "antdt.worker.commits"]
+           "antdt.worker.commits", "antdt.demo.server_node", "antdt.worker.ps.server", "antdt.cli.ps_cmd"]
+#: What a forked process runs: a module whose ``forked(argv)`` returns the exit code.
+TRAINER, SERVER = "antdt.demo.trainer", "antdt.demo.server_node"
 
 
 def _context():
@@ -38,7 +41,7 @@ def _context():
     return _CONTEXT
 
 
-def _child(argv: list[str], env: dict[str, str], log_path: str) -> None:
+def _child(entry: str, argv: list[str], env: dict[str, str], log_path: str) -> None:
     os.environ.clear()
     os.environ.update(env)
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -46,16 +49,15 @@ def _child(argv: list[str], env: dict[str, str], log_path: str) -> None:
     os.dup2(fd, 2)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
-    from antdt.demo.trainer import parse_args, run
-
-    sys.exit(run(parse_args(argv)))
+    sys.exit(importlib.import_module(entry).forked(argv))
 
 
 class WorkerProcess:
-    """A forked demo worker, with the parts of the Popen interface the harness uses."""
+    """A forked demo process (a worker, or a parameter-server shard), with the parts of the Popen interface
+    the harness uses."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path):
-        self._process = _context().Process(target=_child, args=(argv, env, str(log_path)), daemon=False)
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, entry: str = TRAINER):
+        self._process = _context().Process(target=_child, args=(entry, argv, env, str(log_path)), daemon=False)
         self._process.start()
 
     @property
@@ -84,6 +86,10 @@ class WorkerProcess:
     def terminate(self) -> None:
         if self._process.exitcode is None:
             self._process.terminate()
+
+    def send_signal(self, sig: int) -> None:
+        if self._process.exitcode is None:
+            os.kill(self._process.pid, sig)
 
 
 def warm_up(timeout_s: float = 120.0) -> float:

@@ -21,10 +21,11 @@ from antdt.demo.scenario import Scenario
 
 
 class Pacer:
-    """Makes worker ``rank``'s steps last as long as the scenario says."""
+    """Makes worker ``rank``'s steps last as long as the scenario says on the node it runs on."""
 
-    def __init__(self, scenario: Scenario, rank: int, start_wall: float):
+    def __init__(self, scenario: Scenario, rank: int, start_wall: float, node: str | None = None):
         self.scenario, self.rank, self.start_wall = scenario, rank, start_wall
+        self.node = scenario.node(node or scenario.home(scenario.workers[rank].name))
         self._burn = torch.ones(64, 64)
 
     def now_s(self) -> float:
@@ -35,11 +36,11 @@ class Pacer:
         """Hold until the step that began at ``started_s`` (run time) has lasted what the scenario says."""
         if samples <= 0:
             return
-        target = self.scenario.step_s(self.rank, started_s, samples)
+        target = self.scenario.step_s(self.rank, started_s, samples, self.node.name)
         remaining = started_s + target - self.now_s()
         if remaining <= 0:
             return
-        episode = self.scenario.workers[self.rank].episode_at(started_s)
+        episode = self.node.episode_at(started_s)
         if episode is not None and episode.cause == "cpu":
             self._busy_until(time.perf_counter() + remaining)
         else:

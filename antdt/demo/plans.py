@@ -3,6 +3,7 @@
 | plan | training | sharding | policy |
 |---|---|---|---|
 | ``static-bsp`` | synchronous (BSP), all-reduce | static slices | none: the baseline |
+| ``static-async`` | asynchronous, parameter server | static: each worker its own shards | none: a plain PS job |
 | ``dynamic`` | asynchronous, parameter server | dynamic shards | none |
 | ``nd`` | asynchronous, parameter server | dynamic shards | AntDT-ND |
 | ``dd`` | synchronous, all-reduce | dynamic shards | AntDT-DD, batches sized in-band every step |
@@ -27,18 +28,29 @@ class RunPlan:
     sharding: str  # "dynamic" or "static"
     policy: str | None  # a controller policy, or None for no controller
     sizing: str = "commands"  # sync: "in-band" sizes the local batches at every step (antdt.sizing.inband)
+    #: Monitor settings the plan runs with on every scenario (printed in the report with the scenario's own).
+    monitor: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def uses_sharder(self) -> bool:
+        """Dynamic sharding, and every parameter-server plan: the servers apply what the shard log commits."""
+        return self.sharding == "dynamic" or self.training == "async"
 
     @property
     def label(self) -> str:
-        return {"static-bsp": "static sharding, BSP (baseline)", "dynamic": "dynamic sharding only (PS)",
+        return {"static-bsp": "static sharding, BSP (baseline)", "static-async": "static sharding (PS)",
+                "dynamic": "dynamic sharding only (PS)",
                 "nd": "antdt, AntDT-ND (PS)", "dd": "antdt, AntDT-DD",
                 "dd-commands": "antdt, AntDT-DD by commands"}.get(self.name, self.name)
 
 
 PLANS = {
     "static-bsp": RunPlan("static-bsp", "sync", "static", None),
+    "static-async": RunPlan("static-async", "async", "static", None),
     "dynamic": RunPlan("dynamic", "async", "dynamic", None),
-    "nd": RunPlan("nd", "async", "dynamic", "antdt-nd"),
+    # The runs last about a minute: a straggler 10 s old is persistent on that scale (the default, 30 s, suits
+    # jobs of hours), so a persistent one is moved while moving it still pays.
+    "nd": RunPlan("nd", "async", "dynamic", "antdt-nd", monitor=(("persistent_s", "10"),)),
     "dd": RunPlan("dd", "sync", "dynamic", "antdt-dd", "in-band"),
     "dd-commands": RunPlan("dd-commands", "sync", "dynamic", "antdt-dd"),
 }
@@ -55,4 +67,4 @@ def demo_plan(scenario: Scenario, policy: str | None) -> RunPlan:
         return RunPlan("dynamic" if training == "async" else "sync-dynamic", training, "dynamic", None)
     own = PLANS[chosen].training == training  # the policy's own mode: its bench plan, sizing included
     return RunPlan(chosen if own else f"{chosen}-on-{scenario.mode.value}", training, "dynamic", f"antdt-{chosen}",
-                   PLANS[chosen].sizing if own else "commands")
+                   PLANS[chosen].sizing if own else "commands", PLANS[chosen].monitor)

@@ -4,8 +4,11 @@ Workers are forked from a fork server that has torch imported
 (:mod:`antdt.demo.launcher`), so starting (or restarting) them costs no
 import time.
 
-Asynchronous runs: a worker that exits with EXIT_RESTART is started again
-(and, in chaos runs, so is one that died any other way); the others train on.
+Asynchronous runs: a worker that exits with EXIT_RESTART or EXIT_EVICTED
+(the controller replaced it) is started again on the node
+:class:`~antdt.demo.placement.Placement` picks, as the Kubernetes
+remediation would; in chaos runs, one that died any other way is started
+again where it was. The others train on.
 Synchronous runs: a rank that dies takes the step's collective with it, so,
 as torchelastic does, every rank is stopped and a new generation of the
 whole group is started; it resumes from the last checkpoint. Outside chaos
@@ -18,23 +21,26 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from antdt.demo.handshake import done_file
 from antdt.demo.launcher import WorkerProcess
 from antdt.demo.phases import Phase, read_phase
+from antdt.demo.placement import REPLACED, Placement
 from antdt.demo.plans import RunPlan
 from antdt.demo.scenario import Scenario
 from antdt.errors import AntdtError
 from antdt.launch import settings_env
 from antdt.settings import Settings
-from antdt.worker.agent import EXIT_RESTART
 
 
 class WorkerPool:
     def __init__(self, scenario_path: Path, scenario: Scenario, plan: RunPlan, handshake: Path, settings: Settings,
-                 run_dir: Path, servers: list[str] = (), restart_failed: bool = False):
+                 run_dir: Path, servers: list[str] = (), restart_failed: bool = False, placement: Placement | None = None,
+                 clock: Callable[[], float] = lambda: 0.0):
         self.scenario_path, self.scenario, self.plan = scenario_path, scenario, plan
+        self.placement, self.clock = placement or Placement(scenario), clock
         self.handshake, self.settings, self.run_dir = handshake, settings, run_dir
         self.log_dir = run_dir / "logs"
         self.servers = list(servers)
@@ -51,9 +57,10 @@ class WorkerPool:
 
     def _launch(self, rank: int) -> None:
         worker = self.scenario.workers[rank]
+        node = self.placement.where[worker.name]
         env = {**os.environ, **settings_env(self.settings), "PYTHONUNBUFFERED": "1",
-               "ANTDT_WORKER_ID": worker.name, "ANTDT_NODE_ID": f"node-{worker.name}", "OMP_NUM_THREADS": "1"}
-        argv = ["--scenario", str(self.scenario_path), "--rank", str(rank), "--training", self.plan.training,
+               "ANTDT_WORKER_ID": worker.name, "ANTDT_NODE_ID": node, "OMP_NUM_THREADS": "1"}
+        argv = ["--scenario", str(self.scenario_path), "--rank", str(rank), "--node", node, "--training", self.plan.training,
                 "--sharding", self.plan.sharding, "--handshake", str(self.handshake), "--out", str(self.run_dir),
                 "--ps", ",".join(self.servers), "--generation", str(self.generation), "--sizing", self.plan.sizing]
         self.processes[rank] = WorkerProcess(argv, env, self.log_dir / f"worker-{worker.name}.log")
@@ -71,10 +78,13 @@ class WorkerPool:
             name = self.scenario.workers[rank].name
             if code == 0:
                 self.finished.add(rank)
-            elif not (code == EXIT_RESTART or self.restart_failed):
+                continue
+            if code in REPLACED:
+                self.placement.replace(name, self.clock(), REPLACED[code])
+            elif not self.restart_failed:
                 raise AntdtError(f"worker {name} (rank {rank}) exited with code {code}: {self._last_words(rank)}"
                                  f"{self._outside_the_collective()}\nits log ends:\n{self.log_tail(rank)}")
-            elif self.plan.training == "async":
+            if self.plan.training == "async":
                 self.restarts += 1
                 self._launch(rank)
             else:

@@ -1,8 +1,9 @@
 """The run's report: PNG plots and a Markdown summary, written where the user can open them.
 
 * ``throughput.png``: each worker's measured throughput over time, its
-  nominal speed from the scenario (dashed), and a marker for every verdict
-  (red) and command (green) that concerned it;
+  nominal speed from the scenario on the node it ran on (dashed), and a
+  marker for every verdict (red), command (green) and placement (blue) that
+  concerned it;
 * ``progress.png``: cumulative samples trained against the ideal (and, from
   ``antdt bench``, every plan on the same axes);
 * ``loss.png``: the shared model's held-out loss (and accuracy) over time,
@@ -21,7 +22,11 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 from antdt.demo.harness import RunResult  # noqa: E402
+from antdt.demo.placement import node_at  # noqa: E402
 from antdt.demo.services import service_settings  # noqa: E402
+
+
+MARKER_COLOURS = {"verdict": "red", "command": "green", "placement": "blue"}
 
 
 def save(figure, path: Path) -> Path:
@@ -53,7 +58,8 @@ def reactions(result: RunResult) -> list[dict]:
     rows = []
     markers = sorted(result.timeline.markers, key=lambda m: m.t)
     for worker in result.scenario.workers:
-        onsets = ([0.0] if worker.speed < 1 else []) + [e.start_s for e in worker.episodes if e.start_s < result.wall_s]
+        node = result.scenario.node(result.scenario.home(worker.name))
+        onsets = ([0.0] if node.speed < 1 else []) + [e.start_s for e in node.episodes if e.start_s < result.wall_s]
         mine = [m for m in markers if m.worker == worker.name]
         for onset in onsets:
             verdict = next((m.t for m in mine if m.kind == "verdict" and "straggler" in m.label and m.t >= onset), None)
@@ -113,10 +119,11 @@ def plot_throughput(result: RunResult, path: Path) -> Path:
         track = tracks.get(name)
         if track is not None and track.points:
             axis.plot([p.t for p in track.points], [p.samples_per_s for p in track.points], lw=1, label="measured")
-        axis.plot(grid, [scenario.speed_at(rank, t) for t in grid], ls="--", lw=0.8, color="grey", label="nominal")
+        nominal = [scenario.node_speed(node_at(scenario, name, result.moves, t), t) for t in grid]
+        axis.plot(grid, nominal, ls="--", lw=0.8, color="grey", label="nominal")
         for marker in result.timeline.markers:
             if marker.worker == name and 0 <= marker.t <= end * 1.05:
-                colour = "red" if marker.kind == "verdict" else "green"
+                colour = MARKER_COLOURS[marker.kind]
                 axis.axvline(marker.t, color=colour, lw=0.8, ls=":" if marker.kind == "command" else "-")
                 axis.annotate(marker.label, (marker.t, 0), xytext=(2, 2), textcoords="offset points", fontsize=6,
                               color=colour, rotation=90, va="bottom")
@@ -208,6 +215,15 @@ def results_table(results: list[RunResult], baseline: RunResult | None = None) -
     return lines
 
 
+def ideal_definition(scenario) -> str:
+    """What the ideal time means for this scenario, in the report's words."""
+    if scenario.nodes:
+        return ("the total work over the summed speed the cluster's hardware, spares included, could deliver at each "
+                "moment with the best placement (the parameter servers on healthy nodes, the workers on the fastest "
+                "of the rest; integrated over the episodes and noise)")
+    return "the total work over the workers' summed speed (integrated over the scenario's episodes and noise)"
+
+
 def write_summary(results: list[RunResult], out_dir: Path, images: list[Path], baseline: RunResult | None = None) -> Path:
     scenario = results[0].scenario
     lines = [f"# antdt run: {scenario.name}", "", scenario.description, "",
@@ -217,11 +233,10 @@ def write_summary(results: list[RunResult], out_dir: Path, images: list[Path], b
              "Each step is real torch work plus a calibrated pause to the scenario's speed "
              "(see antdt/demo/pacing.py). Every plan trains one shared model: asynchronous plans through "
              f"{scenario.parameter_servers} parameter-server shard(s), synchronous ones kept identical by the all-reduce.", "",
-             "| worker | speed | episodes |", "|---|---|---|"]
-    lines += [f"| {name} | {speed} | {episodes} |" for name, speed, episodes in scenario.summary_rows()]
+             "| node | starts with | hardware speed | episodes |", "|---|---|---|---|"]
+    lines += [f"| {node} | {who} | {speed} | {episodes} |" for node, who, speed, episodes in scenario.summary_rows()]
     lines += ["", "## Results", "", *results_table(results, baseline), "",
-              "Ideal time = total work / the workers' summed speed (integrated over the scenario's episodes and noise); "
-              "efficiency = ideal / wall time.", ""]
+              f"Ideal time: {ideal_definition(scenario)}; efficiency = ideal / wall time.", ""]
     for result in results:
         changed = "; ".join(f"{service}: " + ", ".join(f"{k}={v}" for k, v in values.items())
                             for service, values in service_settings(result.plan, result.scenario).items() if values)
@@ -245,6 +260,7 @@ def write_summary(results: list[RunResult], out_dir: Path, images: list[Path], b
             command = "no command" if row["command_after_s"] is None else f"command after {row['command_after_s']:.1f} s"
             lines.append(f"- {row['worker']} slowed at {row['onset_s']:g} s: {verdict}, {command}")
         lines.append("")
+        lines += [f"- placed again at {m.t:.1f} s: {m.describe()}" for m in result.moves]
         if result.timeline.commands:
             lines += ["| at | worker | command | acks |", "|---|---|---|---|"]
             lines += [f"| {c.t:.1f} s | {c.worker} | {c.text} | {c.acks_text()} |" for c in result.timeline.commands]

@@ -31,15 +31,16 @@ No schedule can train faster on these workers at that batch.
 from __future__ import annotations
 
 import json
+import functools
 import math
 import random
 from enum import Enum
 from pathlib import Path
-from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from antdt.demo.cluster import Episode, NodeSpec, best_speeds, check_apart
 from antdt.errors import ConfigError
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
@@ -56,41 +57,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Episode(_Strict):
-    """``start_s <= t < end_s``: the worker runs ``factor`` times slower, from a sleep or from CPU work."""
-
-    start_s: float = Field(ge=0)
-    end_s: float = Field(gt=0)
-    factor: float = Field(ge=1)
-    cause: Literal["sleep", "cpu"] = "sleep"
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Episode:
-        if self.end_s <= self.start_s:
-            raise ValueError(f"episode {self.start_s:g}-{self.end_s:g}: end must be after start")
-        return self
-
-    def covers(self, t: float) -> bool:
-        return self.start_s <= t < self.end_s
-
-
 class WorkerSpec(_Strict):
-    """One worker: its relative speed (1.0 = ``base_rate``) and straggler episodes."""
+    """One worker: the node it starts on, or (a scenario without nodes) its own speed and episodes."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    node: str | None = None
     speed: float = Field(1.0, gt=0)
     episodes: tuple[Episode, ...] = ()
 
     @model_validator(mode="after")
     def _apart(self) -> WorkerSpec:
-        ordered = sorted(self.episodes, key=lambda e: e.start_s)
-        for before, after in zip(ordered, ordered[1:]):
-            if after.start_s < before.end_s:
-                raise ValueError(f"worker {self.name}: episodes starting at {before.start_s:g} and {after.start_s:g} overlap")
+        if self.node is not None and (self.speed != 1.0 or self.episodes):
+            raise ValueError(f"worker {self.name} runs on node {self.node}: its speed and episodes belong to the node")
+        check_apart(f"worker {self.name}", self.episodes)
         return self
 
-    def episode_at(self, t: float) -> Episode | None:
-        return next((e for e in self.episodes if e.covers(t)), None)
+    def own_node(self) -> NodeSpec:
+        """The node of its own a worker has in a scenario without nodes."""
+        return NodeSpec(name=f"node-{self.name}", speed=self.speed, episodes=self.episodes)
 
 
 class Noise(_Strict):
@@ -116,6 +100,10 @@ class Scenario(_Strict):
     step_fixed_s: float = Field(0.0, ge=0, description="each step's fixed cost on a speed-1.0 worker, in seconds")
     checkpoint_every_s: float = Field(10.0, gt=0, description="sync: seconds between the group's checkpoints")
     parameter_servers: int = Field(1, ge=1, le=64, description="parameter-server shards of asynchronous plans")
+    ps_work_s: float = Field(0.0, ge=0, description="seconds of parameter-server work per pull, gradient and "
+                             "update on a speed-1.0 node (0: the servers are not paced)")
+    nodes: tuple[NodeSpec, ...] = Field((), description="the machines; none: each worker has one of its own")
+    server_nodes: tuple[str, ...] = Field((), description="the node each parameter-server shard starts on, in shard order")
     seed: int = 0
     report_interval_s: float = Field(1.0, gt=0)
     monitor: dict[str, str] = Field(default_factory=dict, description="monitor settings (monitor.<key>)")
@@ -129,7 +117,28 @@ class Scenario(_Strict):
         if self.dataset_size % len(self.workers):
             raise ValueError(f"dataset_size {self.dataset_size} must split evenly over {len(self.workers)} workers "
                              "(static sharding gives each the same slice)")
+        self._placed_on_nodes()
         return self
+
+    def _placed_on_nodes(self) -> None:
+        """With nodes: every process on a node of its own that is not a spare; without: nobody names a node."""
+        if not self.nodes:
+            if self.server_nodes or any(w.node for w in self.workers):
+                raise ValueError("processes name nodes but the scenario has no nodes")
+            return
+        known = {n.name: n for n in self.nodes}
+        if len(known) != len(self.nodes):
+            raise ValueError("node names must be unique")
+        if len(self.server_nodes) != self.parameter_servers:
+            raise ValueError(f"server_nodes must name a node for each of the {self.parameter_servers} parameter servers")
+        homes = [w.node for w in self.workers] + list(self.server_nodes)
+        for name, home in zip([w.name for w in self.workers] + self.server_names, homes):
+            if home is None or home not in known:
+                raise ValueError(f"{name} must run on one of the scenario's nodes (got {home})")
+            if known[home].spare:
+                raise ValueError(f"{name} starts on {home}, a spare: spares start empty")
+        if len(set(homes)) != len(homes):
+            raise ValueError("two processes start on one node: a node hosts one process")
 
     # ------------------------------------------------------------ loading
 
@@ -156,11 +165,53 @@ class Scenario(_Strict):
             raise ConfigError(f"scenario {path}: {where}: {first['msg']}") from None
 
     def with_workers(self, count: int) -> Scenario:
-        """The first ``count`` workers (plain speed-1.0 ones added if there are fewer); the dataset is trimmed to split evenly."""
+        """The first ``count`` workers (plain speed-1.0 ones added if there are fewer); the dataset is trimmed to split evenly.
+
+        A scenario with nodes places its own processes: ConfigError.
+        """
+        if self.nodes:
+            raise ConfigError(f"scenario {self.name} places its workers on nodes: run it with its own "
+                              f"{len(self.workers)} workers (no --workers)")
         workers = list(self.workers[:count])
         workers += [WorkerSpec(name=f"w{i}") for i in range(len(workers), count)]
         size = max(count, self.dataset_size - self.dataset_size % count)
         return self.model_copy(update={"workers": tuple(workers), "dataset_size": size})
+
+    # ------------------------------------------------------------ nodes
+
+    @property
+    def server_names(self) -> list[str]:
+        return [f"ps-{k}" for k in range(self.parameter_servers)]
+
+    @property
+    def cluster(self) -> tuple[NodeSpec, ...]:
+        """Every node: the scenario's, or one per worker (its speed and episodes) and one per parameter server."""
+        return _cluster(self.nodes, self.workers, self.parameter_servers)
+
+    def home(self, process: str) -> str:
+        """The node a worker (by name) or parameter-server shard (``ps-<k>``) starts on."""
+        names = [w.name for w in self.workers] + self.server_names
+        if process not in names:
+            raise KeyError(f"no process {process} in scenario {self.name}")
+        return [node.name for node in self._homes()][names.index(process)]
+
+    def _homes(self) -> list[NodeSpec]:
+        by_name = {n.name: n for n in self.cluster}
+        if not self.nodes:
+            return list(self.cluster)
+        return [by_name[w.node] for w in self.workers] + [by_name[n] for n in self.server_nodes]
+
+    def node(self, name: str) -> NodeSpec:
+        for node in self.cluster:
+            if node.name == name:
+                return node
+        raise KeyError(f"no node {name} in scenario {self.name}")
+
+    def node_speed(self, name: str, t: float) -> float:
+        """Node ``name``'s speed in samples per second at ``t`` (noise included: it belongs to the node)."""
+        index = _node_index(self.cluster)[name]
+        node = self.cluster[index]
+        return self.base_rate * node.speed / node.factor_at(t) / self.noise_at(index, t)
 
     # ------------------------------------------------------------ speeds
 
@@ -168,12 +219,12 @@ class Scenario(_Strict):
     def total_samples(self) -> int:
         return self.dataset_size * self.epochs
 
-    def noise_at(self, rank: int, t: float) -> float:
-        """The noise factor on worker ``rank``'s step time at ``t`` (1.0 without noise)."""
+    def noise_at(self, index: int, t: float) -> float:
+        """The noise factor on the step times of node ``index`` of :attr:`cluster` at ``t`` (1.0 without noise)."""
         if not self.noise.amplitude:
             return 1.0
         period = math.floor(max(t, 0.0) / self.noise.period_s)
-        draw = random.Random(f"{self.seed}/{rank}/{period}").uniform(-1.0, 1.0)
+        draw = random.Random(f"{self.seed}/{index}/{period}").uniform(-1.0, 1.0)
         return 1.0 + self.noise.amplitude * draw
 
     @property
@@ -186,30 +237,34 @@ class Scenario(_Strict):
         """The share of the summed speed a split at the scenario's batch can train (1.0 without a fixed cost)."""
         return self.batch_size / (self.batch_size + self.fixed_samples)
 
-    def step_s(self, rank: int, t: float, samples: int) -> float:
-        """How long worker ``rank``'s step of ``samples`` starting at ``t`` lasts."""
-        return (self.fixed_samples + samples) / self.speed_at(rank, t)
+    def step_s(self, rank: int, t: float, samples: int, node: str | None = None) -> float:
+        """How long worker ``rank``'s step of ``samples`` starting at ``t`` lasts on ``node`` (default: where it started)."""
+        return (self.fixed_samples + samples) / self.node_speed(node or self._homes()[rank].name, t)
 
     def speed_at(self, rank: int, t: float) -> float:
-        """Worker ``rank``'s speed in samples per second at ``t`` seconds after the start."""
-        worker = self.workers[rank]
-        episode = worker.episode_at(t)
-        factor = episode.factor if episode else 1.0
-        return self.base_rate * worker.speed / factor / self.noise_at(rank, t)
+        """Worker ``rank``'s speed in samples per second at ``t``, on the node it started on."""
+        return self.node_speed(self._homes()[rank].name, t)
 
     def change_points(self, horizon_s: float) -> list[float]:
-        """Every time up to ``horizon_s`` at which some worker's speed may change (sorted, from 0)."""
+        """Every time up to ``horizon_s`` at which some node's speed may change (sorted, from 0)."""
         points = {0.0, horizon_s}
-        for worker in self.workers:
-            for episode in worker.episodes:
-                points.update(p for p in (episode.start_s, episode.end_s) if p < horizon_s)
+        for node in self.cluster:
+            points.update(p for p in node.change_points() if p < horizon_s)
         if self.noise.amplitude:
             points.update(k * self.noise.period_s for k in range(1, int(horizon_s / self.noise.period_s) + 1))
         return sorted(p for p in points if p <= horizon_s)
 
+    def worker_speeds(self, t: float) -> list[float]:
+        """The workers' speeds at ``t`` the ideal counts: where they started or, with nodes, under the best placement."""
+        if not self.nodes:
+            return [self.speed_at(rank, t) for rank in range(len(self.workers))]
+        nodes = self.cluster
+        return best_speeds([self.node_speed(n.name, t) for n in nodes], [n.healthy_at(t) for n in nodes],
+                           len(self.workers), self.parameter_servers)
+
     def rate_at(self, t: float) -> float:
         """The most samples per second any split of the global batch trains at ``t`` (module docstring)."""
-        speeds = sorted((self.speed_at(rank, t) for rank in range(len(self.workers))), reverse=True)
+        speeds = sorted(self.worker_speeds(t), reverse=True)
         best = self.fixed_cost_factor * sum(speeds)
         total, fixed = self.batch_size * len(speeds), self.fixed_samples
         for k in range(1, len(speeds) + 1):  # the fastest k take part, each busy the whole step
@@ -242,10 +297,21 @@ class Scenario(_Strict):
             curve.append((now, min(done, float(self.total_samples))))
         return curve
 
-    def summary_rows(self) -> list[tuple[str, str, str]]:
-        """(worker, speed, episodes) for the report."""
-        rows = []
-        for worker in self.workers:
-            episodes = ", ".join(f"{e.start_s:g}-{e.end_s:g} s x{e.factor:g} ({e.cause})" for e in worker.episodes) or "-"
-            rows.append((worker.name, f"{worker.speed:g}", episodes))
-        return rows
+    def summary_rows(self) -> list[tuple[str, str, str, str]]:
+        """(node, who starts there, hardware speed, episodes) for the report."""
+        names = [w.name for w in self.workers] + self.server_names
+        homes = dict(zip([n.name for n in self._homes()], names))
+        return [(node.name, homes.get(node.name, "spare" if node.spare else "-"), f"{node.speed:g}",
+                 ", ".join(e.describe() for e in node.episodes) or "-") for node in self.cluster]
+
+
+@functools.lru_cache(maxsize=64)
+def _cluster(nodes: tuple[NodeSpec, ...], workers: tuple[WorkerSpec, ...], servers: int) -> tuple[NodeSpec, ...]:
+    if nodes:
+        return nodes
+    return tuple(w.own_node() for w in workers) + tuple(NodeSpec(name=f"node-ps-{k}") for k in range(servers))
+
+
+@functools.lru_cache(maxsize=64)
+def _node_index(cluster: tuple[NodeSpec, ...]) -> dict[str, int]:
+    return {node.name: index for index, node in enumerate(cluster)}

@@ -8,14 +8,18 @@ checkpoint directory, as a StatefulSet pod would).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
 from antdt.broker import free_port
+from antdt.demo.launcher import SERVER, WorkerProcess
+from antdt.demo.placement import REPLACED, Placement
 from antdt.demo.plans import RunPlan
 from antdt.demo.scenario import Scenario
 from antdt.errors import AntdtError
-from antdt.launch import ServiceProcess, service_process
+from antdt.launch import ServiceProcess, service_process, settings_env
 from antdt.settings import Settings
 
 
@@ -24,12 +28,17 @@ def set_args(values: dict[str, str]) -> list[str]:
     return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
 
 
-def parameter_servers(scenario: Scenario, run_dir: Path, lr: float) -> dict[str, list[str]]:
-    """``ps-<k>`` -> its ``antdt ps`` command line, one per shard the scenario asks for, each on a port of its own."""
+def parameter_servers(scenario: Scenario, run_dir: Path, lr: float, scenario_path: Path,
+                      handshake: Path) -> dict[str, list[str]]:
+    """``ps-<k>`` -> its ``antdt ps`` command line, one per shard the scenario asks for, each on a port of its own.
+
+    The demo's wrapper (:mod:`antdt.demo.server_node`) runs it at the speed of
+    the node it is placed on (``--node``, added at each launch).
+    """
     shards = scenario.parameter_servers
     return {f"ps-{k}": ["ps", "--shard", str(k), "--shards", str(shards), "--port", str(free_port()),
                         "--checkpoint-dir", str(run_dir / "ps"), "--out", str(run_dir), "--lr", str(lr),
-                        "--checkpoint-every", "2"]
+                        "--checkpoint-every", "2", "--scenario", str(scenario_path), "--handshake", str(handshake)]
             for k in range(shards)}
 
 
@@ -41,7 +50,7 @@ def server_addresses(wanted: dict[str, list[str]]) -> list[str]:
 
 def service_settings(plan: RunPlan, scenario: Scenario) -> dict[str, dict[str, str]]:
     """The monitor's and controller's settings that differ from their defaults, for this plan and scenario."""
-    settings = {"monitor": dict(scenario.monitor)}
+    settings = {"monitor": {**scenario.monitor, **dict(plan.monitor)}}
     if plan.policy is not None:
         job = {"policy": plan.policy}
         if plan.training == "sync":  # the job's global batch, which a synchronous policy keeps whatever restarts
@@ -52,23 +61,26 @@ def service_settings(plan: RunPlan, scenario: Scenario) -> dict[str, dict[str, s
     return settings
 
 
-def wanted_services(plan: RunPlan, scenario: Scenario, run_dir: Path, lr: float) -> dict[str, list[str]]:
-    """Name -> command line of what the plan needs: the monitor, the sharder (dynamic sharding), the controller
+def wanted_services(plan: RunPlan, scenario: Scenario, run_dir: Path, lr: float, scenario_path: Path,
+                    handshake: Path) -> dict[str, list[str]]:
+    """Name -> command line of what the plan needs: the monitor, the sharder (dynamic sharding, parameter servers), the controller
     (a policy), the parameter servers (asynchronous training)."""
     settings = service_settings(plan, scenario)
     wanted = {"monitor": ["monitor", *set_args(settings["monitor"])]}
-    if plan.sharding == "dynamic":
+    if plan.uses_sharder:
         wanted["sharder"] = ["sharder"]
     if "controller" in settings:
         wanted["controller"] = ["controller", *set_args(settings["controller"])]
     if plan.training == "async":
-        wanted.update(parameter_servers(scenario, run_dir, lr))
+        wanted.update(parameter_servers(scenario, run_dir, lr, scenario_path, handshake))
     return wanted
 
 
 class Services:
-    def __init__(self, stack: ExitStack, settings: Settings, log_dir: Path):
+    def __init__(self, stack: ExitStack, settings: Settings, log_dir: Path, placement: Placement | None = None,
+                 clock: Callable[[], float] = lambda: 0.0):
         self._stack, self._settings, self._log_dir = stack, settings, log_dir
+        self.placement, self.clock = placement, clock
         self._argv: dict[str, list[str]] = {}
         self.processes: dict[str, ServiceProcess] = {}
         self.exits: list[tuple[str, int]] = []  # services that exited by themselves, and their codes
@@ -82,8 +94,22 @@ class Services:
 
     def _launch(self, name: str, argv: list[str]) -> None:
         self._argv[name] = argv
+        if name.startswith("ps-") and self.placement is not None:
+            self.processes[name] = self._fork_server_shard(name, argv)
+            return
         self.processes[name] = self._stack.enter_context(
             service_process(self._settings, argv[0], *argv[1:], log_dir=self._log_dir))
+
+    def _fork_server_shard(self, name: str, argv: list[str]) -> ServiceProcess:
+        """A parameter-server shard on the node the placement gives it, forked with torch already imported."""
+        node, port = self.placement.where[name], free_port()
+        log_path = self._log_dir / f"{name}-{port}.log"
+        env = {**os.environ, **settings_env(self._settings), "PYTHONUNBUFFERED": "1", "ANTDT_NODE_ID": node}
+        process = WorkerProcess([argv[0], "--http-port", str(port), *argv[1:], "--node", node], env, log_path,
+                                entry=SERVER)
+        service = ServiceProcess(process, port, log_path)
+        self._stack.callback(service.stop)
+        return service
 
     def supervise(self, restart: bool) -> None:
         """A service that exited by itself is started again (``restart``, as an orchestrator would), or ends the run."""
@@ -91,9 +117,12 @@ class Services:
             code = service.process.poll()
             if code is None:
                 continue
-            if not restart:
+            if code in REPLACED and self.placement is not None and name in self.placement.where:
+                self.placement.replace(name, self.clock(), REPLACED[code])  # the controller moves it elsewhere
+            elif not restart:
                 raise AntdtError(f"{name} exited with code {code}; its log ends:\n{service.log_tail()}")
-            self.exits.append((name, code))
+            else:
+                self.exits.append((name, code))
             self._launch(name, self._argv[name])
 
     def kill_and_restart(self, name: str) -> None:

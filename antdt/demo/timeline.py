@@ -28,6 +28,7 @@ from antdt.schemas.models import (
     AckStatus,
     AssignmentStatus,
     CommandAck,
+    CommandAction,
     MitigationCommand,
     ShardAssignment,
     StragglerVerdict,
@@ -53,7 +54,7 @@ class Point:
 class Marker:
     t: float
     worker: str
-    kind: str  # "verdict" or "command"
+    kind: str  # "verdict", "command" or "placement"
     label: str
 
 
@@ -105,6 +106,8 @@ class Timeline:
         self.markers: list[Marker] = []
         self.commands: list[CommandLine] = []
         self.verdicts = 0
+        self.degraded_nodes: set[str] = set()  # nodes a MARK_NODE_DEGRADED named: the orchestrator avoids them
+        self.moves: list = []  # the orchestrator's placements (antdt.demo.placement.Move), in order
         self._commands_by_id: dict[str, CommandLine] = {}
         self._start = time.time()
         self._lock = threading.Lock()
@@ -114,6 +117,10 @@ class Timeline:
 
     def set_start(self, start_wall: float) -> None:
         self._start = start_wall
+
+    def now(self) -> float:
+        """Seconds since the run's start signal."""
+        return time.time() - self._start
 
     def start(self) -> Timeline:
         self._thread.start()
@@ -146,6 +153,16 @@ class Timeline:
         with self._lock:
             track = self.workers.get(worker)
             return min((g for g in (track.grants if track else []) if g > t), default=None)
+
+    def add_move(self, move) -> None:
+        """A placement the orchestrator made (:class:`antdt.demo.placement.Move`), as a marker on the process."""
+        with self._lock:
+            self.moves.append(move)
+            self.markers.append(Marker(move.t, move.process, "placement", f"-> {move.target}"))
+
+    def degraded(self) -> set[str]:
+        with self._lock:
+            return set(self.degraded_nodes)
 
     def snapshot(self) -> tuple[dict[str, WorkerTrack], list[CommandLine]]:
         """Copies safe to render while the thread goes on."""
@@ -211,6 +228,8 @@ class Timeline:
             self._commands_by_id[record.command_id] = line
             self.commands.append(line)
             self.markers.append(Marker(line.t, record.target_worker, "command", line.text))
+            if record.action is CommandAction.MARK_NODE_DEGRADED and not record.dry_run and record.parameters.get("node"):
+                self.degraded_nodes.add(record.parameters["node"])
         elif isinstance(record, CommandAck):
             line = self._commands_by_id.get(record.command_id)
             if line is not None and record.status is not AckStatus.SCHEDULED:

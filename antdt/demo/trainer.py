@@ -61,14 +61,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="the run's directory: ledger files, model snapshots")
     parser.add_argument("--ps", default="", help="async: the parameter-server shards, HOST:PORT,... in shard order")
     parser.add_argument("--generation", type=int, default=0, help="sync: how many times the group was restarted")
+    parser.add_argument("--node", default=None, help="the scenario node it runs on (default: where it starts)")
     parser.add_argument("--sizing", choices=("commands", "in-band"), default="commands",
                         help="sync: who sizes the local batches (the controller's commands, or every step in-band)")
     return parser.parse_args(argv)
 
 
-def dataset_spec(scenario: Scenario) -> DatasetSpec:
+def dataset_spec(scenario: Scenario, static: bool = False) -> DatasetSpec:
+    """The demo's dataset; ``static``: every worker owns its own shards (the static-async baseline)."""
     return DatasetSpec(name=f"synthetic-{scenario.name}", size=scenario.dataset_size, shard_size=scenario.shard_size,
-                       epochs=scenario.epochs, shuffle_seed=scenario.seed, max_attempts=3, lease_s=30.0)
+                       epochs=scenario.epochs, shuffle_seed=scenario.seed, max_attempts=3, lease_s=30.0,
+                       owners=[w.name for w in scenario.workers] if static else [])
 
 
 class Trainer:
@@ -97,14 +100,14 @@ class Worker:
         self.rank, self.world = args.rank, len(self.scenario.workers)
         self.handshake, self.out = Path(args.handshake), Path(args.out)
         self.source = SyntheticClassification(self.scenario.dataset_size, seed=self.scenario.seed)
-        self.spec = dataset_spec(self.scenario)
+        self.spec = dataset_spec(self.scenario, static=args.training == "async" and args.sharding == "static")
         self.trainer = Trainer(self.scenario.seed)
         self.phases = PhaseWriter(self.handshake, self.rank)
 
     def ready_and_wait(self) -> Pacer:
         """Tell the harness this worker can train; the pacer, once the run has started."""
         write_atomically(ready_file(self.handshake, self.rank), str(os.getpid()))
-        return Pacer(self.scenario, self.rank, wait_for_start(self.handshake))
+        return Pacer(self.scenario, self.rank, wait_for_start(self.handshake), self.args.node)
 
     def finish(self, agent: Agent, pacer: Pacer, trained: int) -> None:
         result = {"finished_s": pacer.now_s(), "samples": trained, "steps": agent.step_count}
@@ -129,6 +132,11 @@ def run(args: argparse.Namespace) -> int:
     except WorkerExit as exc:
         return int(exc.code)
     return 0
+
+
+def forked(argv: list[str]) -> int:
+    """The fork server's entry (:mod:`antdt.demo.launcher`)."""
+    return run(parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,7 +1,9 @@
 """A demo worker's asynchronous training (AntDT-ND's shared cluster): dynamic shards, one parameter server.
 
 Each step pulls the parameters, computes the gradient of the batch (real
-torch work, then paced to the scenario's speed), and pushes it as an update
+torch work, then paced to the speed of the node it runs on; the pull and
+the push are not part of that, so a slow server adds to every step), and
+pushes it as an update
 that the parameter server applies once the shard log records its commit.
 The worker never waits for another: a slow one simply pulls fewer shards.
 """
@@ -32,10 +34,10 @@ def _steps(worker, agent: Agent, data, server: ParameterClient, pacer) -> int:
     trained = 0
     while not data.finished:
         for inputs, labels in batches(agent, iter(data)):
-            started = pacer.now_s()
             pushed = False
             while not pushed:  # a push refused for staleness is recomputed on fresh parameters
                 server.pull()
+                started = pacer.now_s()  # the node's speed paces the computation, not the wait for the server
                 worker.trainer.backward(inputs, labels)
                 pacer.pace(len(labels), started)
                 with worker.phases.during(Phase.PUSH):

@@ -23,6 +23,7 @@ class ControllerConfig:
     straggler_quota: int = 1
     leader_quota: int = 4
     persistent_action: str = "RESTART"
+    min_restart_ratio: float = 1.5  # a persistent straggler less slow than this keeps the quota only
     max_restarts_per_hour: int = 4
     max_acted_fraction: float = 0.25
     worker_cooldown_s: float = 600.0
@@ -45,6 +46,7 @@ class ControllerConfig:
             (not 0 <= self.straggler_quota <= self.default_quota <= self.leader_quota,
              "need 0 <= straggler_quota <= default_quota <= leader_quota"),
             (self.persistent_action not in PERSISTENT_ACTIONS, f"persistent_action must be one of {PERSISTENT_ACTIONS}"),
+            (self.min_restart_ratio < 1, "min_restart_ratio must be >= 1"),
             (self.max_restarts_per_hour < 0, "max_restarts_per_hour must be >= 0"),
             (not 0 < self.max_acted_fraction <= 1, "max_acted_fraction must be in (0, 1]"),
             (min(self.worker_cooldown_s, self.node_cooldown_s, self.action_timeout_s) < 0, "cooldowns must be >= 0"),

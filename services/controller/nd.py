@@ -8,9 +8,12 @@ sharpens that and replaces what will not recover:
 | STRAGGLER, TRANSIENT or DETERMINISTIC | SET_SHARD_QUOTA ``straggler_quota`` (a slower machine keeps its smaller share) |
 | STRAGGLER, PERSISTENT | MARK_NODE_DEGRADED (a placement hint) and ``persistent_action`` (RESTART or EVICT), within the budgets; otherwise the quota only |
 | LEADER | SET_SHARD_QUOTA ``leader_quota`` |
+| any verdict on a parameter-server shard | no quota (it pulls no shards); PERSISTENT: MARK_NODE_DEGRADED and ``persistent_action``, as for a worker |
 | CLEARED | SET_SHARD_QUOTA ``default_quota``, if the quota was changed |
 
-Budgets for RESTART/EVICT: at most ``max_restarts_per_hour`` per job; at most
+A persistent straggler less than ``min_restart_ratio`` (1.5) times slower
+than the job median keeps the quota only: a restart stalls it for seconds
+and may land on a node no better. Budgets for RESTART/EVICT: at most ``max_restarts_per_hour`` per job; at most
 ``max_acted_fraction`` of the job's workers restarted-and-not-back at once
 (always at least one is allowed); no action on a worker within
 ``worker_cooldown_s`` of the last one, nor on a node within
@@ -72,13 +75,17 @@ def _persistent_reason(verdict: StragglerVerdict) -> str:
 
 
 def _quota(job: JobView, verdict: StragglerVerdict, quota: int, reason: str) -> Decision:
-    if job.worker(verdict.worker_id).quota == quota:
+    view = job.worker(verdict.worker_id)
+    if view.quota == quota or view.role != "worker":  # a parameter-server shard pulls no shards
         return NOTHING
     return Decision((Intent(A.SET_SHARD_QUOTA, verdict.worker_id, reason, shard_quota=quota),))
 
 
 def budget_refusal(job: JobView, verdict: StragglerVerdict, config: ControllerConfig, now: datetime) -> str | None:
     """Why a RESTART/EVICT of the verdict's worker is not allowed now, or None."""
+    if verdict.speed_ratio < config.min_restart_ratio:
+        return (f"{verdict.speed_ratio:.2f}x the job median is under min_restart_ratio {config.min_restart_ratio:g}: "
+                "moving it would cost more than it can win")
     hour_ago = now - timedelta(hours=1)
     if len(job.disruptive_since(hour_ago)) >= config.max_restarts_per_hour:
         return f"budget of {config.max_restarts_per_hour} restarts per hour spent"

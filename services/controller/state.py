@@ -26,6 +26,7 @@ WINDOWS_KEPT = 32
 class WorkerView:
     worker_id: str
     node_id: str | None = None
+    role: str = "worker"  # or "ps": a parameter-server shard, which has no shards to pull
     incarnation: str | None = None
     last_step: int | None = None
     steps_per_s: float | None = None
@@ -71,6 +72,7 @@ class JobView:
             view.windows.clear()
         view.incarnation = report.incarnation
         view.node_id = report.node_id or view.node_id
+        view.role = report.role
         view.batch_size = report.local_batch_size
         view.last_seen = report.window_end
         if report.last_step is not None:

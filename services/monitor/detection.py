@@ -4,6 +4,9 @@ Per job, :class:`JobDetector` keeps each worker's recent reports, refreshes
 the job baseline every ``step_s`` of report time (the job's clock is the
 latest ``window_end`` seen) and judges each worker on each of its reports:
 
+* **warm-up**: each process's reports up to and including its first one
+  with samples are left out: its first steps pay one-time costs (building
+  the model, the first pull, allocations) that are not its speed.
 * **statistic**: time per sample, (compute + data wait) / samples. Per sample,
   so a batch-size change is never a slowdown; barrier time excluded, so a
   worker that only waits for others is never a straggler.
@@ -18,10 +21,17 @@ latest ``window_end`` seen) and judges each worker on each of its reports:
   evaluations over both thresholds (ratio and z), and is CLEARED after ``k``
   consecutive evaluations under the clear ratio; LEADER likewise for workers
   faster than ``leader_ratio``.
-* **classes**: DETERMINISTIC if the episode began as the worker joined
-  (heterogeneous hardware: a stable speed ratio since the start); otherwise
+* **pairs**: a role with only two members (a parameter server of two
+  shards) is judged, when asked for, against its faster member: the ratio
+  alone decides, as a MAD of two says nothing.
+* **classes**: DETERMINISTIC if the episode began as the worker joined, or
+  if the worker stands no worse against the job (``speed_ratio``) than at
+  its best (heterogeneous hardware: slow since the start, however long the
+  first verdict took, and what a restart onto the same kind of node comes
+  back as); otherwise
   TRANSIENT, escalated by a second verdict to PERSISTENT once the episode
-  lasts ``persistent_s``.
+  lasts ``persistent_s`` and the worker is still over both thresholds (not
+  merely inside the hysteresis band).
 * **evidence**: the worker's resource figures over the window that stand out
   against the job's medians (steal, CPU contention, memory, IO, network,
   GPU, data wait).
@@ -43,6 +53,7 @@ from antdt.schemas.models import (
     Evidence,
     EvidenceCause,
     StragglerClass,
+    StepTimeStats,
     StragglerVerdict,
     VerdictKind,
     VerdictWindow,
@@ -116,6 +127,8 @@ class WorkerTrack:
     busy_s: float = 0.0
     samples: int = 0
     best_window: float | None = None
+    best_ratio: float | None = None  # its lowest window statistic / the job median so far: its best standing
+    warmed: bool = False  # its first report with samples was seen (and left out: it carries the warm-up)
     ticks_seen: int = 0
     over: int = 0
     under: int = 0
@@ -148,6 +161,9 @@ class WorkerTrack:
         return sum(_busy(r) for r in last) / samples if samples > 0 else None
 
 
+_NO_TIME = StepTimeStats(sum_s=0.0, min_s=0.0, max_s=0.0, p50_s=0.0, p90_s=0.0)
+
+
 def _busy(report: WorkerMetrics) -> float:
     """The worker's own time in a report: compute and data wait, never barrier wait."""
     return report.compute.sum_s + report.data_wait_s
@@ -156,9 +172,11 @@ def _busy(report: WorkerMetrics) -> float:
 class JobDetector:
     """Detects stragglers and leaders in one job (see the module docstring)."""
 
-    def __init__(self, job_id: str, config: DetectorConfig | None = None):
+    def __init__(self, job_id: str, config: DetectorConfig | None = None, pairs: bool = False):
+        """``pairs``: judge a group of two (a two-shard parameter server) against its faster member."""
         self.job_id = job_id
         self.config = config or DetectorConfig()
+        self.pairs = pairs
         self.workers: dict[str, WorkerTrack] = {}
         self.clock: datetime | None = None
         self.next_tick: datetime | None = None
@@ -183,6 +201,9 @@ class JobDetector:
         if report.seq <= track.last_seq:
             return restarted  # redelivered (input is at-least-once): seen already
         track.last_seq = report.seq
+        if not track.warmed:  # a process's first steps pay its one-time costs: kept as a sign of life, not timed
+            track.warmed = report.samples > 0
+            report = report.model_copy(update={"samples": 0, "data_wait_s": 0.0, "compute": _NO_TIME})
         track.add(report)
         if self.clock is None or report.window_end > self.clock:
             self.clock = report.window_end
@@ -215,12 +236,23 @@ class JobDetector:
                 stats[track.worker_id] = value
                 track.best_window = value if track.best_window is None else min(track.best_window, value)
         self.stats = stats
+        self.baseline = self._baseline_of(stats)
+        if self.baseline is not None and self.baseline[0] > MEASURABLE_S:
+            for worker, value in stats.items():
+                track = self.workers[worker]
+                ratio = value / self.baseline[0]
+                track.best_ratio = ratio if track.best_ratio is None else min(track.best_ratio, ratio)
+
+    def _baseline_of(self, stats: dict[str, float]) -> tuple[float, float] | None:
+        """(median, spread) of the window statistics; None with too few workers."""
+        if self.pairs and len(stats) == 2:  # a pair's median is its mean and every z is +-0.67: the ratio decides
+            fastest = min(stats.values())
+            return fastest, max(0.01 * fastest, 1e-12)
         if len(stats) < self.config.min_workers:
-            self.baseline = None
-            return
+            return None
         median = statistics.median(stats.values())
         mad = statistics.median(abs(v - median) for v in stats.values())
-        self.baseline = (median, max(MAD_SCALE * mad, 0.01 * median, 1e-12))
+        return median, max(MAD_SCALE * mad, 0.01 * median, 1e-12)
 
     def _judge(self, track: WorkerTrack, now: datetime) -> list[StragglerVerdict]:
         if self.baseline is None or track.worker_id not in self.stats:
@@ -235,14 +267,19 @@ class JobDetector:
         ratio = recent / median
         individual = window_stat / track.best_window if track.best_window else 1.0
         scores = ((recent - median) / spread, individual, ratio)
-        due = self._step(track, now, ratio, scores[0])
+        slowed = track.best_ratio is not None and ratio / track.best_ratio >= config.straggler_ratio
+        due = self._step(track, now, ratio, scores[0], slowed)
         if due is None:
             return []
         window_start = now - timedelta(seconds=config.window_s)
         return [self._verdict(track, due, now, window_start, scores)]
 
-    def _step(self, track: WorkerTrack, now: datetime, ratio: float, z: float) -> tuple | None:
-        """Advance the worker's hysteresis; return (kind, class) when a verdict is due."""
+    def _step(self, track: WorkerTrack, now: datetime, ratio: float, z: float, slowed: bool) -> tuple | None:
+        """Advance the worker's hysteresis; return (kind, class) when a verdict is due.
+
+        ``slowed``: the worker stands worse against the job now than at its
+        best (it changed); one that does not has always been this slow.
+        """
         config = self.config
         slow = ratio >= config.straggler_ratio and z >= config.z_threshold
         quick = ratio <= config.leader_ratio and z <= -config.z_threshold
@@ -254,7 +291,7 @@ class JobDetector:
             if kind is None:
                 return None
             began = now - timedelta(seconds=config.step_s * (config.k - 1))
-            joined = track.ticks_seen <= config.k + config.join_grace_ticks
+            joined = track.ticks_seen <= config.k + config.join_grace_ticks or not slowed
             classification = StragglerClass.DETERMINISTIC if joined else StragglerClass.TRANSIENT
             track.episode = Episode(kind, classification, began)
             track.under = 0
@@ -265,7 +302,8 @@ class JobDetector:
             track.episode = None
             return VerdictKind.CLEARED, StragglerClass.NONE
         long_enough = (now - episode.started).total_seconds() >= config.persistent_s
-        if episode.classification is StragglerClass.TRANSIENT and long_enough:
+        still_slow = slow if episode.kind is VerdictKind.STRAGGLER else quick  # not merely inside the hysteresis band
+        if episode.classification is StragglerClass.TRANSIENT and long_enough and still_slow:
             episode.classification = StragglerClass.PERSISTENT
             return episode.kind, StragglerClass.PERSISTENT
         return None

@@ -16,7 +16,8 @@ monitor that runs for months does not keep every finished job.
 Processes are compared only with others of their role (``WorkerMetrics.role``):
 a parameter-server shard's step is one applied update, whose time says
 nothing about a worker's training step, so each role has its own detector
-(and its own baseline) within the job.
+(and its own baseline) within the job; the shards of a parameter server
+are often two, and a pair is judged against its faster member.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class JobEntry:
         if role == WORKER_ROLE:
             return self.detector
         if role not in self.roles:
-            self.roles[role] = JobDetector(self.detector.job_id, self.detector.config)
+            self.roles[role] = JobDetector(self.detector.job_id, self.detector.config, pairs=True)
         return self.roles[role]
 
     def detectors(self) -> list[JobDetector]:

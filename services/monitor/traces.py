@@ -1,7 +1,8 @@
 """Synthetic WorkerMetrics traces with known stragglers, for tests and benchmarks.
 
 Each worker runs steps of ``batch_size`` samples at ``base_s_per_sample``
-(times a factor during its episodes) with uniform ±``noise`` per step, and
+(times a factor during its episodes) with uniform ±``noise`` per step (or
+held for ``noise_period_s``, as a node's changing load would be), and
 reports every ``interval_s`` the steps that ended in the interval, exactly as
 the agent aggregates them. Workers may also wait at barriers (sync time,
 never a slowdown of their own) and change batch size mid-run.
@@ -37,6 +38,7 @@ class TraceSpec:
     base_s_per_sample: float = 0.004
     batch_size: int = 32
     noise: float = 0.2
+    noise_period_s: float = 0.0  # 0: each step drawn afresh; else one draw per worker held this long (a node's load)
     speeds: dict[str, float] = field(default_factory=dict)  # fixed heterogeneous factors from the start
     episodes: list[Episode] = field(default_factory=list)
     barrier_wait: dict[str, float] = field(default_factory=dict)  # worker -> sync seconds per step
@@ -72,7 +74,7 @@ def _worker_reports(spec: TraceSpec, worker: str, rng: random.Random) -> list[Wo
         change = spec.batch_changes.get(worker)
         if change and t >= change[0]:
             size = change[1]
-        compute = size * spec.base_s_per_sample * factor(spec, worker, t) * rng.uniform(1 - spec.noise, 1 + spec.noise)
+        compute = size * spec.base_s_per_sample * factor(spec, worker, t) * _noise(spec, worker, t, rng)
         sync = spec.barrier_wait.get(worker, 0.0)
         t += compute + sync
         pending.append((step, compute, sync, size))
@@ -83,6 +85,13 @@ def _worker_reports(spec: TraceSpec, worker: str, rng: random.Random) -> list[Wo
             pending = []
             next_report += spec.interval_s
     return out
+
+
+def _noise(spec: TraceSpec, worker: str, t: float, rng: random.Random) -> float:
+    if not spec.noise_period_s:
+        return rng.uniform(1 - spec.noise, 1 + spec.noise)
+    period = int(t // spec.noise_period_s)
+    return random.Random(f"{spec.job_id}/{worker}/{period}").uniform(1 - spec.noise, 1 + spec.noise)
 
 
 def _report(spec: TraceSpec, worker: str, seq: int, end_s: float, steps) -> WorkerMetrics:

@@ -244,7 +244,7 @@ class ShardCore:
         quota = state.quotas.get(worker, self.config.default_quota)
         lease_ms = now_ms + int(state.dataset.lease_s * 1000)
         while len(state.held.get(worker, set()) - read) < quota:
-            shard_id = state.next_todo()
+            shard_id = state.next_todo(worker)
             if shard_id is None:
                 return
             attempt = state.slots[shard_id].attempt

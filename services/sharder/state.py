@@ -181,8 +181,12 @@ class JobState:
     def doing_count(self) -> int:
         return sum(len(shards) for shards in self.held.values())
 
-    def next_todo(self) -> int | None:
-        """The TODO shard to grant next (lowest rank), or None."""
+    def next_todo(self, worker: str | None = None) -> int | None:
+        """The TODO shard to grant ``worker`` next (lowest rank; under static assignment, of its own), or None."""
+        if self.dataset is not None and self.dataset.owners and worker is not None:
+            mine = [s.shard_id for s in self.slots
+                    if s.state is ShardState.TODO and self.dataset.owner_of(s.shard_id) == worker]
+            return min(mine, key=self._ranks.__getitem__, default=None)
         heap = self._todo_heap
         while heap:
             _, shard_id = heap[0]

@@ -120,6 +120,20 @@ def test_time_split_between_compute_data_and_sync(agent_settings):
     assert max(m.compute.max_s for m in metrics) < 0.005  # the waits are not counted as compute
 
 
+def test_time_an_iterable_books_as_waiting_for_others_is_not_data_wait(agent_settings):
+    with Agent("job-agent", "w1", settings=agent_settings, listen_for_commands=False) as agent:
+        def waits_for_the_others():  # as a sharded dataset does while the sharder says WAIT
+            for item in range(3):
+                with agent.sync_wait():
+                    time.sleep(0.02)
+                yield item
+
+        for _ in agent.iterate(waits_for_the_others()):
+            agent.step()
+    metrics = read_topic(agent_settings, "worker", "metrics", lambda f: sum(m.step_count for m in f) >= 3)
+    assert sum(m.sync_wait_s for m in metrics) >= 0.06 and sum(m.data_wait_s for m in metrics) < 0.02
+
+
 def test_batch_size_changes_exactly_at_the_effective_step(agent_settings):
     sizes = {}
     with Agent("job-agent", "w1", settings=agent_settings, batch_size=32) as agent:

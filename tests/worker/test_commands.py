@@ -81,5 +81,11 @@ def test_dry_run_is_acknowledged_and_ignored():
     assert verdict.status is AckStatus.IGNORED
 
 
+def test_a_node_hint_is_acknowledged_as_ignored_not_failed():
+    hint = command(action=CommandAction.MARK_NODE_DEGRADED, shard_quota=None, parameters={"node": "n2"})
+    verdict = verifier().check(sign(hint, KEY))
+    assert verdict.status is AckStatus.IGNORED and "orchestrator" in verdict.reason
+
+
 def test_without_a_key_signatures_are_not_required():
     assert verifier(key=None).check(command()) is ACCEPT

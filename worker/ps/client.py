@@ -26,6 +26,7 @@ import torch
 from antdt.errors import AntdtError
 from antdt.worker.agent import Agent
 from antdt.worker.commits import PendingUpdate
+from antdt.worker.shard_client import NoAnswer
 from antdt.worker.ps import wire
 from antdt.worker.ps.layout import Layout
 
@@ -42,7 +43,7 @@ class ParameterClient:
     """Connections to every shard of the job's parameter server, for one worker's model."""
 
     def __init__(self, agent: Agent, addresses: list[str], model: torch.nn.Module, *, timeout_s: float = 120.0,
-                 max_outstanding: int = 2, answer_timeout_s: float = 60.0):
+                 max_outstanding: int = 2, answer_timeout_s: float = 10.0):
         if not addresses:
             raise AntdtError("no parameter-server address given")
         self.agent, self.addresses, self.timeout_s = agent, list(addresses), timeout_s
@@ -159,8 +160,7 @@ class ParameterClient:
         client = self.agent.shard_client
         while self._outstanding:
             oldest = self._outstanding[0]
-            answer = client.wait_answer(oldest.seq, self.answer_timeout_s, flush=False) if block \
-                else client.answer_if_ready(oldest.seq)
+            answer = self._wait_for(oldest) if block else client.answer_if_ready(oldest.seq)
             if answer is None:
                 return
             self._outstanding.popleft()
@@ -168,6 +168,21 @@ class ParameterClient:
             if not self.agent.committer.settle(oldest, answer):
                 log.info("update %s refused: %s", oldest.update_id, answer.reason)
                 self._abort(oldest.update_id, range(len(self.addresses)))
+
+    def _wait_for(self, pending: PendingUpdate):
+        """The answer to a commit, asked again every ``answer_timeout_s`` (an answer lost on the bus) for ``timeout_s``."""
+        client, deadline = self.agent.shard_client, time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return client.wait_answer(pending.seq, self.answer_timeout_s, flush=False)
+            except NoAnswer:
+                if time.monotonic() >= deadline:
+                    raise NoAnswer(f"worker {self.agent.spec.worker_id}: no answer from the sharder to the commit of "
+                                   f"update {pending.update_id} for {self.timeout_s:.0f} s (is the sharder running "
+                                   f"and the bus reachable?)") from None
+                log.warning("update %s: no answer to its commit yet, asking again", pending.update_id)
+                pending = self.agent.committer.resend(pending)
+                self._outstanding[0] = pending
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Collect what is still outstanding (bounded), then close the connections."""

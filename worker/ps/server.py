@@ -25,8 +25,13 @@ States (the shard's state machine)::
     WAITING --a worker's initial values, then the first checkpoint--> SERVING
     start with a checkpoint, or a gap in the log --> RECOVERING
     RECOVERING --a REWOUND read in the log, its checkpoint loaded--> SERVING
+    SERVING --a RESTART or EVICT command for it--> LEAVING
+    LEAVING --a checkpoint saved after the command (or LEAVE_WITHIN_S)--> exits with the agent's exit code
 
-Only a SERVING shard takes gradients. A shard that cannot follow the log (a
+Only a SERVING shard takes gradients. A LEAVING one (the controller moves a
+slow shard to another node) asks for a checkpoint and keeps applying what
+is committed until it has saved it, so its replacement starts from the
+newest version and rolls the job back by as little as possible. A shard that cannot follow the log (a
 REWOUND to a version it has no checkpoint of, or no REWOUND within
 ``recover_within_s``) exits with one line; its restart rolls everyone back.
 """
@@ -37,6 +42,8 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -49,7 +56,7 @@ from antdt.errors import AntdtError
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import ProgressKind, ShardLogEvent, ShardTransition as T
 from antdt.settings import Settings
-from antdt.worker.agent import Agent
+from antdt.worker.agent import Agent, WorkerExit
 from antdt.worker.ps import metrics, wire
 from antdt.worker.ps.checkpoints import CheckpointStore
 from antdt.services.sharder.eventlog import log_topic, read_until_marker
@@ -63,6 +70,8 @@ log = logging.getLogger(__name__)
 NUDGE_AFTER_S = 0.2
 #: ... and nudging stops for an update this old (its commit was refused, or its worker died before sending it).
 NUDGE_FOR_S = 10.0
+#: A shard told to restart waits this long at most for its last checkpoint before it exits anyway.
+LEAVE_WITHIN_S = 10.0
 
 
 class ServerState(str, Enum):
@@ -71,6 +80,7 @@ class ServerState(str, Enum):
     WAITING = "WAITING"
     RECOVERING = "RECOVERING"
     SERVING = "SERVING"
+    LEAVING = "LEAVING"
 
 
 class ServerFailure(AntdtError):
@@ -94,6 +104,10 @@ class ServerSpec:
     max_staleness: int | None = None
     pending_ttl_s: float = 300.0
     recover_within_s: float = 90.0
+    commands: bool = True  # obey the controller's RESTART and EVICT (the agent listens for commands)
+    #: Demos and tests: the seconds each piece of work ("pull", "prepare", "apply") lasts at least now, as on
+    #: a slower or contended machine; the shard then does one piece at a time, as one busy machine would.
+    pace: Callable[[str], float] | None = None
 
     @property
     def name(self) -> str:
@@ -131,6 +145,11 @@ class ParameterServer:
         self._asked_first_checkpoint = False
         self._last_checkpoint_ask = 0.0
         self._last_nudge = self._last_apply = 0.0
+        self._machine = threading.Lock() if spec.pace is not None else nullcontext()
+        self._leaving: WorkerExit | None = None  # the command that ends this shard, once one came
+        self._leave_by = 0.0
+        #: Set when the shard has left (RESTART or EVICT): :meth:`run` ends with it.
+        self.exit: WorkerExit | None = None
 
     @property
     def port(self) -> int:
@@ -144,8 +163,8 @@ class ParameterServer:
 
     def start(self) -> ParameterServer:
         settings = self.settings.model_copy(update={"job_id": self.spec.job_id})
-        self._agent = Agent(settings=settings, worker_id=self.spec.name, role="ps", listen_for_commands=False,
-                            batch_size=0).__enter__()
+        self._agent = Agent(settings=settings, worker_id=self.spec.name, role="ps",
+                            listen_for_commands=self.spec.commands, batch_size=0).__enter__()
         self._client = self._agent.shard_client
         self._watch = shared_watch(settings)
         self._watch.check_now()
@@ -208,12 +227,14 @@ class ParameterServer:
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set (or the shard fails); then close."""
         try:
-            while not stop.wait(0.2) and self.failure is None:
+            while not stop.wait(0.2) and self.failure is None and self.exit is None:
                 pass
         finally:
             self.close()
         if self.failure is not None:
             raise ServerFailure(self.failure)
+        if self.exit is not None:
+            raise self.exit
 
     def close(self) -> None:
         self._stop.set()
@@ -246,7 +267,10 @@ class ParameterServer:
             while not self._stop.is_set():
                 try:
                     header, payload = wire.receive(connection)
-                    reply, values = self._handle(header, payload)
+                    with self._machine:
+                        started = time.perf_counter()
+                        reply, values = self._handle(header, payload)
+                        self._pace(header.get("op"), started)
                     wire.send(connection, reply, values)
                 except wire.WireError:
                     return  # the worker went away; its pending updates wait for their commit or expire
@@ -299,9 +323,11 @@ class ParameterServer:
 
     def _follow_loop(self) -> None:
         try:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and self.exit is None:
                 for offset, event, order in self._follower.poll(0.05):
                     self._take(offset, event, order)
+                    if self.exit is not None:
+                        return  # left: what follows is its replacement's to read
                 self._housekeeping()
         except ServerFailure as exc:
             self.failure = str(exc)
@@ -337,13 +363,26 @@ class ParameterServer:
         samples = [s for commit in event.commits for s in commit.samples]
         if update.samples and update.samples != len(samples):
             log.error("update %s: prepared for %d samples, committed with %d", event.update_id, update.samples, len(samples))
-        started = time.perf_counter()
-        self.model.apply(update.gradient, event.epoch, samples)
+        with self._machine:
+            started = time.perf_counter()
+            self.model.apply(update.gradient, event.epoch, samples)
+            self._pace("apply", started)
+            elapsed = time.perf_counter() - started
         self._last_apply = time.monotonic()
         self._agent.queue_depth = len(self.pending)
-        self._agent.record(time.perf_counter() - started, len(samples))
+        try:
+            self._agent.record(elapsed, len(samples))
+        except WorkerExit as exc:  # the controller restarts or evicts this shard: leave with a checkpoint
+            self._begin_leaving(exc)
         metrics.APPLIED.inc()
         metrics.PENDING.set(len(self.pending))
+
+    def _pace(self, work: str | None, started: float) -> None:
+        """Hold until ``work`` begun at ``started`` has lasted what ``spec.pace`` says (nothing without it)."""
+        if self.spec.pace is not None and work is not None:
+            remaining = started + self.spec.pace(work) - time.perf_counter()
+            if remaining > 0:
+                time.sleep(remaining)
 
     def _checkpoint(self, offset: int, event: ShardLogEvent) -> None:
         if not self.model.initialized:
@@ -352,7 +391,9 @@ class ParameterServer:
         self.store.save(event.seq, {"model": self.model.state_dict(), "epoch": self.epoch, "log_offset": offset,
                                     "writer_epoch": position.writer_epoch, "cluster_id": self._watch.cluster_id})
         metrics.CHECKPOINTS.inc()
-        if self.state is ServerState.WAITING:
+        if self.state is ServerState.LEAVING:
+            self._leave(f"checkpoint at version {event.seq} saved")
+        elif self.state is ServerState.WAITING:
             self._become(ServerState.SERVING)
             log.info("%s serving (first checkpoint at version %d)", self.spec.name, event.seq)
 
@@ -364,6 +405,9 @@ class ParameterServer:
         every shard to follow (the module docstring).
         """
         if self.state is ServerState.WAITING:
+            return
+        if self._leaving is not None:
+            self._leave(f"rewound at seq {event.seq}: its replacement recovers from its checkpoint")
             return
         metrics.ROLLBACKS.inc()
         version = self._newest_at_most(event.version)
@@ -381,6 +425,16 @@ class ParameterServer:
             raise ServerFailure(f"{self.spec.name}: {why}, and it has no checkpoint to roll back to")
         self._load(latest)
         self._enter_recovery(latest, why)
+
+    def _begin_leaving(self, command: WorkerExit) -> None:
+        log.warning("%s leaving (%s): asking for a last checkpoint", self.spec.name, command.reason)
+        self._leaving, self._leave_by = command, time.monotonic() + LEAVE_WITHIN_S
+        self._become(ServerState.LEAVING)
+        self._ask_checkpoint()
+
+    def _leave(self, why: str) -> None:
+        log.warning("%s leaves: %s", self.spec.name, why)
+        self.exit = self._leaving
 
     def _enter_recovery(self, version: int, why: str) -> None:
         """Ask the sharder to rewind to ``version``; until the REWOUND is read, nothing is applied."""
@@ -401,6 +455,8 @@ class ParameterServer:
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
+        if self._leaving is not None and self.exit is None and now > self._leave_by:
+            self._leave(f"no checkpoint within {LEAVE_WITHIN_S:.0f} s: its replacement rolls the job back further")
         if self.state is ServerState.RECOVERING and now - self._recovering_since > self.spec.recover_within_s:
             raise ServerFailure(f"{self.spec.name}: no REWOUND in the log within {self.spec.recover_within_s:.0f} s")
         if self.state is ServerState.WAITING and self.model.initialized and self.model.ledger is not None \

@@ -44,6 +44,14 @@ def test_a_persistent_straggler_is_replaced_away_from_its_node():
     assert all(c.verdict_id == verdict("w1", cls=C.PERSISTENT, t=30).verdict_id for c in outcome.commands)
 
 
+def test_a_parameter_server_shard_gets_no_quota_and_is_moved_when_persistently_slow():
+    core = core_with()
+    core.on_metrics(report("ps-1", 1000.0, 32, 10).model_copy(update={"role": "ps"}), at(0))
+    assert core.on_verdict(verdict("ps-1", t=0), at(0)).commands == ()  # it pulls no shards: no quota
+    outcome = core.on_verdict(verdict("ps-1", cls=C.PERSISTENT, t=30), at(30))
+    assert actions(outcome) == [(A.MARK_NODE_DEGRADED, "ps-1"), (A.RESTART, "ps-1")]
+
+
 def test_evict_can_replace_restart():
     outcome = core_with(persistent_action="EVICT").on_verdict(verdict("w1", cls=C.PERSISTENT), at(0))
     assert actions(outcome)[-1] == (A.EVICT, "w1")
@@ -92,3 +100,21 @@ def test_a_successor_recalls_the_budget_spent_before_it():
     refused = successor.on_verdict(verdict("w5", cls=C.PERSISTENT, t=10), at(10))
     assert A.RESTART not in {c.action for c in refused.commands} and "budget" in refused.skipped[0]
     assert successor.on_verdict(verdict("w0", cls=C.PERSISTENT, t=0), at(11)).commands == ()  # acted on already
+
+
+def test_ten_minutes_of_a_homogeneous_job_with_20_percent_noise_restart_nobody():
+    """The monitor and AntDT-ND as the nd plan runs them, on 8 equal workers whose load wanders +-20 %."""
+    from antdt.demo.plans import PLANS
+    from antdt.services.monitor.detection import DetectorConfig, JobDetector
+    from antdt.services.monitor.traces import TraceSpec, generate
+
+    config = DetectorConfig().with_changes(dict(PLANS["nd"].monitor))
+    for seed in range(6):
+        spec = TraceSpec(seconds=600, interval_s=0.5, noise=0.2, noise_period_s=10, job_id=f"job-{seed}")
+        detector, core, disruptive = JobDetector(spec.job_id, config), ControllerCore(ControllerConfig()), []
+        for metrics in generate(spec, seed):
+            core.on_metrics(metrics, metrics.window_end)
+            for found in detector.observe(metrics):
+                outcome = core.on_verdict(found, found.issued_at)
+                disruptive += [c for c in outcome.commands if c.action in (A.RESTART, A.EVICT)]
+        assert disruptive == [], [(c.target_worker, c.reason) for c in disruptive]

@@ -58,7 +58,28 @@ def test_too_few_workers_give_no_baseline_and_no_verdict():
     assert verdicts_for(TraceSpec(workers=2, seconds=40, episodes=[Episode("w1", 10, 40, 4.0)])) == []
 
 
+def test_a_pair_asked_to_be_judged_names_the_slower_member_and_only_it():
+    spec = TraceSpec(workers=2, seconds=40, episodes=[Episode("w1", 10, 40, 4.0)])
+    detector = JobDetector("trace", pairs=True)
+    verdicts = [v for report in generate(spec, 0) for v in detector.observe(report)]
+    assert verdicts and {v.worker_id for v in verdicts} == {"w1"}
+    assert verdicts[0].kind is VerdictKind.STRAGGLER and verdicts[0].speed_ratio > 3
+    quiet = JobDetector("trace", pairs=True)
+    assert [v for r in generate(TraceSpec(workers=2, seconds=40), 0) for v in quiet.observe(r)] == []
+
+
 def test_thresholds_are_configurable():
     spec = TraceSpec(seconds=60, episodes=[Episode("w1", 10, 60, 1.2)])
     assert verdicts_for(spec) == []  # 1.2x is under the default 1.3
     assert verdicts_for(spec, DetectorConfig(straggler_ratio=1.1, clear_ratio=1.05))
+
+
+def test_slow_hardware_is_deterministic_however_late_its_verdict_and_a_slowdown_is_not():
+    from antdt.schemas.models import StragglerClass
+
+    late = DetectorConfig(join_grace_ticks=0)  # the verdict comes after the grace: only the speed history can tell
+    spec = TraceSpec(seconds=60, episodes=[Episode("w1", 0, 60, 2.0), Episode("w3", 20, 60, 3.0)])
+    onsets = {v.worker_id: v.classification for v in verdicts_for(spec, late) if v.kind is VerdictKind.STRAGGLER}
+    assert onsets["w1"] is StragglerClass.DETERMINISTIC  # as slow as it has ever been
+    assert onsets["w3"] in (StragglerClass.TRANSIENT, StragglerClass.PERSISTENT)  # slower than its own past
+

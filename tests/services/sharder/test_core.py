@@ -251,6 +251,18 @@ def test_a_rewound_epoch_still_gives_a_shard_max_attempts_tries():
     assert transitions(failed.events) == [T.FAILED]  # the first failure of this run, not the shard's last try
 
 
+def test_static_assignment_grants_each_worker_its_own_shards_only():
+    spec = dataset(size=1000, shard_size=100, epochs=1).model_copy(update={"owners": ["w1", "w2"]})
+    core, _ = new_core(spec, quota=10)
+    mine = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards
+    assert sorted(s.shard_id for s in mine) == [0, 2, 4, 6, 8]
+    for shard in mine:
+        core.on_progress(report(K.DONE, "w1", 0, shard_id=shard.shard_id), 0)
+    again = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment
+    assert again.status is AssignmentStatus.WAIT and not again.shards  # w2's shards wait for w2, not for the idle w1
+    assert not core.on_progress(report(K.REQUESTED, "w3", 0), 0).assignment.shards  # a stranger owns nothing
+
+
 def test_rewind_to_an_unknown_version_is_rejected():
     core, _ = new_core(dataset())
     with pytest.raises(ProgressRejected, match="does not exist"):

@@ -173,6 +173,32 @@ def test_a_server_that_dies_comes_back_from_its_checkpoint_and_everyone_rolls_ba
     check_exactly_once(settings, tmp_path, 1)
 
 
+def test_a_shard_told_to_restart_leaves_with_a_checkpoint_and_its_replacement_carries_on(settings, topics, tmp_path):
+    from antdt.schemas.models import CommandAction
+    from antdt.worker.agent import EXIT_RESTART
+    from tests.worker.test_agent import send_command
+
+    settings = settings.model_copy(update={"job_id": "job-ps-move"})
+    source = SyntheticClassification(SPEC.size, seed=3)
+    with running_sharder(settings), ExitStack() as stack:
+        first = server(settings, tmp_path)
+        port = first.port
+        replacement = {}
+
+        def move_the_shard():
+            wait_for(lambda: first.model.version > 40 and len(first.store.versions()) >= 2, "updates applied")
+            send_command(settings, CommandAction.RESTART, key=None, job_id=settings.job_id, target_worker="ps-0")
+            wait_for(lambda: first.exit is not None, "the shard left")
+            first.close()
+            replacement["server"] = stack.enter_context(_closing(server(settings, tmp_path, port=port)))
+
+        run_workers(settings, [f"localhost:{port}"], source, 2, pace_s=0.002, during=move_the_shard)
+        wait_for(lambda: (tmp_path / "out" / "ps-0" / "ledger-epoch1.npy").exists(), "the last epoch's ledger")
+    assert first.exit.code == EXIT_RESTART and first.state is ServerState.LEAVING
+    assert replacement["server"].state is ServerState.SERVING
+    check_exactly_once(settings, tmp_path, 1)
+
+
 def test_a_gradient_computed_too_long_ago_is_refused_and_recomputed(settings, topics, tmp_path):
     settings = settings.model_copy(update={"job_id": "job-ps-stale"})
     source = SyntheticClassification(SPEC.size, seed=3)
