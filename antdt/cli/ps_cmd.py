@@ -28,7 +28,10 @@ def ps(
     http_port: int = typer.Option(9405, "--http-port", min=0, max=65535, help="Port for /healthz, /readyz, /metrics (0: none)."),
     log_level: str = typer.Option("INFO", help="Logging level."),
 ) -> None:
-    """Serve one shard of a job's model to asynchronous workers (ANTDT_JOB_ID names the job)."""
+    """Serve one shard of a job's model to asynchronous workers (ANTDT_JOB_ID names the job).
+
+    ANTDT_WORKER_ID, if set, is the name the shard reports under and obeys commands as (default ps-<shard>).
+    """
     from antdt.worker.ps.server import ServerSpec
 
     if shard >= shards:
@@ -37,7 +40,7 @@ def ps(
     settings = load_settings()
     spec = ServerSpec(job_id=settings.job_id, checkpoint_dir=checkpoint_dir, shard=shard, shards=shards, port=port,
                       out_dir=out, lr=lr, momentum=momentum, checkpoint_every_s=checkpoint_every,
-                      max_staleness=max_staleness)
+                      max_staleness=max_staleness, agent_id=settings.worker_id)
     serve(settings, spec, http_port)
 
 

@@ -531,6 +531,13 @@ def test_each_shard_is_a_pod_of_the_statefulset_numbered_by_its_index():
     assert statefulset["spec"]["podManagementPolicy"] == "Parallel", "shards are peers: start them all at once"
 
 
+def test_a_shard_is_identified_by_its_pod_and_node_so_the_remediation_can_move_it():
+    _, _, container, _ = example_parameter_server()
+    sources = {var["name"]: var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for var in container["env"]}
+    assert sources["ANTDT_WORKER_ID"] == "metadata.name", "a RESTART of a slow shard deletes the pod it names"
+    assert sources["ANTDT_NODE_ID"] == "spec.nodeName", "the node marked degraded is the shard's node"
+
+
 def test_the_parameter_server_runs_with_probes_metrics_and_its_ports():
     _, statefulset, container, params = example_parameter_server()
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}

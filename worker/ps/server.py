@@ -105,6 +105,9 @@ class ServerSpec:
     pending_ttl_s: float = 300.0
     recover_within_s: float = 90.0
     commands: bool = True  # obey the controller's RESTART and EVICT (the agent listens for commands)
+    #: The name the shard reports under and is commanded by (default ``ps-<shard>``); on Kubernetes the pod's
+    #: name, which the remediation deletes on RESTART so the StatefulSet starts it again on another node.
+    agent_id: str | None = None
     #: Demos and tests: the seconds each piece of work ("pull", "prepare", "apply") lasts at least now, as on
     #: a slower or contended machine; the shard then does one piece at a time, as one busy machine would.
     pace: Callable[[str], float] | None = None
@@ -163,7 +166,7 @@ class ParameterServer:
 
     def start(self) -> ParameterServer:
         settings = self.settings.model_copy(update={"job_id": self.spec.job_id})
-        self._agent = Agent(settings=settings, worker_id=self.spec.name, role="ps",
+        self._agent = Agent(settings=settings, worker_id=self.spec.agent_id or self.spec.name, role="ps",
                             listen_for_commands=self.spec.commands, batch_size=0).__enter__()
         self._client = self._agent.shard_client
         self._watch = shared_watch(settings)
