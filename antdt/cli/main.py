@@ -14,7 +14,7 @@ import sys
 import typer
 
 from antdt import __version__
-from antdt.cli import bench_cmd, broker_cmd, chaos_cmd, check_cmd, control_cmd, controller_cmd, demo_cmd, monitor_cmd, probe_cmd, ps_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd, worker_cmd
+from antdt.cli import bench_cmd, broker_cmd, chaos_cmd, check_cmd, control_cmd, controller_cmd, demo_cmd, monitor_cmd, probe_cmd, ps_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd, up_cmd, worker_cmd
 from antdt.errors import AntdtError
 
 # typer >= 0.29 vendors click; its argument errors live here.
@@ -43,6 +43,7 @@ def main(
 
 
 app.command("broker")(broker_cmd.broker)
+app.command("up")(up_cmd.up)
 app.command("topics")(topics_cmd.topics)
 app.command("demo")(demo_cmd.demo)
 app.command("bench")(bench_cmd.bench)

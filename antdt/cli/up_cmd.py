@@ -1,0 +1,85 @@
+"""``antdt up``: the bus and the three services, for trying antdt with your own training script.
+
+It starts the embedded broker (or uses ``ANTDT_BOOTSTRAP_SERVERS`` when set),
+creates the topics, starts ``antdt monitor``, ``antdt sharder`` and
+``antdt controller`` as child processes configured exactly as in a
+deployment, waits for each one's ``/readyz`` and prints where everything is.
+Then it watches them: Ctrl-C or SIGTERM stops everything cleanly (exit 0),
+and a service that dies is reported at once with its log file (exit 1).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+
+import typer
+
+from antdt.errors import AntdtError
+from antdt.shutdown import stop_on_signals
+
+SERVICES = ("monitor", "sharder", "controller")
+
+
+def up(
+    port: int = typer.Option(0, "--port", "-p", min=0, max=65535, help="The embedded broker's port (0: a free one)."),
+    policy: str = typer.Option("antdt-nd", "--policy", help="The controller's policy (antdt-nd, antdt-dd, or module:attr)."),
+    ready_within: float = typer.Option(60.0, "--ready-within", min=1.0, help="Seconds each service may take to be ready."),
+    log_dir: Path | None = typer.Option(None, "--log-dir", file_okay=False, help="Where the services' logs go (default: a temporary folder)."),
+) -> None:
+    """Run the bus and the monitor, sharder and controller until Ctrl-C or SIGTERM."""
+    from antdt.demo.environment import external_bus
+
+    logs = log_dir or Path(tempfile.mkdtemp(prefix="antdt-up-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    with stop_on_signals() as stop, ExitStack() as stack:
+        settings, where = _bus(stack, port)
+        typer.echo(f"bus: {where}")
+        if not external_bus():
+            typer.echo(f"export ANTDT_BOOTSTRAP_SERVERS={settings.bootstrap_servers} ANTDT_BROKER_PROFILE=embedded")
+        running = _services(stack, settings, policy, logs, ready_within)
+        typer.echo(f"logs: {logs}; Ctrl-C stops everything")
+        while not stop.wait(0.2):
+            _check(running)
+        typer.echo("stopping")
+
+
+def _bus(stack: ExitStack, port: int):
+    from antdt.bus.admin import ensure_topics
+    from antdt.bus.clients import make_admin
+    from antdt.demo.environment import bus_and_broker, external_bus
+
+    if external_bus() or not port:
+        settings, where, _ = stack.enter_context(bus_and_broker())
+        return settings, where
+    from antdt.broker import EmbeddedBroker
+    from antdt.settings import BrokerProfile, load_settings
+
+    broker = stack.enter_context(EmbeddedBroker(port=port))
+    settings = load_settings(bootstrap_servers=broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED)
+    ensure_topics(make_admin(settings), settings)
+    return settings, f"embedded broker {broker.bootstrap_servers} (ready in {broker.ready_after_s:.3f} s)"
+
+
+def _services(stack: ExitStack, settings, policy: str, logs: Path, ready_within: float) -> dict:
+    from antdt.launch import service_process
+
+    arguments = {"controller": ["--set", f"policy={policy}"]}
+    running = {name: stack.enter_context(service_process(settings, name, *arguments.get(name, ()), log_dir=logs))
+               for name in SERVICES}
+    for name, service in running.items():
+        try:
+            service.wait_ready(ready_within)
+        except AntdtError:
+            raise AntdtError(f"{name} was not ready within {ready_within:g} s; its log: {service.log_path}") from None
+        typer.echo(f"{name} ready (pid {service.process.pid}, http://127.0.0.1:{service.http_port}/metrics)")
+    return running
+
+
+def _check(running: dict) -> None:
+    """A service that exited ends ``antdt up`` with its name, code and log."""
+    for name, service in running.items():
+        code = service.process.poll()
+        if code is not None:
+            raise AntdtError(f"{name} exited with code {code}; its log: {service.log_path}")
