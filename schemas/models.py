@@ -220,6 +220,10 @@ class ResourceSnapshot(AvroRecord):
     gpu_memory_total_bytes: Count64 | None = None
 
 
+#: ``WorkerMetrics.role`` of a training worker; a parameter-server shard reports as "ps".
+WORKER_ROLE = "worker"
+
+
 class WorkerMetrics(AvroModel):
     avro_name: ClassVar[str] = "antdt.WorkerMetrics"
 
@@ -240,7 +244,7 @@ class WorkerMetrics(AvroModel):
     samples: Count64
     local_batch_size: Count32
     resources: ResourceSnapshot
-    role: Name = "worker"
+    role: Name = WORKER_ROLE
     queue_depth: Count32 | None = None
 
     @model_validator(mode="after")

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING
 
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import (
+    WORKER_ROLE,
     AckStatus,
     CommandAck,
     CommandAction,
@@ -124,7 +125,7 @@ class Agent:
     def __init__(self, job_id: str | None = None, worker_id: str | None = None, rank: int | None = None,
                  node_id: str | None = None, *, settings: Settings | None = None, batch_size: int = 32,
                  shard_quota: int = 2, device: int | None = None, listen_for_commands: bool = True,
-                 role: str = "worker"):
+                 role: str = WORKER_ROLE):
         self.settings = settings or load_settings()
         self.spec = AgentSpec.from_settings(self.settings, job_id, worker_id, rank, node_id, device)
         self.incarnation = uuid.uuid4().hex

@@ -29,37 +29,20 @@ def up(
     log_dir: Path | None = typer.Option(None, "--log-dir", file_okay=False, help="Where the services' logs go (default: a temporary folder)."),
 ) -> None:
     """Run the bus and the monitor, sharder and controller until Ctrl-C or SIGTERM."""
-    from antdt.demo.environment import external_bus
+    from antdt.demo.environment import bus_and_broker
 
     logs = log_dir or Path(tempfile.mkdtemp(prefix="antdt-up-"))
     logs.mkdir(parents=True, exist_ok=True)
     with stop_on_signals() as stop, ExitStack() as stack:
-        settings, where = _bus(stack, port)
+        settings, where, broker = stack.enter_context(bus_and_broker(port=port or None))
         typer.echo(f"bus: {where}")
-        if not external_bus():
+        if broker is not None:
             typer.echo(f"export ANTDT_BOOTSTRAP_SERVERS={settings.bootstrap_servers} ANTDT_BROKER_PROFILE=embedded")
         running = _services(stack, settings, policy, logs, ready_within)
         typer.echo(f"logs: {logs}; Ctrl-C stops everything")
         while not stop.wait(0.2):
             _check(running)
         typer.echo("stopping")
-
-
-def _bus(stack: ExitStack, port: int):
-    from antdt.bus.admin import ensure_topics
-    from antdt.bus.clients import make_admin
-    from antdt.demo.environment import bus_and_broker, external_bus
-
-    if external_bus() or not port:
-        settings, where, _ = stack.enter_context(bus_and_broker())
-        return settings, where
-    from antdt.broker import EmbeddedBroker
-    from antdt.settings import BrokerProfile, load_settings
-
-    broker = stack.enter_context(EmbeddedBroker(port=port))
-    settings = load_settings(bootstrap_servers=broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED)
-    ensure_topics(make_admin(settings), settings)
-    return settings, f"embedded broker {broker.bootstrap_servers} (ready in {broker.ready_after_s:.3f} s)"
 
 
 def _services(stack: ExitStack, settings, policy: str, logs: Path, ready_within: float) -> dict:

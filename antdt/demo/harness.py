@@ -101,7 +101,7 @@ def run_plan(
         handshake = run_dir / f"handshake-{job_id}"
         handshake.mkdir()
         timeline = stack.enter_context(Timeline(settings, job_id, names))
-        placement = Placement(scenario)
+        placement = Placement(scenario, on_move=timeline.add_move)
         wanted = wanted_services(plan, scenario, run_dir, LR, scenario_path, handshake)
         services = Services(stack, settings, run_dir / "logs", placement, timeline.now).start(wanted)
         servers = server_addresses(wanted)
@@ -120,11 +120,8 @@ def run_plan(
         while not pool.all_finished:
             for node in timeline.degraded():
                 placement.mark_degraded(node)
-            moves = len(placement.moves)
             pool.supervise()
             services.supervise(restart=chaos is not None)
-            for move in placement.moves[moves:]:
-                timeline.add_move(move)
             if chaos is not None:
                 chaos.tick(time.time() - start, pool, services, timeline)
             if on_tick is not None:

@@ -14,6 +14,7 @@ pod's container is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from antdt.demo.scenario import Scenario
@@ -44,8 +45,9 @@ class Move:
 class Placement:
     """The run's placement: process -> node, the degraded nodes, and every move made."""
 
-    def __init__(self, scenario: Scenario):
-        self.scenario = scenario
+    def __init__(self, scenario: Scenario, on_move: Callable[[Move], None] = lambda move: None):
+        """``on_move``: told of each move as it is made (the run's timeline)."""
+        self.scenario, self.on_move = scenario, on_move
         names = [w.name for w in scenario.workers] + scenario.server_names
         self.where: dict[str, str] = {name: scenario.home(name) for name in names}
         self.degraded: set[str] = set()
@@ -70,6 +72,7 @@ class Placement:
         self.where[process] = target.name
         move = Move(t, process, source, target.name, reason)
         self.moves.append(move)
+        self.on_move(move)
         return move
 
 

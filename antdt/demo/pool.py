@@ -37,10 +37,9 @@ from antdt.settings import Settings
 
 class WorkerPool:
     def __init__(self, scenario_path: Path, scenario: Scenario, plan: RunPlan, handshake: Path, settings: Settings,
-                 run_dir: Path, servers: list[str] = (), restart_failed: bool = False, placement: Placement | None = None,
-                 clock: Callable[[], float] = lambda: 0.0):
+                 run_dir: Path, servers: list[str], restart_failed: bool, placement: Placement, clock: Callable[[], float]):
         self.scenario_path, self.scenario, self.plan = scenario_path, scenario, plan
-        self.placement, self.clock = placement or Placement(scenario), clock
+        self.placement, self.clock = placement, clock
         self.handshake, self.settings, self.run_dir = handshake, settings, run_dir
         self.log_dir = run_dir / "logs"
         self.servers = list(servers)

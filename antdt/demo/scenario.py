@@ -30,8 +30,8 @@ No schedule can train faster on these workers at that batch.
 
 from __future__ import annotations
 
-import json
 import functools
+import json
 import math
 import random
 from enum import Enum
@@ -202,10 +202,10 @@ class Scenario(_Strict):
         return [by_name[w.node] for w in self.workers] + [by_name[n] for n in self.server_nodes]
 
     def node(self, name: str) -> NodeSpec:
-        for node in self.cluster:
-            if node.name == name:
-                return node
-        raise KeyError(f"no node {name} in scenario {self.name}")
+        index = _node_index(self.cluster).get(name)
+        if index is None:
+            raise KeyError(f"no node {name} in scenario {self.name}")
+        return self.cluster[index]
 
     def node_speed(self, name: str, t: float) -> float:
         """Node ``name``'s speed in samples per second at ``t`` (noise included: it belongs to the node)."""

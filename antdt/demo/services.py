@@ -77,8 +77,8 @@ def wanted_services(plan: RunPlan, scenario: Scenario, run_dir: Path, lr: float,
 
 
 class Services:
-    def __init__(self, stack: ExitStack, settings: Settings, log_dir: Path, placement: Placement | None = None,
-                 clock: Callable[[], float] = lambda: 0.0):
+    def __init__(self, stack: ExitStack, settings: Settings, log_dir: Path, placement: Placement,
+                 clock: Callable[[], float]):
         self._stack, self._settings, self._log_dir = stack, settings, log_dir
         self.placement, self.clock = placement, clock
         self._argv: dict[str, list[str]] = {}
@@ -94,7 +94,7 @@ class Services:
 
     def _launch(self, name: str, argv: list[str]) -> None:
         self._argv[name] = argv
-        if name.startswith("ps-") and self.placement is not None:
+        if name in self.placement.scenario.server_names:  # a parameter-server shard: a process on a node
             self.processes[name] = self._fork_server_shard(name, argv)
             return
         self.processes[name] = self._stack.enter_context(
@@ -117,7 +117,7 @@ class Services:
             code = service.process.poll()
             if code is None:
                 continue
-            if code in REPLACED and self.placement is not None and name in self.placement.where:
+            if code in REPLACED and name in self.placement.scenario.server_names:
                 self.placement.replace(name, self.clock(), REPLACED[code])  # the controller moves it elsewhere
             elif not restart:
                 raise AntdtError(f"{name} exited with code {code}; its log ends:\n{service.log_tail()}")

@@ -25,6 +25,7 @@ from antdt.bus.readers import BEGINNING, assign_now, poll_batch
 from antdt.bus.watch import Rewinder, shared_watch
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import (
+    WORKER_ROLE,
     AckStatus,
     AssignmentStatus,
     CommandAck,
@@ -204,7 +205,7 @@ class Timeline:
 
     def _take(self, record) -> None:
         if isinstance(record, WorkerMetrics):
-            if record.role != "worker":
+            if record.role != WORKER_ROLE:
                 return  # a parameter-server shard's steps are applied updates, counted by the workers already
             track = self._track(record.worker_id)
             span = (record.window_end - record.window_start).total_seconds()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta
 
-from antdt.schemas.models import CommandAction as A, StragglerClass, StragglerVerdict, VerdictKind
+from antdt.schemas.models import WORKER_ROLE, CommandAction as A, StragglerClass, StragglerVerdict, VerdictKind
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.policy import NOTHING, Decision, Event, Intent, register
 from antdt.services.controller.state import JobView
@@ -76,7 +76,7 @@ def _persistent_reason(verdict: StragglerVerdict) -> str:
 
 def _quota(job: JobView, verdict: StragglerVerdict, quota: int, reason: str) -> Decision:
     view = job.worker(verdict.worker_id)
-    if view.quota == quota or view.role != "worker":  # a parameter-server shard pulls no shards
+    if view.quota == quota or view.role != WORKER_ROLE:  # a parameter-server shard pulls no shards
         return NOTHING
     return Decision((Intent(A.SET_SHARD_QUOTA, verdict.worker_id, reason, shard_quota=quota),))
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from antdt.schemas.models import CommandAction, MitigationCommand, StragglerVerdict, VerdictKind, WorkerMetrics
+from antdt.schemas.models import WORKER_ROLE, CommandAction, MitigationCommand, StragglerVerdict, VerdictKind, WorkerMetrics
 from antdt.sizing.step_model import StepWindow
 
 DISRUPTIVE = (CommandAction.RESTART, CommandAction.EVICT)
@@ -26,7 +26,7 @@ WINDOWS_KEPT = 32
 class WorkerView:
     worker_id: str
     node_id: str | None = None
-    role: str = "worker"  # or "ps": a parameter-server shard, which has no shards to pull
+    role: str = WORKER_ROLE  # or "ps": a parameter-server shard, which has no shards to pull
     incarnation: str | None = None
     last_step: int | None = None
     steps_per_s: float | None = None

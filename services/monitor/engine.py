@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from antdt.control import ConfigLayers
 from antdt.errors import AntdtError
 from antdt.schemas.codec import Codec
-from antdt.schemas.models import ControlComponent, ControlConfig, StragglerVerdict, WorkerMetrics
+from antdt.schemas.models import WORKER_ROLE, ControlComponent, ControlConfig, StragglerVerdict, WorkerMetrics
 from antdt.services.monitor.detection import DetectorConfig, JobDetector
 
 #: Report dates the monitor accepts (see MonitorEngine._refuse_implausible).
@@ -38,8 +38,6 @@ LATEST = datetime(2200, 1, 1, tzinfo=timezone.utc)
 #: The most compute or waiting time one report may claim (about 11.6 days).
 MAX_REPORT_S = 1e6
 
-
-WORKER_ROLE = "worker"
 
 
 @dataclass

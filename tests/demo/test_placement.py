@@ -17,12 +17,13 @@ def cluster(spares: int = 2, free: int = 0) -> Scenario:
 
 
 def test_a_restarted_worker_goes_to_a_spare_and_the_move_says_why():
-    placement = Placement(cluster(free=1))
+    told = []
+    placement = Placement(cluster(free=1), on_move=told.append)
     placement.mark_degraded("n1")
     move = placement.replace("w1", 12.0, "RESTART: persistent straggler")
     assert (move.source, move.target, move.helped) == ("n1", "spare0", True)
     assert move.describe() == "w1: n1 -> spare0 (RESTART: persistent straggler; spare spare0, n1 marked degraded)"
-    assert placement.where["w1"] == "spare0" and placement.moves == [move]
+    assert placement.where["w1"] == "spare0" and placement.moves == told == [move]
 
 
 def test_a_parameter_server_is_placed_like_a_worker():

@@ -196,15 +196,20 @@ def test_rewind_within_the_epoch_returns_later_work_to_todo():
     assert core.state.slots[first[1].shard_id].attempt == first[1].attempt + 1
 
 
-def test_rewind_across_epochs_uses_the_folded_target():
-    core, log = new_core(dataset(size=200, shard_size=100, epochs=2), quota=2)
+def into_epoch_1_past_a_checkpoint(spec):
+    """Both shards of epoch 0 DONE, with a checkpoint between the two: (core, log, epoch-0 grants, its version)."""
+    core, log = new_core(spec, quota=2)
     shards = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards
     log += core.on_progress(report(K.DONE, "w1", 0, shard_id=shards[0].shard_id), 0).events
     checkpoint = core.on_progress(report(K.CHECKPOINT, "w1", 0), 0)
     log += checkpoint.events
     log += core.on_progress(report(K.DONE, "w1", 0, shard_id=shards[1].shard_id), 0).events
+    return core, log, shards, checkpoint.assignment.version
+
+
+def test_rewind_across_epochs_uses_the_folded_target():
+    core, log, shards, version = into_epoch_1_past_a_checkpoint(dataset(size=200, shard_size=100, epochs=2))
     assert core.state.epoch == 1
-    version = checkpoint.assignment.version
     target = fold(JOB, [e for e in log if e.seq <= version])
     outcome = core.rewind(report(K.REWIND, "w1", 1, version=version), 0, target)
     assert core.state.epoch == 0
@@ -214,16 +219,10 @@ def test_rewind_across_epochs_uses_the_folded_target():
 
 def test_an_epoch_run_again_after_a_rewind_names_its_grants_afresh():
     """A worker that trained an epoch-1 grant before the rewind must not take the re-run's grant for the same one."""
-    core, log = new_core(dataset(size=200, shard_size=100, epochs=3), quota=2)
-    shards = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards
-    log += core.on_progress(report(K.DONE, "w1", 0, shard_id=shards[0].shard_id), 0).events
-    checkpoint = core.on_progress(report(K.CHECKPOINT, "w1", 0), 0)
-    log += checkpoint.events
-    log += core.on_progress(report(K.DONE, "w1", 0, shard_id=shards[1].shard_id), 0).events
+    core, log, _, version = into_epoch_1_past_a_checkpoint(dataset(size=200, shard_size=100, epochs=3))
     first_run = core.on_progress(report(K.REQUESTED, "w1", 1), 0)
     log += first_run.events
     before = {(s.shard_id, s.attempt) for s in first_run.assignment.shards}
-    version = checkpoint.assignment.version
     rewound = core.rewind(report(K.REWIND, "w1", 1, version=version), 0, fold(JOB, [e for e in log if e.seq <= version]))
     log += rewound.events
     remaining = core.on_progress(report(K.REQUESTED, "w1", 0), 0)
@@ -238,13 +237,7 @@ def test_an_epoch_run_again_after_a_rewind_names_its_grants_afresh():
 
 
 def test_a_rewound_epoch_still_gives_a_shard_max_attempts_tries():
-    core, log = new_core(dataset(size=200, shard_size=100, epochs=2, max_attempts=2), quota=2)
-    shards = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards
-    log += core.on_progress(report(K.DONE, "w1", 0, shard_id=shards[0].shard_id), 0).events
-    checkpoint = core.on_progress(report(K.CHECKPOINT, "w1", 0), 0)
-    log += checkpoint.events
-    log += core.on_progress(report(K.DONE, "w1", 0, shard_id=shards[1].shard_id), 0).events
-    version = checkpoint.assignment.version
+    core, log, _, version = into_epoch_1_past_a_checkpoint(dataset(size=200, shard_size=100, epochs=2, max_attempts=2))
     core.rewind(report(K.REWIND, "w1", 1, version=version), 0, fold(JOB, [e for e in log if e.seq <= version]))
     shard = core.on_progress(report(K.REQUESTED, "w1", 0), 0).assignment.shards[0]
     failed = core.on_progress(report(K.FAILED, "w1", 0, shard_id=shard.shard_id, error="x"), 0)

@@ -156,15 +156,10 @@ def test_a_server_that_dies_comes_back_from_its_checkpoint_and_everyone_rolls_ba
     with running_sharder(settings), ExitStack() as stack:
         first = server(settings, tmp_path)
         port = first.port
-        address = f"localhost:{port}"
         replacement = {}
+        crash_and_restart = replace_server(first, settings, tmp_path, stack, replacement)  # gone without a word
 
-        def crash_and_restart():
-            wait_for(lambda: first.model.version > 40 and len(first.store.versions()) >= 2, "updates applied")
-            first.close()  # gone without a word: its pending updates and the updates since its checkpoint
-            replacement["server"] = stack.enter_context(_closing(server(settings, tmp_path, port=port)))
-
-        run_workers(settings, [address], source, 2, pace_s=0.002, during=crash_and_restart)
+        run_workers(settings, [f"localhost:{port}"], source, 2, pace_s=0.002, during=crash_and_restart)
         again = replacement["server"]
         wait_for(lambda: (tmp_path / "out" / "ps-0" / "ledger-epoch1.npy").exists(), "the last epoch's ledger")
         assert again.state is ServerState.SERVING
@@ -185,13 +180,11 @@ def test_a_shard_told_to_restart_leaves_with_a_checkpoint_and_its_replacement_ca
         port = first.port
         replacement = {}
 
-        def move_the_shard():
-            wait_for(lambda: first.model.version > 40 and len(first.store.versions()) >= 2, "updates applied")
+        def told_to_restart():
             send_command(settings, CommandAction.RESTART, key=None, job_id=settings.job_id, target_worker="ps-0")
             wait_for(lambda: first.exit is not None, "the shard left")
-            first.close()
-            replacement["server"] = stack.enter_context(_closing(server(settings, tmp_path, port=port)))
 
+        move_the_shard = replace_server(first, settings, tmp_path, stack, replacement, before_close=told_to_restart)
         run_workers(settings, [f"localhost:{port}"], source, 2, pace_s=0.002, during=move_the_shard)
         wait_for(lambda: (tmp_path / "out" / "ps-0" / "ledger-epoch1.npy").exists(), "the last epoch's ledger")
     assert first.exit.code == EXIT_RESTART and first.state is ServerState.LEAVING
@@ -210,6 +203,20 @@ def test_a_gradient_computed_too_long_ago_is_refused_and_recomputed(settings, to
 
     assert metrics.STALE._value.get() > 0  # three workers on one server: some pushes were behind
     check_exactly_once(settings, tmp_path, 1)
+
+
+def replace_server(first, settings, tmp_path, stack, replacement: dict, before_close=lambda: None):
+    """For ``run_workers(during=...)``: once updates are applied and checkpointed, ``before_close``, then close
+    ``first`` (without a word: its pending updates are lost) and start its replacement on its port."""
+    port = first.port
+
+    def replace() -> None:
+        wait_for(lambda: first.model.version > 40 and len(first.store.versions()) >= 2, "updates applied")
+        before_close()
+        first.close()
+        replacement["server"] = stack.enter_context(_closing(server(settings, tmp_path, port=port)))
+
+    return replace
 
 
 class _closing:
