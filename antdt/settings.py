@@ -73,8 +73,16 @@ class Settings(BaseSettings):
     worker_id: str | None = Field(None, pattern=_NAME_PATTERN, max_length=128, description="agent identity; default rank-<RANK>")
     node_id: str | None = Field(None, max_length=256, description="node the agent runs on; default the host name")
     heartbeat_interval_s: float = Field(5.0, gt=0, le=3600)
+    checkpoint_every_s: float = Field(30.0, gt=0, description="how often a synchronous job (ElasticJob) checkpoints")
     slowdown: str | None = Field(None, description="straggler injection: a factor, or episodes start-end:factor,...")
     slowdown_mode: str = Field("sleep", pattern=r"^(sleep|cpu)$", description="sleep, or cpu (busy competitor processes)")
+    slowdown_ranks: str | None = Field(None, pattern=r"^\d+(,\d+)*$",
+                                       description="the ranks (RANK) the slowdown applies to, e.g. 2 or 0,3; default all")
+
+    @property
+    def slowed_ranks(self) -> frozenset[int] | None:
+        """The ranks ``slowdown`` applies to; None: every process given it."""
+        return frozenset(int(r) for r in self.slowdown_ranks.split(",")) if self.slowdown_ranks else None
 
     @field_validator("bootstrap_servers")
     @classmethod

@@ -1,12 +1,14 @@
 """Agent overhead per training step, and events per second per worker.
 
-    .venv/bin/python bench/agent_bench.py [--json] [--steps 200000] [--seconds 10]
+    .venv/bin/python bench/agent_bench.py [--json] [--steps 200000] [--seconds 10] [--repeat 3]
 
 * overhead: ``agent.step()`` timed call by call (perf_counter_ns around each
   call, minus the cost of the two timer reads measured the same way around
   nothing), with the agent fully running on the embedded broker: reporter,
   emitter and command listener threads live. Also whole loops: N iterations
-  with and without ``agent.step()``.
+  with and without ``agent.step()``, and entering and leaving
+  ``agent.sync_wait()`` (its CUDA check; on a GPU it also waits for the
+  queued work, which is the point). Repeated ``--repeat`` times.
 * commit: ``agent.step()`` after a batch of 32 tagged samples from two shard
   grants, the step that commits them (one COMMIT report produced, not
   waited for), timed the same way.
@@ -43,10 +45,18 @@ def timed_calls(call, n: int) -> list[int]:
     return samples
 
 
+def enter_sync_wait(agent: Agent) -> None:
+    with agent.sync_wait():
+        pass
+
+
 def bench_overhead(settings: Settings, steps: int) -> dict:
+    import torch  # noqa: F401 - a training process has it: the CUDA check in sync_wait looks at it
+
     with Agent("bench-overhead", "w0", settings=settings) as agent:
         nothing = timed_calls(lambda: None, steps)
         with_step = timed_calls(agent.step, steps)
+        with_sync = timed_calls(lambda: enter_sync_wait(agent), steps)
         started = time.perf_counter()
         for _ in range(steps):
             pass
@@ -63,7 +73,12 @@ def bench_overhead(settings: Settings, steps: int) -> dict:
                                   "p99": round(percentile(overhead, 0.99) / 1000, 3),
                                   "mean": round(statistics.fmean(overhead) / 1000, 3)},
         "loop_us_per_step": {"bare": round(bare_loop / steps * 1e6, 3), "with_agent": round(agent_loop / steps * 1e6, 3)},
+        "sync_wait_overhead_us": {"median": round(max(0, statistics.median(with_sync) - base) / 1000, 3)},
     }
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
 
 def bench_commit(settings: Settings, steps: int) -> dict:
@@ -118,10 +133,15 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--steps", type=int, default=200_000)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--repeat", type=int, default=3, help="overhead runs (median, min and max of their medians)")
     args = parser.parse_args()
     with embedded_broker() as broker:
         settings = fresh_settings(broker)
-        report = {"overhead": bench_overhead(settings, args.steps),
+        runs = [bench_overhead(settings, args.steps) for _ in range(args.repeat)]
+        report = {"overhead": {"runs": runs,
+                               "step_median_us": spread([r["step_call_overhead_us"]["median"] for r in runs]),
+                               "step_p99_us": spread([r["step_call_overhead_us"]["p99"] for r in runs]),
+                               "sync_wait_median_us": spread([r["sync_wait_overhead_us"]["median"] for r in runs])},
                   "commit": bench_commit(settings, min(args.steps, 20_000)),
                   "events": bench_events(settings, args.seconds)}
     print(json.dumps(report, indent=2) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))

@@ -62,7 +62,7 @@ def worker_metrics(seq: int = 7) -> WorkerMetrics:
             net_sent_bytes=20_000_000, net_recv_bytes=19_500_000,
             gpu_utilization_percent=88.0, gpu_memory_used_bytes=12_000_000_000, gpu_memory_total_bytes=80_000_000_000,
         ),
-        role="worker", queue_depth=0,
+        role="worker", queue_depth=0, world_size=8,
     )
 
 

@@ -246,6 +246,7 @@ class WorkerMetrics(AvroModel):
     resources: ResourceSnapshot
     role: Name = WORKER_ROLE
     queue_depth: Count32 | None = None
+    world_size: Count32 | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerMetrics:
@@ -505,6 +506,11 @@ class StragglerVerdict(AvroModel):
     episode_start: Timestamp | None = None
     evidence: list[Evidence]
     issued_at: Timestamp
+
+
+#: An ADJUST_BATCH_SIZE parameter: how many workers its decision resizes, so synchronous ranks can agree to
+#: switch together however late one command arrives (antdt.worker.elastic.resize).
+RANKS_CHANGED = "ranks_changed"
 
 
 class MitigationCommand(AvroModel):

@@ -2,7 +2,8 @@
 
 ``from antdt.worker import Agent, ShardedDataset`` is all a script needs;
 :mod:`antdt.worker.ddp` adds per-worker batch sizes under DDP and
-:mod:`antdt.worker.checkpoint` saves the shard-state version with the model.
+:mod:`antdt.worker.checkpoint` saves the shard-state version with the model;
+``ElasticJob`` is synchronous training under torchrun (:mod:`antdt.worker.elastic`).
 Names are imported lazily, so services that only need the shard client do
 not pay for importing torch.
 """
@@ -17,6 +18,7 @@ _EXPORTS = {
     "EXIT_RESTART": "antdt.worker.agent",
     "EXIT_EVICTED": "antdt.worker.agent",
     "ShardedDataset": "antdt.worker.dataset",
+    "ElasticJob": "antdt.worker.elastic.job",
     "ShardClient": "antdt.worker.shard_client",
 }
 

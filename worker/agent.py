@@ -34,13 +34,26 @@ RESTART and EVICT end the process with a distinctive exit code
 (:data:`EXIT_RESTART`, :data:`EXIT_EVICTED`) after the registered
 ``on_restart`` callbacks (checkpointing) ran, so an orchestrator knows to
 start the worker again elsewhere, or not at all.
+
+Under torchrun the agent takes its identity from torchrun's variables
+(:mod:`antdt.worker.elastic.env`): RESTART's exit is a failure torchrun
+restarts the worker group for (``--max-restarts``), and EVICT stops the
+node's torchrun agent as well, so in an elastic job (``--nnodes MIN:MAX``)
+the other nodes meet again without it.
+
+Timing on CUDA: kernels run after the calls that queue them return, so the
+device's queued work is waited for when synchronisation starts
+(:meth:`Agent.sync_wait`); it is booked as compute, the collective's own
+time as synchronisation.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -66,8 +79,9 @@ from antdt.schemas.types import utc_now
 from antdt.settings import Settings, load_settings
 from antdt.topics import topic_spec
 from antdt.worker.commands import ACCEPT, CommandListener, CommandVerifier, Verdict
+from antdt.worker.elastic.env import TorchrunEnv
 from antdt.worker.emitter import EventEmitter
-from antdt.worker.steps import StepRecord, summarize
+from antdt.worker.steps import StepRecord, settle_device, summarize
 
 if TYPE_CHECKING:
     from antdt.worker.dataset import ShardedDataset  # imports torch: only when shards() is used
@@ -78,6 +92,8 @@ log = logging.getLogger(__name__)
 EXIT_RESTART = 75
 #: Exit code of a worker the controller evicted: do not restart it.
 EXIT_EVICTED = 76
+#: A job id (the settings' pattern).
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class AgentState(str, Enum):
@@ -107,16 +123,55 @@ class AgentSpec:
     report_interval_s: float = 1.0
     heartbeat_interval_s: float = 5.0
     device: int | None = None
+    launch: TorchrunEnv | None = None  # set when torchrun started this process
+    world_size: int | None = None  # ranks in the synchronous group, when known
 
     @classmethod
-    def from_settings(cls, settings: Settings, job_id=None, worker_id=None, rank=None, node_id=None, device=None) -> AgentSpec:
-        """Fill what the script did not say from settings and the usual launcher variables (RANK, NODE_NAME)."""
-        if rank is None and os.environ.get("RANK", "").isdigit():
+    def from_settings(cls, settings: Settings, job_id=None, worker_id=None, rank=None, node_id=None, device=None,
+                      world_size=None) -> AgentSpec:
+        """Fill what the script did not say from settings and the launcher's variables.
+
+        Under torchrun: the rank is ``RANK``, the worker ``<node>-<LOCAL_RANK>``
+        (stable across restarts and re-rendezvous), the job a named run's id
+        (``--rdzv-id``, or ``--standalone``'s) unless ``ANTDT_JOB_ID`` is set,
+        and the device ``LOCAL_RANK`` when the script uses CUDA. Otherwise
+        ``RANK`` and ``NODE_NAME`` as other launchers set them.
+        """
+        launch = TorchrunEnv.detect()
+        if rank is None and launch is not None:
+            rank = launch.rank
+        elif rank is None and os.environ.get("RANK", "").isdigit():
             rank = int(os.environ["RANK"])
-        worker = worker_id or settings.worker_id or (f"rank-{rank}" if rank is not None else socket.gethostname())
         node = node_id or settings.node_id or os.environ.get("NODE_NAME") or socket.gethostname()
-        return cls(job_id or settings.job_id, worker, rank, socket.gethostname(), node, settings.report_interval_s,
-                   settings.heartbeat_interval_s, device)
+        worker = worker_id or settings.worker_id or _default_worker_id(launch, node, rank)
+        job = job_id or _default_job_id(settings, launch)
+        if device is None and launch is not None and _uses_cuda():
+            device = launch.local_rank
+        if world_size is None and launch is not None:
+            world_size = launch.world_size
+        elif world_size is None and os.environ.get("WORLD_SIZE", "").isdigit():
+            world_size = int(os.environ["WORLD_SIZE"])
+        return cls(job, worker, rank, socket.gethostname(), node, settings.report_interval_s,
+                   settings.heartbeat_interval_s, device, launch, world_size)
+
+
+def _default_worker_id(launch: TorchrunEnv | None, node: str, rank: int | None) -> str:
+    if launch is not None:
+        return launch.worker_id(node)
+    return f"rank-{rank}" if rank is not None else socket.gethostname()
+
+
+def _default_job_id(settings: Settings, launch: TorchrunEnv | None) -> str:
+    if "job_id" in settings.model_fields_set or launch is None or not launch.named_run:
+        return settings.job_id
+    run = launch.run_id
+    return run if JOB_ID.fullmatch(run) else settings.job_id
+
+
+def _uses_cuda() -> bool:
+    """Whether this process's torch (if imported at all) has CUDA devices: never imports torch itself."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_available()
 
 
 class Agent:
@@ -125,9 +180,9 @@ class Agent:
     def __init__(self, job_id: str | None = None, worker_id: str | None = None, rank: int | None = None,
                  node_id: str | None = None, *, settings: Settings | None = None, batch_size: int = 32,
                  shard_quota: int = 2, device: int | None = None, listen_for_commands: bool = True,
-                 role: str = WORKER_ROLE):
+                 role: str = WORKER_ROLE, world_size: int | None = None):
         self.settings = settings or load_settings()
-        self.spec = AgentSpec.from_settings(self.settings, job_id, worker_id, rank, node_id, device)
+        self.spec = AgentSpec.from_settings(self.settings, job_id, worker_id, rank, node_id, device, world_size)
         self.incarnation = uuid.uuid4().hex
         self.state = AgentState.CREATED
         self.step_count = 0
@@ -152,6 +207,7 @@ class Agent:
         self._quota_callbacks: list[Callable[[int], None]] = []
         self._restart_callbacks: list[Callable[[], None]] = []
         self._custom: dict[str, Callable[[MitigationCommand], None]] = {}
+        self._handlers: dict[CommandAction, Callable[[MitigationCommand], None]] = {}
         self._seq = 0
         self._window_start = None
         codec = make_codec(self.settings.schema_registry_url)
@@ -172,7 +228,7 @@ class Agent:
 
     def __enter__(self) -> Agent:
         self._sampler = _make_sampler(self.spec.device)
-        self._injector = _make_injector(self.settings)
+        self._injector = _make_injector(self.settings, self.spec.rank)
         self._emitter.start()
         self._lifecycle(LifecycleEvent.JOINED)
         if self._listen:
@@ -200,6 +256,10 @@ class Agent:
         self._report()  # the last partial interval
         self._lifecycle(LifecycleEvent.LEFT, exit_code=code, reason=reason)
         self._close_parts()
+        if code == EXIT_EVICTED and self.spec.launch is not None:
+            from antdt.worker.elastic.leave import leave_torchrun_job
+
+            leave_torchrun_job()
 
     def _close_parts(self, flush_timeout_s: float = 5.0) -> None:
         if self._shard_client is not None:
@@ -246,11 +306,17 @@ class Agent:
         return self._booked("_data_wait")
 
     def sync_wait(self):
-        """Time spent in this context counts as blocked at synchronisation (all-reduce, barrier)."""
-        return self._booked("_sync_wait")
+        """Time spent in this context counts as blocked at synchronisation (all-reduce, barrier).
+
+        On CUDA the device's queued work is finished first and booked as
+        compute: the collective would otherwise wait for it inside the context.
+        """
+        return self._booked("_sync_wait", settle=True)
 
     @contextmanager
-    def _booked(self, account: str) -> Iterator[None]:
+    def _booked(self, account: str, settle: bool = False) -> Iterator[None]:
+        if settle:
+            settle_device(self.spec.device)
         started = time.perf_counter()
         try:
             yield
@@ -373,6 +439,20 @@ class Agent:
         """Handle CUSTOM commands whose ``custom_action`` is ``name``."""
         self._custom[name] = callback
 
+    def handle(self, action: CommandAction, handler: Callable[[MitigationCommand], None]) -> None:
+        """Take ``action``'s commands over: ``handler`` gets each at the next step boundary, whatever its
+        effective step, and acknowledges it (:meth:`acknowledge`) once it is in effect.
+
+        For a training loop that must agree with its peers on when to apply
+        one (:class:`~antdt.worker.elastic.job.ElasticJob`'s batch sizes).
+        """
+        self._handlers[action] = handler
+
+    def acknowledge(self, command: MitigationCommand, status: AckStatus, reason: str | None = None,
+                    step: int | None = None) -> None:
+        """Tell the controller what became of ``command`` (for commands a :meth:`handle` handler took)."""
+        self._ack(command, status, reason, step)
+
     # ------------------------------------------------------------ commands
 
     def _on_verdict(self, command: MitigationCommand, verdict: Verdict) -> None:
@@ -390,7 +470,10 @@ class Agent:
         waiting = deque()
         while self._inbox:
             command = self._inbox.popleft()
-            if command.effective_step is not None and command.effective_step > self.step_count:
+            handler = self._handlers.get(command.action)
+            if handler is not None:
+                handler(command)
+            elif command.effective_step is not None and command.effective_step > self.step_count:
                 waiting.append(command)
             else:
                 self._apply(command)
@@ -490,7 +573,7 @@ class Agent:
             step_count=summary.step_count, first_step=summary.first_step, last_step=summary.last_step,
             compute=summary.compute, data_wait_s=summary.data_wait_s, sync_wait_s=summary.sync_wait_s,
             samples=summary.samples, local_batch_size=self.batch_size, resources=resources, role=self.role,
-            queue_depth=self.queue_depth,
+            queue_depth=self.queue_depth, world_size=self.spec.world_size,
         )
         self._emitter.emit(self._topics["metrics"], self.spec.job_id, message)
 
@@ -537,8 +620,9 @@ def _make_sampler(device: int | None):
     return sampler
 
 
-def _make_injector(settings: Settings):
-    if not settings.slowdown:
+def _make_injector(settings: Settings, rank: int | None):
+    ranks = settings.slowed_ranks
+    if not settings.slowdown or (ranks is not None and rank not in ranks):
         return None
     from antdt.worker.injection import SlowdownSpec, StragglerInjector
 

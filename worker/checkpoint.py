@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,8 +186,13 @@ def load_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
     map_location: Any = None,
-) -> CheckpointInfo:
-    """Load ``path`` into ``model`` (and ``optimizer`` if given); returns the shard version, step and extra."""
+    only_if: Callable[[CheckpointInfo], bool] | None = None,
+) -> CheckpointInfo | None:
+    """Load ``path`` into ``model`` (and ``optimizer`` if given); returns the shard version, step and extra.
+
+    With ``only_if``, a checkpoint it refuses (another job's, say) is left
+    unloaded and None returned: the model is not touched.
+    """
     path = Path(path)
     payload = _read(path, map_location)
     try:
@@ -195,6 +200,9 @@ def load_checkpoint(
         model_state, optimizer_state = payload["model"], payload["optimizer"]
     except KeyError as error:
         raise CheckpointError(f"checkpoint {path} lacks {error.args[0]!r}") from None
+    info = CheckpointInfo(shard_version=shard_version, step=step, extra=extra)
+    if only_if is not None and not only_if(info):
+        return None
     _check_fits(path, model, model_state)
     if optimizer is not None:
         _check_optimizer_fits(path, optimizer, optimizer_state)
@@ -207,4 +215,4 @@ def load_checkpoint(
             optimizer.load_state_dict(optimizer_state)
         except (RuntimeError, ValueError, KeyError) as error:
             raise CheckpointError(f"checkpoint {path} does not fit the optimizer: {_first_line(error)}") from error
-    return CheckpointInfo(shard_version=shard_version, step=step, extra=extra)
+    return info

@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import os
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -55,6 +58,32 @@ class DistributedError(AntdtError):
 
 class CollectiveTimeout(DistributedError):
     """A step's collective waited longer than the job's steps allow: a rank is dead or stuck."""
+
+
+#: Exit code of a rank whose group broke under it (the launcher restarts the whole group).
+EXIT_GROUP_BROKEN = 77
+
+
+def broke_the_group(exc: BaseException) -> bool:
+    """Whether ``exc`` says the process group broke (a peer died or is stuck) rather than the step failing.
+
+    Gloo reports a peer gone as a plain RuntimeError, so its text is looked at too.
+    """
+    if isinstance(exc, (dist.DistBackendError, DistributedError)):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(word in text for word in ("gloo", "nccl", "connection"))
+
+
+def end_broken_group(who: str, exc: BaseException) -> NoReturn:
+    """End this rank now, as if killed: its group's generation is over and what it did since the last
+    checkpoint is rewound. No leaving announcement (it would return its shards while its last commits
+    are still on their way), no interpreter teardown under the broken group's threads.
+    """
+    print(f"{who}: the group broke ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}); "
+          f"exiting {EXIT_GROUP_BROKEN}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(EXIT_GROUP_BROKEN)
 
 
 @dataclass
@@ -85,6 +114,11 @@ class StepSizedTimeout:
                 self._periods.popleft()
         self._last_done = now
 
+    def not_a_step(self, now: float) -> None:
+        """The time since the last collective was not a step (a checkpoint, say): leave it out of the periods."""
+        if self._last_done is not None:
+            self._last_done = now
+
     def describe(self) -> str:
         known = f"{self.factor:g}x the slowest of the last {len(self._periods)} steps, at least {self.floor_s:g} s"
         return known if self._periods else "the first step's bound"
@@ -101,7 +135,7 @@ def world_size(group: dist.ProcessGroup | None = None) -> int:
     return dist.get_world_size(group)
 
 
-def _collective_device(group: dist.ProcessGroup | None, params: list[torch.nn.Parameter]) -> torch.device:
+def collective_device(group: dist.ProcessGroup | None = None, params: Sequence[torch.Tensor] = ()) -> torch.device:
     """Where small control tensors live: next to the gradients, or where the backend needs them."""
     if params:
         return params[0].device
@@ -259,7 +293,7 @@ class WeightedGradientAverager:
     def _two_collectives(self, params: list[torch.nn.Parameter], local_batch_size: int,
                          counters: list[int]) -> tuple[int, list[int]]:
         """Mixed devices or dtypes, or low-precision gradients: exact integers first, then one buffer per (device, dtype)."""
-        device = _collective_device(self.group, params)
+        device = collective_device(self.group, params)
         contributes = local_batch_size > 0
         # [b_i, counters, has_grad_0, ..., has_grad_n]: where the ranks learn about each other.
         control = torch.tensor(
@@ -342,7 +376,7 @@ def agreed_checkpoint_version(
     flush()
     if world_size(group) == 1:
         return ask()
-    device = _collective_device(group, [])
+    device = collective_device(group, [])
     dist.barrier(group=group)
     version, failure = -1, None
     if dist.get_rank() == src:

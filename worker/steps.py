@@ -7,11 +7,24 @@ reporter thread, once per report interval.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from antdt.schemas.models import StepTimeStats
 
 ZERO_STATS = StepTimeStats(sum_s=0.0, min_s=0.0, max_s=0.0, p50_s=0.0, p90_s=0.0)
+
+
+def settle_device(device: int | None = None) -> None:
+    """Wait for the CUDA work queued on ``device``'s current stream (default: the current device).
+
+    CUDA calls return before their kernels run: a clock read right after
+    them would move the kernels' time into whatever is timed next. A process
+    that never initialised CUDA (or never imported torch) pays nothing.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.current_stream(device).synchronize()
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,8 @@ from antdt.errors import AntdtError
 from antdt.shutdown import stop_on_signals
 
 SERVICES = ("monitor", "sharder", "controller")
+#: torchrun otherwise keeps one store across restarts, and a restarted group finds the last one's addresses there.
+TORCHRUN_FIX = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
 
 
 def up(
@@ -38,6 +40,7 @@ def up(
         typer.echo(f"bus: {where}")
         if broker is not None:
             typer.echo(f"export ANTDT_BOOTSTRAP_SERVERS={settings.bootstrap_servers} ANTDT_BROKER_PROFILE=embedded")
+        typer.echo(f"export {TORCHRUN_FIX}  # for torchrun's restarts (docs/torchrun.md)")
         running = _services(stack, settings, policy, logs, ready_within)
         typer.echo(f"logs: {logs}; Ctrl-C stops everything")
         while not stop.wait(0.2):

@@ -4,12 +4,12 @@ Every step ends in the batch-weighted gradient all-reduce
 (:class:`~antdt.worker.ddp.WeightedGradientAverager`, gloo), which also
 carries how many ranks still have data and every rank's samples into the
 ledger; then the optimizer step, then the agent commits the step's samples.
-Samples come from dynamic shards (a non-blocking feed, :mod:`antdt.demo.feeds`)
+Samples come from dynamic shards (a non-blocking feed, :mod:`antdt.worker.feeds`)
 or, for the baseline, a static slice.
 
 A rank whose collective fails (a peer died) or outwaits the step-sized
 timeout (a peer is stuck: :class:`~antdt.worker.ddp.StepSizedTimeout`) exits
-at once with :data:`EXIT_GROUP_BROKEN`, saying nothing more on the bus: no leaving
+at once with :data:`~antdt.worker.ddp.EXIT_GROUP_BROKEN`, saying nothing more on the bus: no leaving
 announcement (which would return its shards while its last commits are
 still on their way), no further report. Its generation is over; what it did
 after the last checkpoint is rewound.
@@ -26,7 +26,6 @@ data: what the model lost is trained again, nothing else.
 
 from __future__ import annotations
 
-import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -34,19 +33,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from antdt.demo.feeds import ShardFeed, StaticFeed
+from antdt.worker.feeds import ShardFeed, StaticFeed
 from antdt.demo.phases import Phase
 from antdt.demo.steptrace import LOSS_SCALE, StepTrace, trace_path
 from antdt.settings import Settings
 from antdt.sizing.inband import InBandSizer
 from antdt.worker.agent import Agent
 from antdt.worker.checkpoint import load_checkpoint, save_atomically, save_checkpoint
-from antdt.worker.ddp import DistributedError, StepSizedTimeout, WeightedGradientAverager, agreed_checkpoint_version
+from antdt.worker.ddp import (
+    StepSizedTimeout, WeightedGradientAverager, agreed_checkpoint_version, broke_the_group, end_broken_group,
+)
 from antdt.worker.ledger import LedgerSlots, SampleLedger
 
 GROUP_TIMEOUT = timedelta(seconds=45)  # set-up and checkpoint collectives; steps have their own bound
-#: Exit code of a rank whose group broke under it (the harness restarts the whole group).
-EXIT_GROUP_BROKEN = 77
 SNAPSHOT_EVERY_S = 1.0
 #: Samples in the step that times every rank before the first (:meth:`Lockstep._calibrate`).
 CALIBRATION_SAMPLES = 4
@@ -60,27 +59,19 @@ def run_sync(worker, settings: Settings, started: float) -> None:
                             rank=worker.rank, world_size=worker.world, timeout=GROUP_TIMEOUT)
     try:
         grouped = time.monotonic()
-        with Agent(settings=settings, rank=worker.rank, batch_size=worker.scenario.batch_size) as agent:
+        with Agent(settings=settings, rank=worker.rank, world_size=worker.world,
+                   batch_size=worker.scenario.batch_size) as agent:
             print(f"generation {args.generation}: rank {worker.rank} set up in {grouped - started:.2f} s "
                   f"(the process group {grouped - joined:.2f} s), its agent {time.monotonic() - grouped:.2f} s",
                   flush=True)
             try:
                 Lockstep(worker, agent).run()
-            except (dist.DistBackendError, DistributedError) as exc:  # a peer died, or one is stuck
-                group_broke(worker, exc)
-            except RuntimeError as exc:  # gloo reports a peer gone as a plain RuntimeError
-                if "gloo" not in str(exc).lower() and "connection" not in str(exc).lower():
+            except Exception as exc:
+                if not broke_the_group(exc):  # a peer died, or one is stuck
                     raise
-                group_broke(worker, exc)
+                end_broken_group(f"generation {args.generation}: rank {worker.rank}", exc)
     finally:
         dist.destroy_process_group()
-
-
-def group_broke(worker, exc: BaseException) -> None:
-    """End this rank now, as if killed: its generation is over (module docstring)."""
-    print(f"generation {worker.args.generation}: rank {worker.rank}: the group broke "
-          f"({str(exc).splitlines()[0][:200]}); exiting {EXIT_GROUP_BROKEN}", flush=True)
-    os._exit(EXIT_GROUP_BROKEN)
 
 
 class Lockstep:

@@ -37,6 +37,7 @@ class ControllerConfig:
     rebalance_interval_s: float = 10.0
     min_relative_change: float = 0.05
     switch_lead_s: float = 2.0
+    silent_after_s: float = 15.0  # a worker with no report for this long has left (an evicted node, a shrunk job)
 
     def __post_init__(self) -> None:
         refuse_broken("controller config", (
@@ -56,6 +57,7 @@ class ControllerConfig:
             (self.batch_sizing not in BATCH_SIZINGS, f"batch_sizing must be one of {BATCH_SIZINGS}"),
             (not 0 <= self.min_relative_change < 1, "min_relative_change must be in [0, 1)"),
             (self.switch_lead_s <= 0, "switch_lead_s must be > 0"),
+            (self.silent_after_s <= 0, "silent_after_s must be > 0"),
         ))
 
     def with_changes(self, changes: dict[str, str]) -> ControllerConfig:

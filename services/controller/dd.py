@@ -12,13 +12,19 @@ that of the global batch.
   (``global_batch_size``, or the workers' sum when the job is first seen)
   within ``[min_batch_size, max_batch_size]``.
 * **one decision, one command**: a rebalance names one switch step for
-  every changed worker, ahead of the most advanced one by ``switch_lead_s``
+  every changed worker (and how many they are, so that synchronous ranks
+  can agree to switch together however late a command arrives:
+  :mod:`antdt.worker.elastic.resize`), ahead of the most advanced one by ``switch_lead_s``
   of steps (plus one), and the next rebalance waits until every worker has
   reported a step from it on: no decision is taken on figures from before
   the last one took effect, so nothing is sent twice.
 * **no chasing noise**: a rebalance is sent only if it shortens the
   predicted step by at least ``min_relative_change``, and at most every
   ``rebalance_interval_s``.
+* **membership**: a worker silent for ``silent_after_s`` has left (an
+  evicted node of an elastic job); the global batch is split over those
+  present, once they are as many as the group's size the workers report. A restarted worker (new incarnation) counts its steps again from
+  its checkpoint, so the last switch step is forgotten.
 
 With ``batch_sizing = "in-band"`` the workers size their batches themselves
 at every step, inside the all-reduce (:mod:`antdt.sizing.inband`: the same
@@ -31,10 +37,10 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from antdt.schemas.models import CommandAction
+from antdt.schemas.models import RANKS_CHANGED, CommandAction
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.policy import NOTHING, Decision, Event, Intent, register
-from antdt.services.controller.state import JobView, WorkerView
+from antdt.services.controller.state import JobView, WorkerView, group_size
 from antdt.sizing.step_model import (
     EVIDENCE_KEPT, StepModel, balance, current_model, fixed_part_evidence, fixed_parts, slowest_step_s, worth_moving,
 )
@@ -45,7 +51,7 @@ MEMBERSHIP_SETTLE_S = 5.0
 
 @dataclass
 class Rebalances:
-    """What DD remembers per job: the last switch step and the fixed-part evidence seen so far."""
+    """What DD remembers per job: the last switch step, the fixed-part evidence, the members (id, incarnation)."""
 
     switch_step: int = 0
     last_rebalance: datetime | None = None
@@ -72,13 +78,16 @@ class DedicatedPolicy:
         memo: Rebalances = job.memo.get(self.name) or Rebalances()
         if memo.last_rebalance is not None and (now - memo.last_rebalance).total_seconds() < config.rebalance_interval_s:
             return NOTHING
-        workers = sorted((w for w in job.workers.values() if w.batch_size and w.last_step is not None and w.windows),
+        present = job.present(now, config.silent_after_s)
+        workers = sorted((w for w in present if w.batch_size and w.last_step is not None and w.windows),
                          key=lambda w: w.worker_id)
-        if len(workers) < 2 or len(workers) < len(job.workers):
-            return NOTHING  # wait until every worker has reported
-        members = frozenset(w.worker_id for w in workers)
+        if len(workers) < 2 or len(workers) < len(present) or group_size(present) not in (None, len(present)):
+            return NOTHING  # wait until every rank has reported (and a rank gone has fallen silent)
+        members = frozenset((w.worker_id, w.incarnation) for w in workers)
         since = memo.members_since if members == memo.members else now
-        memo = Rebalances(memo.switch_step, memo.last_rebalance, {k: dict(v) for k, v in memo.evidence.items()},
+        # A restarted group counts its steps again from its checkpoint: the last switch step means nothing now.
+        switch = memo.switch_step if members == memo.members else 0
+        memo = Rebalances(switch, memo.last_rebalance, {k: dict(v) for k, v in memo.evidence.items()},
                           members, since)
         current = [w.batch_size for w in workers]
         total = config.global_batch_size or job.global_batch_size or sum(current)
@@ -96,9 +105,11 @@ class DedicatedPolicy:
             return Decision(memo=memo)
         now_s, then_s = slowest_step_s(models, current), slowest_step_s(models, sizes)
         step = switch_step(workers, config.switch_lead_s)
+        changed = sum(new != old for old, new in zip(current, sizes))
         intents = tuple(
             Intent(CommandAction.ADJUST_BATCH_SIZE, w.worker_id, _reason(m, old, new, now_s, then_s, total),
-                   batch_size=new, global_batch_size=total, effective_step=step)
+                   batch_size=new, global_batch_size=total, effective_step=step,
+                   parameters={RANKS_CHANGED: str(changed)})
             for w, m, old, new in zip(workers, models, current, sizes) if new != old
         )
         return Decision(intents, memo=Rebalances(step, now, memo.evidence, members, since))

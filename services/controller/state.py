@@ -36,6 +36,7 @@ class WorkerView:
     quota: int | None = None  # the last quota commanded
     acted_at: datetime | None = None  # last RESTART/EVICT, until the worker is back
     last_seen: datetime | None = None
+    world_size: int | None = None  # its synchronous group's ranks, as it last reported
     windows: deque = field(default_factory=lambda: deque(maxlen=WINDOWS_KEPT))  # recent StepWindows, oldest first
 
 
@@ -74,6 +75,7 @@ class JobView:
         view.node_id = report.node_id or view.node_id
         view.role = report.role
         view.batch_size = report.local_batch_size
+        view.world_size = report.world_size
         view.last_seen = report.window_end
         if report.last_step is not None:
             view.last_step = report.last_step
@@ -111,6 +113,11 @@ class JobView:
 
     # ------------------------------------------------------------ questions policies ask
 
+    def present(self, now: datetime, silent_after_s: float) -> list[WorkerView]:
+        """The workers still in the job: all but those whose reports stopped ``silent_after_s`` ago."""
+        return [w for w in self.workers.values()
+                if w.last_seen is None or (now - w.last_seen).total_seconds() < silent_after_s]
+
     def disruptive_since(self, since: datetime) -> list[ActionRecord]:
         return [a for a in self.actions if a.at >= since and a.action in DISRUPTIVE]
 
@@ -125,3 +132,9 @@ class JobView:
             ):
                 return record.at
         return None
+
+
+def group_size(workers: list[WorkerView]) -> int | None:
+    """The synchronous group's size as the most recent report says (None if no worker reports one)."""
+    reported = [w for w in workers if w.world_size is not None and w.last_seen is not None]
+    return max(reported, key=lambda w: w.last_seen).world_size if reported else None

@@ -251,3 +251,28 @@ def test_injected_sleep_is_booked_as_compute(agent_settings):
     metrics = read_topic(agent_settings, "worker", "metrics", lambda f: sum(m.step_count for m in f) >= 3)
     steps = [m for m in metrics if m.step_count]
     assert min(m.compute.min_s for m in steps) >= 0.08  # 0.02 s of work, four times
+
+
+def test_an_action_taken_over_reaches_its_handler_at_once_and_is_acknowledged_by_it(agent_settings):
+    held = []
+    with Agent("job-agent", "w1", settings=agent_settings, batch_size=32) as agent:
+        agent.handle(CommandAction.ADJUST_BATCH_SIZE, held.append)
+        command = send_command(agent_settings, batch_size=12, effective_step=500)
+        wait_until(lambda: agent._inbox)
+        agent.step()
+        assert held == [command] and agent.batch_size == 32  # at step 1, not 500: the handler decides when
+        agent.acknowledge(held[0], AckStatus.APPLIED, "agreed", 7)
+    acks = acks_for(agent_settings, command.command_id, AckStatus.APPLIED)
+    assert (acks[-1].status, acks[-1].applied_step, acks[-1].reason) == (AckStatus.APPLIED, 7, "agreed")
+
+
+@pytest.mark.parametrize(("rank", "slowed"), [(0, False), (2, True), (None, False)])
+def test_a_slowdown_for_some_ranks_slows_those_only(rank, slowed):
+    from antdt.worker.agent import _make_injector
+
+    injector = _make_injector(load_settings(slowdown="3", slowdown_ranks="2,5"), rank)
+    try:
+        assert (injector is not None) is slowed
+    finally:
+        if injector is not None:
+            injector.close()

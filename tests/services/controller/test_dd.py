@@ -115,3 +115,30 @@ def test_a_configured_global_batch_is_not_split_over_the_first_workers_to_report
 def test_in_band_sizing_leaves_the_batches_to_the_workers():
     config = ControllerConfig(batch_sizing="in-band", rebalance_interval_s=0)
     assert decide(job_with({"a": 100, "b": 300}), config, 0).intents == ()
+
+
+def test_a_worker_silent_for_long_has_left_and_the_rest_share_the_global_batch():
+    job = job_with({"a": 100, "b": 100, "c": 100})
+    for worker in ("a", "b"):  # c (an evicted node) reports no more
+        job.on_metrics(report(worker, 100 if worker == "a" else 300, 48, 200, t=20, incarnation="i2"))
+    config = ControllerConfig(global_batch_size=96)
+    assert decide(job, config, 10).intents == ()  # c not silent long enough yet: still counted
+    assert sum(sizes_of(decide(job, config, 20)).values()) == 96
+
+
+def test_nothing_until_as_many_workers_as_the_group_reports():
+    job = JobView("job")
+    for worker in ("r0", "r2"):  # r1 of a group of three has not reported yet
+        job.on_metrics(report(worker, 100 if worker == "r0" else 300, 32, 100).model_copy(update={"world_size": 3}))
+    assert decide(job, ControllerConfig(), 0).intents == ()
+    job.on_metrics(report("r1", 100, 32, 100).model_copy(update={"world_size": 3}))
+    assert sum(sizes_of(decide(job, ControllerConfig(), 0)).values()) == 96
+
+
+def test_a_restarted_group_is_sized_again_from_its_own_steps():
+    job = job_with({"a": 100, "b": 300})
+    config = ControllerConfig(rebalance_interval_s=0)
+    switch = decide(job, config, 0).intents[0].effective_step
+    for worker, speed in (("a", 100), ("b", 100)):  # restarted from a checkpoint far before the switch
+        job.on_metrics(report(worker, speed, 16 if worker == "a" else 48, switch - 50, t=5, incarnation="i2"))
+    assert sizes_of(decide(job, config, 5)) == {"a": 32, "b": 32}

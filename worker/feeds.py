@@ -1,4 +1,4 @@
-"""Where a synchronous worker's samples come from: dynamic shards or a static slice.
+"""Where a synchronous rank's samples come from: dynamic shards or a static slice.
 
 Under synchronous all-reduce every rank must join every step's collective,
 so a rank may never block on the sharder while the others wait for it: at

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from antdt.demo.feeds import ShardFeed, StaticFeed
+from antdt.worker.feeds import ShardFeed, StaticFeed
 from antdt.worker.provenance import SampleTag, Tagged
 
 
