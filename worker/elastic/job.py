@@ -8,8 +8,10 @@ set up (gloo or NCCL), and instead
 * reads **dynamic shards** from the sharder through a feed that never
   blocks a step (:class:`~antdt.worker.feeds.ShardFeed`): a rank out of
   data joins the others' steps with nothing until every rank is out;
-* sizes each rank's batch as the **DD controller** says: every rank
-  switches at the command's effective step, the global batch stays;
+* sizes each rank's batch as the **DD controller** says: the changed ranks
+  switch together at the command's effective step, later only if a command
+  is late (agreed in-band, :mod:`~antdt.worker.elastic.resize`); the global
+  batch never moves;
 * **averages gradients weighted by batch size**, with the sample ledger in
   the same all-reduce (:class:`~antdt.worker.ddp.WeightedGradientAverager`),
   so the ledger changes exactly when the model does;
