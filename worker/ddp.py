@@ -362,6 +362,15 @@ def _finish_cuda(buffers: list[torch.Tensor]) -> None:
             torch.cuda.current_stream(buffer.device).synchronize()
 
 
+def broadcast_int(value: int, src: int = 0, group: dist.ProcessGroup | None = None) -> int:
+    """Rank ``src``'s ``value`` on every rank (``src`` is a global rank); ``value`` itself without a group."""
+    if world_size(group) == 1:
+        return value
+    box = torch.tensor([value], dtype=torch.int64, device=collective_device(group))
+    dist.broadcast(box, src=src, group=group)
+    return int(box.item())
+
+
 def agreed_checkpoint_version(
     flush: Callable[[], None], ask: Callable[[], int], group: dist.ProcessGroup | None = None, src: int = 0,
 ) -> int:
@@ -376,7 +385,6 @@ def agreed_checkpoint_version(
     flush()
     if world_size(group) == 1:
         return ask()
-    device = collective_device(group, [])
     dist.barrier(group=group)
     version, failure = -1, None
     if dist.get_rank() == src:
@@ -384,11 +392,9 @@ def agreed_checkpoint_version(
             version = int(ask())
         except Exception as error:  # noqa: BLE001 - re-raised below, after the others are told
             failure = error
-    box = torch.tensor([version], dtype=torch.int64, device=device)
-    dist.broadcast(box, src=src, group=group)
+    version = broadcast_int(version, src, group)
     if failure is not None:
         raise failure
-    version = int(box.item())
     if version < 0:
         raise DistributedError(f"rank {src} could not get a checkpoint version from the sharder")
     return version

@@ -55,7 +55,8 @@ from antdt.schemas.models import AckStatus, CommandAction, DatasetSpec, Mitigati
 from antdt.worker.agent import Agent
 from antdt.worker.checkpoint import load_checkpoint, save_checkpoint
 from antdt.worker.ddp import (
-    StepSizedTimeout, WeightedGradientAverager, agreed_checkpoint_version, broke_the_group, collective_device,
+    StepSizedTimeout, WeightedGradientAverager, agreed_checkpoint_version, broadcast_int, broke_the_group,
+    collective_device,
     end_broken_group, world_size,
 )
 from antdt.worker.elastic.resize import AgreedResize
@@ -218,7 +219,7 @@ class ElasticJob:
         over a file that changes under them.
         """
         info = self._own_checkpoint() if self.rank == 0 else None
-        if not self._from_rank_0(int(info is not None)):
+        if not broadcast_int(int(info is not None)):
             self.data.prepare()  # defines the job's dataset: the sharder can then issue versions
             self._checkpoint()
         else:
@@ -242,13 +243,6 @@ class ElasticJob:
             raise AntdtError(f"{self.checkpoint_path} changed while the ranks read it: rank 0 resumed job "
                              f"{job!r} from it, rank {self.rank} found another job's (two jobs share the path?)")
         return info
-
-    def _from_rank_0(self, value: int) -> int:
-        if self.world == 1:
-            return value
-        box = torch.tensor([value], dtype=torch.int64, device=collective_device())
-        dist.broadcast(box, src=0)
-        return int(box.item())
 
     def _resume(self, info) -> None:
         extra = info.extra

@@ -19,6 +19,7 @@ import numpy as np
 import psutil
 import pytest
 
+from antdt.broker import free_port
 from antdt.schemas.models import AckStatus, CommandAction, LifecycleEvent
 from antdt.settings import load_settings
 from antdt.worker.ledger import read_ledgers
@@ -141,12 +142,6 @@ def test_an_evicted_node_leaves_an_elastic_job_which_goes_on_with_the_same_globa
     assert shrunk == {"a-0": GLOBAL_BATCH // 2, "b-0": GLOBAL_BATCH // 2}
     commands = job_records(bus, "commands", "tr-evict")
     assert {c.global_batch_size for c in commands if c.action is CommandAction.ADJUST_BATCH_SIZE} <= {GLOBAL_BATCH}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def listening(port: int) -> bool:
