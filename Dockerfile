@@ -65,8 +65,8 @@ ENV PATH=/opt/antdt/bin:$PATH \
 WORKDIR /var/lib/antdt
 USER 10001:10001
 
-# Health and metrics (/healthz, /readyz, /metrics): sharder, monitor, controller.
-EXPOSE 9402 9403 9404
+# Health and metrics (/healthz, /readyz, /metrics): sharder, monitor, controller, grouper.
+EXPOSE 9402 9403 9404 9406
 
 # No HEALTHCHECK here: the port depends on the service, so Compose and
 # Kubernetes define theirs (antdt probe --port N --path /readyz).

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import threading
 
+from antdt.bus.clients import drain
+
 
 class LoopService:
     """``run(stop)``: start if needed, ``step()`` until ``stop`` is set, then ``close()``, even on error.
 
     Subclasses provide ``start()``, ``step()`` and ``close()``, and set
-    ``_consumer`` in ``start()`` (None means not started).
+    ``_consumer`` in ``start()`` (None means not started); ``close()`` can
+    begin with :meth:`_close_clients`.
     """
 
     _consumer = None
+    _producer = None
+    ready: threading.Event
 
     def start(self) -> LoopService:
         raise NotImplementedError
@@ -22,6 +27,15 @@ class LoopService:
 
     def close(self) -> None:
         raise NotImplementedError
+
+    def _close_clients(self) -> None:
+        """Not ready any more; what was produced delivered; the consumer closed (once)."""
+        self.ready.clear()
+        if self._producer is not None:
+            drain(self._producer)
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
 
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set, then close cleanly."""

@@ -21,6 +21,9 @@ from antdt.schemas.models import (
     DatasetSpec,
     Evidence,
     EvidenceCause,
+    GroupFormed,
+    GroupReady,
+    GroupReason,
     LifecycleEvent,
     MitigationCommand,
     ProgressKind,
@@ -163,9 +166,21 @@ def control_config() -> ControlConfig:
     )
 
 
+def group_ready() -> GroupReady:
+    return GroupReady(job_id=JOB, worker_id=WORKER, incarnation="inc-3a", generation=0, rank=3, world_size=8, seq=12,
+                      step=11, finished=False, timestamp=utc_now())
+
+
+def group_formed() -> GroupFormed:
+    return GroupFormed(job_id=JOB, worker_id=WORKER, group_id=40, generation=0, reason=GroupReason.QUORUM,
+                       members=["worker-1", WORKER, "worker-6"], ranks=[1, 3, 6], in_reply_to=12, waited_ms=4,
+                       timestamp=utc_now())
+
+
 def all_examples() -> list[AvroModel]:
     """One of each message type, in registry order."""
     return [
         worker_metrics(), worker_lifecycle(), shard_progress(), shard_assignment(), shard_log_event(),
         shard_snapshot(), straggler_verdict(), mitigation_command(), command_ack(), control_config(),
+        group_ready(), group_formed(),
     ]

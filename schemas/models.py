@@ -575,6 +575,71 @@ class ControlConfig(AvroModel):
 
 
 #: Every top-level message, in the order the docs list them.
+class GroupReason(str, Enum):
+    QUORUM = "QUORUM"
+    DEADLINE = "DEADLINE"
+    NO_MORE = "NO_MORE"
+    CHECKPOINT = "CHECKPOINT"
+    FINAL = "FINAL"
+
+
+#: Reasons whose group holds every rank (a global synchronisation point).
+WHOLE_GROUP_REASONS = frozenset({GroupReason.CHECKPOINT, GroupReason.FINAL})
+
+
+class GroupReady(AvroModel):
+    """Partial-reduce: a worker is ready to average its model (``finished``: it has no data left)."""
+
+    avro_name: ClassVar[str] = "antdt.GroupReady"
+
+    job_id: Name
+    worker_id: Name
+    incarnation: Name
+    generation: Count32
+    rank: Count32
+    world_size: Positive32
+    seq: Count64
+    step: Count64
+    finished: bool = False
+    timestamp: Timestamp
+
+    @model_validator(mode="after")
+    def _rank_in_world(self) -> GroupReady:
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is not in a world of {self.world_size}")
+        return self
+
+
+class GroupFormed(AvroModel):
+    """Partial-reduce: one member's copy of a group the grouper formed."""
+
+    avro_name: ClassVar[str] = "antdt.GroupFormed"
+
+    job_id: Name
+    worker_id: Name
+    group_id: Count64
+    generation: Count32
+    reason: GroupReason
+    members: list[Name] = Field(min_length=1)
+    ranks: list[Count32] = Field(min_length=1)
+    in_reply_to: Count64
+    waited_ms: Count64
+    timestamp: Timestamp
+
+    @model_validator(mode="after")
+    def _members_match(self) -> GroupFormed:
+        if len(self.members) != len(self.ranks) or sorted(self.ranks) != self.ranks or len(set(self.ranks)) != len(self.ranks):
+            raise ValueError("ranks must be distinct, ascending and one per member")
+        if self.worker_id not in self.members:
+            raise ValueError(f"{self.worker_id} is not a member of the group it was sent")
+        return self
+
+    @property
+    def leader(self) -> int:
+        """The rank that averages the group's models (the lowest)."""
+        return self.ranks[0]
+
+
 MESSAGE_TYPES: tuple[type[AvroModel], ...] = (
     WorkerMetrics,
     WorkerLifecycle,
@@ -586,4 +651,6 @@ MESSAGE_TYPES: tuple[type[AvroModel], ...] = (
     MitigationCommand,
     CommandAck,
     ControlConfig,
+    GroupReady,
+    GroupFormed,
 )

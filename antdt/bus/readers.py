@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message, Producer, TopicPartition
 
-from antdt.bus.clients import make_admin, make_consumer
+from antdt.bus.clients import consuming, make_admin, make_consumer, producing
 from antdt.bus.admin import partition_counts
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.gaps import GuardedConsumer
@@ -136,6 +136,26 @@ def read_to_markers(
                 del pending[message.partition()]
     if pending:
         raise BusError(f"did not reach the marker in {topic}{sorted(pending)} within {timeout_s:.0f} s")
+
+
+def read_whole_topic(
+    settings: Settings, codec: Codec, topic: str, expected: type[AvroModel], job_id: str | None = None,
+) -> Iterator[AvroModel]:
+    """Every ``expected`` record of ``topic`` (of ``job_id``) up to markers written now, partition by partition.
+
+    For audits of topics keyed by worker, whose job spreads over every
+    partition. A record that does not decode is logged and skipped.
+    """
+    partitions = list(range(partition_counts(make_admin(settings), [topic])[topic]))
+    with producing(settings) as producer, consuming(settings) as consumer:
+        for message in read_to_markers(consumer, producer, topic, partitions, b"*"):
+            try:
+                value = codec.decode(message.value(), topic)
+            except AntdtError as exc:
+                log.warning("unreadable record %s[%d]@%d: %s", topic, message.partition(), message.offset(), exc)
+                continue
+            if isinstance(value, expected) and (job_id is None or value.job_id == job_id):
+                yield value
 
 
 def poll_batch(consumer: Consumer, max_records: int, timeout_s: float) -> list[Message]:

@@ -5,11 +5,14 @@ alone (parameter server), antdt with AntDT-ND (parameter server), antdt with
 AntDT-DD (all-reduce, batches sized in-band every step); on request also
 ``static-async`` (parameter server, each worker its own shards: the baseline
 of asynchronous training when static BSP is not run) and ``dd-commands``
-(AntDT-DD sized by the controller's commands). For each: wall time, the ideal time (total work / the
+(AntDT-DD sized by the controller's commands) and ``partial-reduce`` (replicas
+averaged in small groups of the first workers ready, docs/partial-reduce.md).
+For each: wall time, the ideal time (total work / the
 workers' summed speed), efficiency = ideal / wall, the speedup over the
-baseline, the shared model's held-out loss and accuracy, and whether the
-model's ledger shows every sample exactly once (and agrees with the log's
-audit).
+baseline, the shared model's held-out loss and accuracy, the time to the
+scenario's ``target_loss`` (when its held-out loss first reached it, and the
+speedup to it over the baseline), and whether the model's ledger shows every
+sample exactly once (and agrees with the log's audit).
 
 ``--repeat N`` runs each plan N times (each on a fresh embedded broker) and
 reports every run and the median, min and max; the report's plots show each
@@ -28,6 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from antdt.cli.demo_cmd import SCENARIO_HELP, default_out, load_scenario
+from antdt.demo.convergence import time_to_target
 from antdt.demo.environment import run_bus
 from antdt.errors import AntdtError
 from antdt.shutdown import interrupt_on_sigterm
@@ -39,7 +43,7 @@ BASELINES = ("static-bsp", "static-async")
 
 def bench(
     scenario: str = typer.Option("standard", "--scenario", help=SCENARIO_HELP),
-    plans: str = typer.Option(ALL_PLANS, "--plans", help=f"Comma-separated subset of {ALL_PLANS}, static-async, dd-commands."),
+    plans: str = typer.Option(ALL_PLANS, "--plans", help=f"Comma-separated subset of {ALL_PLANS}, static-async, dd-commands, partial-reduce."),
     workers: int | None = typer.Option(None, "--workers", min=2, max=64, help="Run this many of the scenario's workers."),
     repeat: int = typer.Option(1, "--repeat", min=1, max=50, help="Run each plan this many times."),
     json_: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
@@ -66,7 +70,7 @@ def bench(
     medians = [median_run(runs) for runs in outcomes.values() if median_run(runs) is not None]
     baseline = next((r for name in BASELINES for r in medians if r.plan.name == name), None)
     files = write_report(medians, out_dir, baseline) if medians else []
-    figures = [plan_figures(name, runs, baseline) for name, runs in outcomes.items()]
+    figures = add_speedups_to_target([plan_figures(name, runs, baseline) for name, runs in outcomes.items()])
     if json_:
         typer.echo(orjson.dumps({"scenario": chosen.name, "ideal_s": round(ideal, 3), "repeat": repeat,
                                  "plans": figures, "report": [str(f) for f in files]}, option=orjson.OPT_INDENT_2).decode())
@@ -116,18 +120,39 @@ def plan_figures(name: str, runs: list, baseline) -> dict:
     median = median_run(runs)
     row = {"plan": name, **(run_figures(median, baseline) if median is not None else {}), "runs": each,
            "failures": failures}
-    for key in ("wall_s", "efficiency"):
-        values = [r[key] for r in each]
-        row[f"median_{key}"] = round(statistics.median(values), 4) if values else None
-        row[f"min_{key}"] = min(values) if values else None
-        row[f"max_{key}"] = max(values) if values else None
+    for key in ("wall_s", "efficiency", "heldout_loss", "heldout_accuracy", "time_to_target_s"):
+        row.update(spread(key, [r[key] for r in each if r[key] is not None]))
+    # Runs that never reached the target have no time to it: the spread is over those that did, so say how many.
+    targeted = bool(each) and each[0]["target_loss"] is not None
+    row["reached_target"] = sum(r["time_to_target_s"] is not None for r in each) if targeted else None
     return row
+
+
+def spread(key: str, values: list[float]) -> dict:
+    """``median_<key>``, ``min_<key>`` and ``max_<key>`` of the values (None for each without one)."""
+    return {f"median_{key}": round(statistics.median(values), 4) if values else None,
+            f"min_{key}": min(values) if values else None, f"max_{key}": max(values) if values else None}
+
+
+def add_speedups_to_target(figures: list[dict]) -> list[dict]:
+    """Each plan's ``speedup_to_target``: the baseline's median time to the target over its own (None if either lacks one).
+
+    The baseline is the first of :data:`BASELINES` with a run that finished, as for the wall-time speedup.
+    """
+    base = next((row for name in BASELINES for row in figures if row["plan"] == name and row["runs"]), None)
+    base_s = None if base is None else base["median_time_to_target_s"]
+    for row in figures:
+        mine = row.get("median_time_to_target_s")
+        row["speedup_to_target"] = round(base_s / mine, 3) if base_s is not None and mine else None
+    return figures
 
 
 def run_figures(result, baseline) -> dict:
     from antdt.demo.report import command_counts, largest_loss_gap, reactions, time_split, worker_splits
 
     gap = largest_loss_gap(result, baseline) if baseline is not None and result.loss_per_step else None
+    target = result.scenario.target_loss
+    reached = time_to_target(result.loss_curve, target, result.wall_s, None if result.heldout is None else result.heldout[0])
 
     return {
         "plan": result.plan.name, "label": result.plan.label, "wall_s": round(result.wall_s, 3),
@@ -145,8 +170,9 @@ def run_figures(result, baseline) -> dict:
                                            if result.scenario.node(result.scenario.home(m.process)).speed < 1}),
         "heldout_loss": None if result.heldout is None else round(result.heldout[0], 4),
         "heldout_accuracy": None if result.heldout is None else round(result.heldout[1], 4),
+        "target_loss": target, "time_to_target_s": None if reached is None else round(reached, 3),
         "job_id": result.job_id, "mean_worker_s": time_split(result), "per_worker_s": worker_splits(result),
-        "reactions": reactions(result),
+        "reactions": reactions(result), "groups": result.groups,
     }
 
 
@@ -154,17 +180,29 @@ def show(console: Console, figures: list[dict], files) -> None:
     from antdt.demo.report import audit_word
 
     table = Table("plan", "runs", "wall s (median, min-max)", "efficiency (median, min-max)", "speedup",
-                  "held-out acc", "commands", "audit", "ledger")
+                  "to target s (median)", "held-out acc", "commands", "audit", "ledger")
     for row in figures:
         if not row["runs"]:
-            table.add_row(row["plan"], "0", "-", "-", "-", "-", "-", "-", "-")
+            table.add_row(row["plan"], "0", *["-"] * 8)
             continue
         table.add_row(row["label"], str(len(row["runs"])),
                       f"{row['median_wall_s']:.1f} ({row['min_wall_s']:.1f}-{row['max_wall_s']:.1f})",
                       f"{row['median_efficiency']:.3f} ({row['min_efficiency']:.3f}-{row['max_efficiency']:.3f})",
-                      "-" if row["speedup"] is None else f"{row['speedup']:.2f}x",
+                      "-" if row["speedup"] is None else f"{row['speedup']:.2f}x", to_target_cell(row),
                       "-" if row["heldout_accuracy"] is None else f"{row['heldout_accuracy']:.3f}",
                       str(row["commands"]), audit_word(row["audit_clean"]), "ones" if row["ledger"]["ok"] else "FAILED")
     console.print(table)
+    if any(row.get("target_loss") is not None for row in figures):
+        target = next(row["target_loss"] for row in figures if row.get("target_loss") is not None)
+        console.print(f"to target: seconds until the held-out loss first reached {target:g} "
+                      "(runs that reached it / runs)")
     if files:
         console.print("report: " + ", ".join(str(f) for f in files))
+
+
+def to_target_cell(row: dict) -> str:
+    """The median time to the target and how many runs reached it (``-`` without a target)."""
+    if row["reached_target"] is None:
+        return "-"
+    median = row["median_time_to_target_s"]
+    return f"{'-' if median is None else f'{median:.1f}'} ({row['reached_target']}/{len(row['runs'])})"

@@ -20,14 +20,17 @@ from antdt.cli.demo_cmd import SCENARIO_HELP, default_out, load_scenario
 from antdt.demo.environment import bus_and_broker, external_bus
 from antdt.shutdown import interrupt_on_sigterm
 
-SERVICES = ("sharder", "monitor", "controller")
+SERVICES = ("sharder", "monitor", "controller", "grouper")
 CHAOS_CHECKPOINT_S = 2.0
+#: --training -> the bench plan a chaos run trains under.
+CHAOS_PLANS = {"async": "nd", "sync": "dd", "preduce": "partial-reduce"}
 
 
 def chaos(
     scenario: str = typer.Option("standard", "--scenario", help=SCENARIO_HELP),
     training: str = typer.Option("async", "--training",
-                                 help="async: AntDT-ND with a parameter server; sync: AntDT-DD, all-reduce."),
+                                 help="async: AntDT-ND with a parameter server; sync: AntDT-DD, all-reduce; "
+                                      "preduce: partial reduce."),
     epochs: int = typer.Option(1, "--epochs", min=1, max=100, help="Shorten (or lengthen) the scenario to this many epochs."),
     workers: int | None = typer.Option(None, "--workers", min=2, max=64, help="Run this many of the scenario's workers."),
     worker_every: float = typer.Option(4.0, "--worker-every", min=0.0,
@@ -36,7 +39,7 @@ def chaos(
                                        help="Every n-th worker kill lands mid-step (in a push or an all-reduce); 0: none."),
     services_at: str = typer.Option("sharder=11,ps-0=14,controller=17,monitor=20", "--services-at",
                                     help="NAME=SECONDS,...: kill each once at that time ('' for none); "
-                                         "names: sharder, monitor, controller, ps-<shard>."),
+                                         "names: sharder, monitor, controller, grouper, ps-<shard>."),
     broker_at: float | None = typer.Option(8.0, "--broker-at", min=0.0,
                                            help="Kill the embedded broker at this time (s) and start it again, empty."),
     no_broker: bool = typer.Option(False, "--no-broker-restart", help="Leave the broker alone."),
@@ -49,15 +52,15 @@ def chaos(
     from antdt.demo.harness import run_plan
     from antdt.demo.plans import PLANS
 
-    if training not in ("async", "sync"):
-        raise typer.BadParameter(f"{training!r}: choose async or sync", param_hint="'--training'")
+    if training not in CHAOS_PLANS:
+        raise typer.BadParameter(f"{training!r}: choose async, sync or preduce", param_hint="'--training'")
     if 0 < worker_every < 1:
         raise typer.BadParameter("kill workers at most once a second, or 0 for none", param_hint="'--worker-every'")
     broker_at = None if no_broker else broker_at
     spec = ChaosSpec(worker_every, parse_service_times(services_at), seed, broker_at, mid_step_every)
     # Kills come every few seconds: a synchronous group checkpoints often, so each restart loses little.
     chosen = load_scenario(scenario, workers).model_copy(update={"epochs": epochs, "checkpoint_every_s": CHAOS_CHECKPOINT_S})
-    plan = PLANS["nd" if training == "async" else "dd"]
+    plan = PLANS[CHAOS_PLANS[training]]
     out_dir = default_out("chaos") if out is None else Path(out)
     console = Console(stderr=json_)
     console.print(f"[bold]antdt chaos[/bold]: {chosen.name}, {epochs} epoch(s), {plan.label}, "
@@ -85,7 +88,7 @@ def parse_service_times(text: str) -> dict[str, float]:
         name, sep, value = entry.partition("=")
         shard = name.removeprefix("ps-")
         if not sep or not (name in SERVICES or (name.startswith("ps-") and shard.isdigit())):
-            raise typer.BadParameter(f"{entry!r}: expected sharder|monitor|controller|ps-<shard>=SECONDS",
+            raise typer.BadParameter(f"{entry!r}: expected sharder|monitor|controller|grouper|ps-<shard>=SECONDS",
                                      param_hint="'--services-at'")
         try:
             times[name] = float(value)

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import logging
-
 import typer
+
+from antdt.cli.serving import configure_logging, serve
 
 from antdt.control import parse_assignments
 from antdt.errors import ConfigError
-from antdt.observability import HealthServer
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.policy import load_policy
 from antdt.settings import load_settings
-from antdt.shutdown import stop_on_signals
 
 
 def controller(
@@ -34,17 +32,9 @@ def controller(
     from antdt.services.controller.k8s import KubernetesActuator, load_kubernetes_settings
     from antdt.services.controller.service import ControllerService
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(log_level)
     settings = load_settings()
     actuator = KubernetesActuator.from_settings(load_kubernetes_settings())
     service = ControllerService(settings, defaults, actuator=actuator)
-    health = HealthServer(http_port, service.ready.is_set).start() if http_port else None
-    try:
-        with stop_on_signals() as stop:
-            service.start()
-            typer.echo(f"controller {service.controller_id} (epoch {service.core.stamp.epoch}, policy {defaults.policy}) "
-                       f"serving on {settings.bootstrap_servers}")
-            service.run(stop)
-    finally:
-        if health:
-            health.stop()
+    serve(service, http_port, lambda: (f"controller {service.controller_id} (epoch {service.core.stamp.epoch}, "
+                                       f"policy {defaults.policy}) serving on {settings.bootstrap_servers}"))

@@ -14,7 +14,7 @@ import sys
 import typer
 
 from antdt import __version__
-from antdt.cli import bench_cmd, broker_cmd, chaos_cmd, check_cmd, control_cmd, controller_cmd, demo_cmd, monitor_cmd, probe_cmd, ps_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd, up_cmd, worker_cmd
+from antdt.cli import bench_cmd, broker_cmd, chaos_cmd, check_cmd, control_cmd, controller_cmd, demo_cmd, grouper_cmd, monitor_cmd, probe_cmd, ps_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd, up_cmd, worker_cmd
 from antdt.errors import AntdtError
 
 # typer >= 0.29 vendors click; its argument errors live here.
@@ -50,6 +50,7 @@ app.command("bench")(bench_cmd.bench)
 app.command("chaos")(chaos_cmd.chaos)
 app.command("check")(check_cmd.check)
 app.command("sharder")(sharder_cmd.sharder)
+app.command("grouper")(grouper_cmd.grouper)
 app.command("worker")(worker_cmd.worker)
 app.command("monitor")(monitor_cmd.monitor)
 app.command("controller")(controller_cmd.controller)

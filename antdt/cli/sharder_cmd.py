@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-
 import typer
 
-from antdt.observability import HealthServer
+from antdt.cli.serving import configure_logging, serve
+
 from antdt.settings import load_settings
-from antdt.shutdown import stop_on_signals
 
 
 def sharder(
@@ -23,16 +21,9 @@ def sharder(
     # service's /metrics must show its own metrics only.
     from antdt.services.sharder.service import SharderConfig, SharderService
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(log_level)
     settings = load_settings()
     config = SharderConfig(default_quota=default_quota, snapshot_every_events=snapshot_every, snapshot_every_s=snapshot_seconds)
     service = SharderService(settings, config)
-    health = HealthServer(http_port, service.ready.is_set).start() if http_port else None
-    try:
-        with stop_on_signals() as stop:
-            service.start()
-            typer.echo(f"sharder {service.writer_id} serving on {settings.bootstrap_servers} (prefix {settings.topic_prefix})")
-            service.run(stop)
-    finally:
-        if health:
-            health.stop()
+    serve(service, http_port,
+          lambda: f"sharder {service.writer_id} serving on {settings.bootstrap_servers} (prefix {settings.topic_prefix})")

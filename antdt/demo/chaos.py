@@ -137,7 +137,7 @@ class Chaos:
         back would only kill processes still starting up.)
         """
         recovering = {kill.target for kill in self.kills if kill.back_s is None and kill.kind == "worker"}
-        if (recovering and pool.plan.training == "sync") or _group_done(pool):
+        if (recovering and pool.plan.grouped) or _group_done(pool):
             return False
         names = {rank: pool.scenario.workers[rank].name for rank in pool.running()}
         candidates = sorted(rank for rank, name in names.items() if name not in recovering)
@@ -149,7 +149,7 @@ class Chaos:
         waited = time.monotonic()
         if every and (self._worker_kills + 1) % every == 0:
             wanted = Phase.PUSH if pool.plan.training == "async" else Phase.ALLREDUCE
-            phase = "push" if wanted is Phase.PUSH else "all-reduce"
+            phase = {"async": "push", "sync": "all-reduce"}.get(pool.plan.training, "group average")
             if not _wait_for_phase(pool, rank, wanted):
                 phase = None  # it never got there (too slow): killed all the same, not counted mid-step
         if rank not in pool.running() or _group_done(pool):
@@ -171,7 +171,7 @@ class Chaos:
             else:
                 trained = timeline.trained_after(kill.target, kill.at_s)
                 kill.back_s = trained if trained is not None else (now_s if kill.target in finished else None)
-                if kill.back_s is not None and pool.plan.training == "sync":  # the group trains a while before the next
+                if kill.back_s is not None and pool.plan.grouped:  # the group trains a while before the next
                     self._next_worker_s = max(self._next_worker_s, kill.back_s + self._interval())
 
     def _bus_back(self, kill: Kill, now_s: float, pool: WorkerPool, services: Services, timeline: Timeline,
@@ -205,8 +205,8 @@ class Chaos:
 
 
 def _group_done(pool: WorkerPool) -> bool:
-    """A synchronous group with a finished rank is done: a kill now would restart nothing."""
-    return pool.plan.training == "sync" and bool(pool.finished)
+    """A group (synchronous, partial reduce) with a finished rank is done: a kill now would restart nothing."""
+    return pool.plan.grouped and bool(pool.finished)
 
 
 def _wait_for_phase(pool: WorkerPool, rank: int, wanted: Phase, timeout_s: float = MID_STEP_WAIT_S) -> bool:

@@ -64,6 +64,7 @@ class RunResult:
     service_exits: list[tuple[str, int]] = field(default_factory=list)  # services that died by themselves (restarted)
     loss_per_step: list[tuple[int, float]] = field(default_factory=list)  # sync: (full-batch steps trained, the loss)
     moves: list[Move] = field(default_factory=list)  # where the orchestrator placed replaced processes, and why
+    groups: dict | None = None  # partial reduce: the groups the grouper formed, read back from the bus
 
     @property
     def efficiency(self) -> float:
@@ -140,11 +141,13 @@ def run_plan(
         if on_tick is not None:
             on_tick(timeline, wall)
     report = _audit(settings, job_id, run_dir) if plan.uses_sharder else None
+    groups = _groups(settings, job_id) if plan.training == "preduce" else None
     server_restarts = sum(1 for move in placement.moves if move.process in scenario.server_names)
     return RunResult(plan, scenario, job_id, wall, ideal, samples, pool.restarts + server_restarts, timeline,
                      None if report is None else report.to_dict(), chaos.kills if chaos is not None else [],
                      check_ledgers(run_dir, report), heldout, evaluator.curve, services.exits,
-                     loss_per_step(run_dir, scenario) if plan.training == "sync" else [], list(placement.moves))
+                     loss_per_step(run_dir, scenario) if plan.training == "sync" else [], list(placement.moves),
+                     groups)
 
 
 def loss_per_step(run_dir: Path, scenario: Scenario) -> list[tuple[int, float]]:
@@ -187,6 +190,14 @@ def _settle(timeline: Timeline, samples: int, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while timeline.samples < samples and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def _groups(settings: Settings, job_id: str) -> dict:
+    """What the bus says about the run's partial-reduce groups (:mod:`antdt.services.grouper.history`)."""
+    from antdt.schemas.codec import make_codec
+    from antdt.services.grouper.history import read_copies, summary
+
+    return summary(read_copies(settings, make_codec(settings.schema_registry_url), job_id))
 
 
 def _audit(settings: Settings, job_id: str, run_dir: Path):

@@ -27,8 +27,8 @@ _CONTEXT = None
 #: Imported once by the fork server: what every worker needs (torch, and the compiler stack
 #: that building an optimizer imports, above all: a second each otherwise).
 PRELOAD = ["torch", "torch._dynamo", "torch.optim", "antdt.demo.trainer", "antdt.demo.training_async",
-           "antdt.demo.training_sync", "antdt.worker.dataset", "antdt.worker.resources", "antdt.worker.ps.client",
-           "antdt.worker.commits", "antdt.demo.server_node", "antdt.worker.ps.server", "antdt.cli.ps_cmd"]
+           "antdt.demo.training_sync", "antdt.demo.training_preduce", "antdt.worker.dataset", "antdt.worker.resources",
+           "antdt.worker.ps.client", "antdt.worker.commits", "antdt.demo.server_node", "antdt.worker.ps.server", "antdt.cli.ps_cmd"]
 #: What a forked process runs: a module whose ``forked(argv)`` returns the exit code.
 TRAINER, SERVER = "antdt.demo.trainer", "antdt.demo.server_node"
 

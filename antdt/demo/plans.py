@@ -8,9 +8,11 @@
 | ``nd`` | asynchronous, parameter server | dynamic shards | AntDT-ND |
 | ``dd`` | synchronous, all-reduce | dynamic shards | AntDT-DD, batches sized in-band every step |
 | ``dd-commands`` | synchronous, all-reduce | dynamic shards | AntDT-DD, batches sized by the controller's commands |
+| ``partial-reduce`` | partial reduce: replicas averaged in groups of the first P ready | dynamic shards | none: the grouper forms the groups |
 
-Every plan trains one shared model: through the parameter server, or kept
-identical on every rank by the all-reduce.
+Every plan trains one shared model: through the parameter server, kept
+identical on every rank by the all-reduce, or (partial reduce) the mean of
+the replicas, which the last group of every rank makes the one model.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from antdt.errors import ConfigError
 @dataclass(frozen=True)
 class RunPlan:
     name: str
-    training: str  # "async" (parameter server) or "sync" (all-reduce)
+    training: str  # "async" (parameter server), "sync" (all-reduce) or "preduce" (partial reduce)
     sharding: str  # "dynamic" or "static"
     policy: str | None  # a controller policy, or None for no controller
     sizing: str = "commands"  # sync: "in-band" sizes the local batches at every step (antdt.sizing.inband)
@@ -37,11 +39,17 @@ class RunPlan:
         return self.sharding == "dynamic" or self.training == "async"
 
     @property
+    def grouped(self) -> bool:
+        """The ranks share one process group: one rank's death restarts them all from the last checkpoint."""
+        return self.training in ("sync", "preduce")
+
+    @property
     def label(self) -> str:
         return {"static-bsp": "static sharding, BSP (baseline)", "static-async": "static sharding (PS)",
                 "dynamic": "dynamic sharding only (PS)",
                 "nd": "antdt, AntDT-ND (PS)", "dd": "antdt, AntDT-DD",
-                "dd-commands": "antdt, AntDT-DD by commands"}.get(self.name, self.name)
+                "dd-commands": "antdt, AntDT-DD by commands",
+                "partial-reduce": "antdt, partial reduce"}.get(self.name, self.name)
 
 
 PLANS = {
@@ -53,6 +61,7 @@ PLANS = {
     "nd": RunPlan("nd", "async", "dynamic", "antdt-nd", monitor=(("persistent_s", "10"),)),
     "dd": RunPlan("dd", "sync", "dynamic", "antdt-dd", "in-band"),
     "dd-commands": RunPlan("dd-commands", "sync", "dynamic", "antdt-dd"),
+    "partial-reduce": RunPlan("partial-reduce", "preduce", "dynamic", None),
 }
 POLICIES = ("nd", "dd", "off")
 

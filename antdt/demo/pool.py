@@ -83,7 +83,7 @@ class WorkerPool:
             elif not self.restart_failed:
                 raise AntdtError(f"worker {name} (rank {rank}) exited with code {code}: {self._last_words(rank)}"
                                  f"{self._outside_the_collective()}\nits log ends:\n{self.log_tail(rank)}")
-            if self.plan.training == "async":
+            if not self.plan.grouped:
                 self.restarts += 1
                 self._launch(rank)
             else:

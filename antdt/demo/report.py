@@ -7,9 +7,10 @@
 * ``progress.png``: cumulative samples trained against the ideal (and, from
   ``antdt bench``, every plan on the same axes);
 * ``loss.png``: the shared model's held-out loss (and accuracy) over time,
-  every plan on the same axes;
-* ``summary.md``: the scenario, the figures, the model's held-out quality,
-  the commands, the audit and the ledger.
+  every plan on the same axes, and the scenario's ``target_loss`` dashed;
+* ``summary.md``: the scenario, the figures, the model's held-out quality
+  and the time it took to reach the target loss, the commands, the audit and
+  the ledger.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from antdt.demo.convergence import time_to_target  # noqa: E402
 from antdt.demo.harness import RunResult  # noqa: E402
 from antdt.demo.placement import node_at  # noqa: E402
 from antdt.demo.services import service_settings  # noqa: E402
@@ -162,6 +164,9 @@ def plot_loss(results: list[RunResult], path: Path) -> Path:
             label += f" (final loss {result.heldout[0]:.3f}, accuracy {result.heldout[1]:.3f})"
         loss_axis.plot([t for t, _, _ in curve], [loss for _, loss, _ in curve], label=label)
         accuracy_axis.plot([t for t, _, _ in curve], [acc for _, _, acc in curve], label=result.plan.label)
+    target = results[0].scenario.target_loss
+    if target is not None:
+        loss_axis.axhline(target, color="grey", ls="--", lw=0.8, label=f"target loss {target:g}")
     loss_axis.set_ylabel("held-out loss")
     loss_axis.set_title(f"{results[0].scenario.name}: the shared model on held-out samples")
     loss_axis.legend(fontsize=7)
@@ -175,6 +180,18 @@ def heldout_text(result: RunResult) -> str:
     if result.heldout is None:
         return "the final model could not be read"
     return f"loss {result.heldout[0]:.3f}, accuracy {result.heldout[1]:.3f}"
+
+
+def target_text(result: RunResult) -> str | None:
+    """When the held-out loss first reached the scenario's target (None without a target)."""
+    target = result.scenario.target_loss
+    if target is None:
+        return None
+    reached = time_to_target(result.loss_curve, target, result.wall_s,
+                             None if result.heldout is None else result.heldout[0])
+    if reached is None:
+        return f"held-out loss {target:g} not reached"
+    return f"held-out loss {target:g} reached after {reached:.1f} s (first evaluation at or below it)"
 
 
 def ledger_text(result: RunResult) -> str:
@@ -240,11 +257,13 @@ def write_summary(results: list[RunResult], out_dir: Path, images: list[Path], b
     for result in results:
         changed = "; ".join(f"{service}: " + ", ".join(f"{k}={v}" for k, v in values.items())
                             for service, values in service_settings(result.plan, result.scenario).items() if values)
+        target = target_text(result)
         lines += [f"## {result.plan.label}", "", f"- job id: `{result.job_id}`",
                   f"- service settings other than the defaults: {changed or 'none'}",
                   f"- samples trained: {result.samples:,}; verdicts: {result.timeline.verdicts}; "
                   f"commands: {result.commands}; restarts: {result.restarts}",
                   f"- held-out: {heldout_text(result)}",
+                  *([f"- target: {target}"] if target else []),
                   f"- audit: {audit_text(result)}",
                   f"- ledger: {ledger_text(result)}", ""]
         gap = largest_loss_gap(result, baseline) if baseline is not None and baseline is not result else None

@@ -5,7 +5,8 @@ workers and their base speeds, straggler episodes (worker, start, end, how
 many times slower, and whether the cause is a sleep or CPU contention),
 speed noise, the cluster mode (``nd``: shared cluster, workers train
 independently; ``dd``: dedicated cluster, synchronous all-reduce), the
-dataset and the epochs.
+dataset and the epochs, and optionally the held-out loss ``antdt bench``
+times each plan to (``target_loss``).
 
 Speeds are in samples per second. A worker's speed at time ``t`` (seconds
 since the run's start signal) is ``base_rate * speed / factor(t) / noise(t)``
@@ -108,6 +109,10 @@ class Scenario(_Strict):
     report_interval_s: float = Field(1.0, gt=0)
     monitor: dict[str, str] = Field(default_factory=dict, description="monitor settings (monitor.<key>)")
     controller: dict[str, str] = Field(default_factory=dict, description="controller settings (controller.<key>)")
+    grouper: dict[str, str] = Field(default_factory=dict,
+                                    description="partial reduce: `antdt grouper` options (group_size, deadline_ms)")
+    target_loss: float | None = Field(None, gt=0, description="the held-out loss a run must reach; `antdt bench` "
+                                      "reports the time to it")
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:

@@ -64,7 +64,7 @@ def service_settings(plan: RunPlan, scenario: Scenario) -> dict[str, dict[str, s
 def wanted_services(plan: RunPlan, scenario: Scenario, run_dir: Path, lr: float, scenario_path: Path,
                     handshake: Path) -> dict[str, list[str]]:
     """Name -> command line of what the plan needs: the monitor, the sharder (dynamic sharding, parameter servers), the controller
-    (a policy), the parameter servers (asynchronous training)."""
+    (a policy), the parameter servers (asynchronous training), the grouper (partial reduce)."""
     settings = service_settings(plan, scenario)
     wanted = {"monitor": ["monitor", *set_args(settings["monitor"])]}
     if plan.uses_sharder:
@@ -73,7 +73,16 @@ def wanted_services(plan: RunPlan, scenario: Scenario, run_dir: Path, lr: float,
         wanted["controller"] = ["controller", *set_args(settings["controller"])]
     if plan.training == "async":
         wanted.update(parameter_servers(scenario, run_dir, lr, scenario_path, handshake))
+    if plan.training == "preduce":
+        wanted["grouper"] = grouper_args(scenario)
     return wanted
+
+
+def grouper_args(scenario: Scenario) -> list[str]:
+    """``antdt grouper`` with the scenario's P and deadline, gathering every rank at the scenario's checkpoint interval."""
+    options = {"checkpoint-every-s": str(scenario.checkpoint_every_s),
+               **{key.replace("_", "-"): value for key, value in scenario.grouper.items()}}
+    return ["grouper", *[arg for key, value in options.items() for arg in (f"--{key}", value)]]
 
 
 class Services:

@@ -19,6 +19,8 @@ job, worker and node ids) and a few arguments. Its life:
    * ``sync`` (dedicated cluster): every step ends in the batch-weighted
      gradient all-reduce, so each step waits for the slowest rank
      (:mod:`antdt.demo.training_sync`);
+   * ``preduce`` (partial reduce): each worker steps its own replica, then
+     averages it with the first workers ready (:mod:`antdt.demo.training_preduce`);
 
 4. write ``done-<rank>.json`` (finish time, samples, steps).
 
@@ -55,7 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="antdt demo worker (started by the harness)")
     parser.add_argument("--scenario", required=True)
     parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--training", choices=("async", "sync"), required=True)
+    parser.add_argument("--training", choices=("async", "sync", "preduce"), required=True)
     parser.add_argument("--sharding", choices=("dynamic", "static"), required=True)
     parser.add_argument("--handshake", required=True, help="the run's handshake directory (ready, go, done files)")
     parser.add_argument("--out", required=True, help="the run's directory: ledger files, model snapshots")
@@ -125,6 +127,10 @@ def run(args: argparse.Namespace) -> int:
 
             with Agent(settings=settings, rank=worker.rank, batch_size=worker.scenario.batch_size) as agent:
                 train_async(worker, agent, [a for a in args.ps.split(",") if a])
+        elif args.training == "preduce":
+            from antdt.demo.training_preduce import run_preduce
+
+            run_preduce(worker, settings, started)
         else:
             from antdt.demo.training_sync import run_sync
 

@@ -27,8 +27,8 @@ data: what the model lost is trained again, nothing else.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -53,6 +53,11 @@ CHECKPOINT = "sync-checkpoint.pt"
 
 
 def run_sync(worker, settings: Settings, started: float) -> None:
+    run_in_group(worker, settings, started, lambda agent: Lockstep(worker, agent).run())
+
+
+def run_in_group(worker, settings: Settings, started: float, train: Callable[[Agent], None]) -> None:
+    """Join the generation's gloo group and the agent, then ``train``; a broken group ends the rank (exit 77)."""
     args = worker.args
     joined = time.monotonic()
     dist.init_process_group("gloo", init_method=f"file://{worker.handshake / f'group-{args.generation}'}",
@@ -65,7 +70,7 @@ def run_sync(worker, settings: Settings, started: float) -> None:
                   f"(the process group {grouped - joined:.2f} s), its agent {time.monotonic() - grouped:.2f} s",
                   flush=True)
             try:
-                Lockstep(worker, agent).run()
+                train(agent)
             except Exception as exc:
                 if not broke_the_group(exc):  # a peer died, or one is stuck
                     raise
@@ -91,7 +96,7 @@ class Lockstep:
         self.data = agent.shards(worker.source, worker.spec) if self.dynamic else None
         self.static = None if self.dynamic else StaticFeed(worker.source.inputs, worker.source.labels, worker.rank,
                                                              worker.world, scenario.epochs, scenario.seed)
-        self._snapshot_at = 0.0
+        self.snapshots = ModelSnapshots(worker)  # every rank holds the same model
         self._checkpoint_at = time.monotonic() + self.worker.scenario.checkpoint_every_s
         self.checkpoints, self.checkpoint_s = 0, 0.0  # what checkpointing cost this rank (the job waits for it)
 
@@ -222,7 +227,7 @@ class Lockstep:
                 # Checkpoints and the evaluator's snapshots hold every rank up alike: they are booked as
                 # synchronisation, so they do not read as one rank's slower compute and skew its batch size.
                 with agent.sync_wait():
-                    self._snapshot_for_evaluation()
+                    self.snapshots.maybe()
                     if ranks_with_data and checkpoint_due:
                         self._checkpoint()
                 trace.write(step, started, count, global_batch, fed - began, computed - fed, reduced - computed,
@@ -233,21 +238,25 @@ class Lockstep:
         finally:
             trace.close()
 
-    def _snapshot_for_evaluation(self, final: bool = False) -> None:
-        """Rank 0 leaves the model where the harness evaluates it (every rank holds the same model)."""
-        if self.worker.rank != 0 or (not final and time.monotonic() < self._snapshot_at):
-            return
-        self._snapshot_at = time.monotonic() + SNAPSHOT_EVERY_S
-        write_model(self.worker.trainer.model, self.worker.out / ("model-final.pt" if final else "model-latest.pt"))
-
     def _final(self, pacer, trained: int) -> None:
         print(f"generation {self.worker.args.generation}: rank {self.worker.rank}: {self.agent.step_count} steps, "
               f"{self.checkpoints} checkpoints taking {self.checkpoint_s:.2f} s", flush=True)
         if self.worker.rank == 0:
             self.ledger.write(self.worker.out)
-            self._snapshot_for_evaluation(final=True)
+            self.snapshots.maybe(final=True)
         self.worker.finish(self.agent, pacer, trained)
 
 
-def write_model(model: torch.nn.Module, path: Path) -> None:
-    save_atomically(model.state_dict(), path, durable=False)  # read by the evaluator; not a checkpoint
+class ModelSnapshots:
+    """Rank 0 leaves its model where the harness evaluates it: every second, and the final one."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self._due_at = 0.0
+
+    def maybe(self, final: bool = False) -> None:
+        if self.worker.rank != 0 or (not final and time.monotonic() < self._due_at):
+            return
+        self._due_at = time.monotonic() + SNAPSHOT_EVERY_S
+        path = self.worker.out / ("model-final.pt" if final else "model-latest.pt")
+        save_atomically(self.worker.trainer.model.state_dict(), path, durable=False)  # read by the evaluator only

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaException, Message
 
 from antdt.bus.admin import ensure_topics
-from antdt.bus.clients import drain, make_admin, make_consumer, make_producer
+from antdt.bus.clients import make_admin, make_consumer, make_producer
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import MisroutedRecord, check_key, decode_or_deadletter, poll_batch
@@ -142,11 +142,7 @@ class SharderService(LoopService):
         return self
 
     def close(self) -> None:
-        self.ready.clear()
-        drain(self._producer)
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        self._close_clients()
         if self._watch is not None:
             self._watch.release()
             self._watch = None

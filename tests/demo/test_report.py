@@ -102,3 +102,20 @@ def test_the_loss_gap_compares_smoothed_curves_over_common_steps():
     gap, step = largest_loss_gap(ours, theirs)
     assert gap == pytest.approx(0.005) and 25 <= step <= 29  # one step 0.05 off, spread over a 10-step mean
     assert largest_loss_gap(ours, SimpleNamespace(loss_per_step=[])) is None
+
+
+def test_the_summary_says_when_each_plan_reached_the_target_loss(tmp_path):
+    import dataclasses
+
+    from antdt.demo.report import plot_loss, target_text, write_summary
+
+    run = made_up_run("nd", 10.0, None)  # held-out loss 2 / (t + 1) at t = 0..9 s, final 0.2
+    aimed = dataclasses.replace(run, scenario=run.scenario.model_copy(update={"target_loss": 0.5}))
+    assert target_text(run) is None
+    assert target_text(aimed) == "held-out loss 0.5 reached after 3.0 s (first evaluation at or below it)"
+    missed = dataclasses.replace(run, scenario=run.scenario.model_copy(update={"target_loss": 0.1}))
+    assert target_text(missed) == "held-out loss 0.1 not reached"
+    summary = write_summary([aimed], tmp_path, []).read_text()
+    assert "- target: held-out loss 0.5 reached after 3.0 s" in summary
+    assert "- target:" not in write_summary([run], tmp_path, []).read_text()
+    assert plot_loss([aimed], tmp_path / "loss.png").read_bytes()[:8] == PNG  # the target dashed across

@@ -29,6 +29,13 @@ def test_the_shipped_scenarios_load_and_the_standard_one_is_what_the_issue_asks(
     assert Scenario.load("short").mode is ClusterMode.ND
 
 
+def test_the_target_loss_is_optional_and_positive():
+    assert Scenario.load("standard").target_loss == pytest.approx(0.25)
+    assert Scenario.load("short").target_loss is None
+    with pytest.raises(ValueError, match="greater than 0"):
+        scenario(target_loss=0)
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("name: x\nworkers: []\ndataset_size: 10\nshard_size: 1\n", "workers: Tuple should have at least 1 item"),
     ("name: x\nworkers: [{name: a}]\ndataset_size: 10\nshard_size: 1\nbogus: 1\n", "bogus: Extra inputs are not permitted"),

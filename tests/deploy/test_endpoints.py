@@ -20,8 +20,8 @@ from antdt.settings import load_settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-SERVICES = ("sharder", "monitor", "controller")
-NAME = re.compile(r"^antdt_(sharder|monitor|controller)_[a-z][a-z0-9_]*$")
+SERVICES = ("sharder", "monitor", "controller", "grouper")
+NAME = re.compile(r"^antdt_(sharder|monitor|controller|grouper)_[a-z][a-z0-9_]*$")
 UNBOUNDED_LABELS = {"job", "job_id", "worker", "worker_id", "node", "node_id", "shard", "shard_id", "command_id",
                     "verdict_id", "pod", "epoch"}
 

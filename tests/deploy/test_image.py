@@ -19,14 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from antdt.cli import controller_cmd, monitor_cmd, sharder_cmd
+from antdt.cli import controller_cmd, grouper_cmd, monitor_cmd, sharder_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
 #: The long-running services of the image and their CLI entry points.
-SERVICE_COMMANDS = {"sharder": sharder_cmd.sharder, "monitor": monitor_cmd.monitor, "controller": controller_cmd.controller}
+SERVICE_COMMANDS = {"sharder": sharder_cmd.sharder, "monitor": monitor_cmd.monitor, "controller": controller_cmd.controller,
+                    "grouper": grouper_cmd.grouper}
 
 
 def default_http_port(command) -> int:

@@ -143,7 +143,7 @@ def test_no_manifest_is_left_out_of_every_kustomization():
 
 def test_the_base_renders_on_its_own():
     kinds = sorted(obj["kind"] for obj in build(K8S / "base"))
-    assert kinds == ["ConfigMap", "Deployment", "Deployment", "Deployment", "Secret", "Service", "Service", "Service"]
+    assert kinds == ["ConfigMap", *["Deployment"] * 4, "Secret", *["Service"] * 4]
 
 
 @render_names
@@ -201,7 +201,7 @@ def test_probes_use_declared_container_ports(name: str):
                     assert port in declared, f"[{name}] {template.name} {probe_name} uses undeclared port {port!r}"
 
 
-@pytest.mark.parametrize("component,port", [("sharder", 9402), ("monitor", 9403), ("controller", 9404)])
+@pytest.mark.parametrize("component,port", [("sharder", 9402), ("monitor", 9403), ("controller", 9404), ("grouper", 9406)])
 def test_each_service_runs_with_probes_metrics_and_its_port(component: str, port: int):
     deployment = k8s.find(objects_of("strimzi"), "Deployment", f"antdt-{component}")
     assert deployment is not None, f"no Deployment antdt-{component}"
@@ -433,7 +433,7 @@ def test_the_service_monitor_selects_every_service_on_a_named_port(name: str):
     selector = monitor["spec"]["selector"]["matchLabels"]
     services = [s for s in k8s.of_kind(objects, "Service") if k8s.matches(selector, s["metadata"].get("labels", {}))]
     selected = {s["metadata"]["name"] for s in services}
-    assert selected == {"antdt-sharder", "antdt-monitor", "antdt-controller"}, f"[{name}] ServiceMonitor selects {selected}"
+    assert selected == {"antdt-sharder", "antdt-monitor", "antdt-controller", "antdt-grouper"}, f"[{name}] ServiceMonitor selects {selected}"
     for endpoint in monitor["spec"]["endpoints"]:
         for service in services:
             ports = {port.get("name") for port in service["spec"]["ports"]}

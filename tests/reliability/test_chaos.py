@@ -2,7 +2,7 @@
 
 Runs ``antdt chaos`` as a user would, once asynchronously (AntDT-ND, a
 parameter server) and once synchronously (AntDT-DD, all-reduce), each on its
-own embedded broker: one epoch of the standard scenario, eight workers. Every
+own embedded broker (and a short partial-reduce run): one epoch of the standard scenario, eight workers. Every
 victim is restarted at once (a synchronous group restarts whole, from its
 last checkpoint). The epoch must complete with every sample in the model
 exactly once: each ledger file all ones, the shard log's audit clean and
@@ -92,3 +92,16 @@ def test_sync_every_sample_is_in_the_shared_model_exactly_once(synchronous):
     figures, out = synchronous
     check_exactly_once(figures, out, ["ledger-epoch0.npy"])
     assert figures["heldout_accuracy"] > 0.5
+
+
+def test_partial_reduce_survives_kills_mid_average_the_grouper_and_a_broker_restart_exactly_once(tmp_path):
+    """A short run: every restart goes back to the last all-rank checkpoint, the groups resume on the new bus."""
+    figures = run_chaos(tmp_path, "--training", "preduce", "--scenario", "short", "--worker-every", "3",
+                        "--broker-at", "4", "--services-at", "sharder=6,grouper=8")
+    killed = sorted(kill["target"] for kill in figures["killed"] if kill["kind"] == "service")
+    assert killed == ["grouper", "sharder"] and figures["broker_restarts"] == 1
+    assert figures["worker_kills"] >= 2 and figures["survived"] == figures["kills"]
+    assert figures["restarts"] >= figures["worker_kills"]  # each kill restarted the whole group
+    assert figures["passed"] and figures["audit_clean"] and figures["ledger"]["ok"]
+    counts = np.load(tmp_path / "ledger-epoch0.npy")
+    assert counts.shape == (6144,) and (counts == 1).all()

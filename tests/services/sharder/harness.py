@@ -17,35 +17,12 @@ from antdt.services.sharder.service import SharderConfig, SharderService
 from antdt.services.sharder.state import JobState
 from antdt.settings import Settings
 from antdt.worker.shard_client import NoAnswer, ShardClient
+from tests.services.running import running_loop
 
 
-@contextmanager
 def running_sharder(settings: Settings, config: SharderConfig | None = None, writer_id: str | None = None):
-    """A SharderService on a background thread, stopped (and flushed) on exit.
-
-    If the service's loop died, leaving says so (with its error) instead of
-    letting the test blame the workers that waited for it.
-    """
-    service = SharderService(settings, config, writer_id).start()
-    stop = threading.Event()
-    died: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            service.run(stop)
-        except BaseException as exc:  # noqa: BLE001 - reported on exit
-            died.append(exc)
-            raise
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield service
-    finally:
-        stop.set()
-        thread.join(15)
-    if died:
-        raise AssertionError(f"the sharder's loop died: {died[0]!r}") from died[0]
+    """A SharderService on a background thread, stopped (and flushed) on exit (see :func:`running_loop`)."""
+    return running_loop(SharderService(settings, config, writer_id), "sharder")
 
 
 @contextmanager

@@ -1,0 +1,93 @@
+"""``antdt grouper`` against the real embedded broker: workers announce, groups come back, bad input is dead-lettered."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from antdt.bus.clients import make_producer
+from antdt.bus.deadletter import HEADER_ERROR
+from antdt.schemas.codec import make_codec
+from antdt.schemas.examples import group_ready
+from antdt.schemas.models import GroupReason
+from antdt.services.grouper.core import GrouperConfig
+from antdt.services.grouper.history import one_per_group, read_copies, summary
+from antdt.services.grouper.service import GrouperService
+from antdt.worker.preduce.client import GroupClient, NoGroup
+from tests.reliability.bus import dead_letters
+from tests.services.running import running_loop
+
+WORLD = 4
+
+
+def clients(settings, job: str, generation: int = 0) -> list[GroupClient]:
+    return [GroupClient(settings, job, f"w{rank}", f"inc-{rank}-{generation}", rank, WORLD, generation)
+            for rank in range(WORLD)]
+
+
+def steps(client: GroupClient, count: int, out: dict) -> None:
+    """``count`` local 'steps' (announce and wait), then the final announcement."""
+    groups = [client.wait(client.announce(step), 30.0) for step in range(count)]
+    groups.append(client.wait(client.announce(count, finished=True), 30.0))
+    out[client.rank] = groups
+
+
+def test_workers_are_grouped_first_come_first_served_and_end_in_one_final_group(settings, topics):
+    config = GrouperConfig(group_size=2, deadline_s=0.2, checkpoint_every_s=0)
+    members = clients(settings, "job-g")
+    got: dict[int, list] = {}
+    with running_loop(GrouperService(settings, config), "grouper"):
+        threads = [threading.Thread(target=steps, args=(c, 5 + c.rank, got), daemon=True) for c in members]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    for client in members:
+        client.close()
+    assert sorted(got) == list(range(WORLD))
+    for rank, groups in got.items():
+        assert [g.in_reply_to for g in groups] == list(range(1, len(groups) + 1))  # every announcement answered once
+        assert all(f"w{rank}" in g.members and g.job_id == "job-g" for g in groups)
+        assert groups[-1].reason is GroupReason.FINAL and groups[-1].ranks == list(range(WORLD))
+        assert all(len(g.ranks) <= 2 for g in groups[:-1])
+    finals = {g.group_id for groups in got.values() for g in groups if g.reason is GroupReason.FINAL}
+    assert len(finals) == 1
+    copies = read_copies(settings, make_codec(), "job-g")  # the bus holds every member's copy: the audit
+    assert len(copies) == sum(len(groups) for groups in got.values())
+    assert len(one_per_group(copies)) == len({(g.group_id) for groups in got.values() for g in groups})
+    figures = summary(copies)
+    assert figures["by_reason"]["FINAL"] == 1 and figures["per_worker"]["w3"] == 5 + 3 + 1
+
+
+def test_an_older_generation_is_never_grouped_with_a_newer_one(settings, topics):
+    config = GrouperConfig(group_size=2, deadline_s=10.0, checkpoint_every_s=0)
+    old, new = clients(settings, "job-gen", 0), clients(settings, "job-gen", 1)
+    with running_loop(GrouperService(settings, config), "grouper"):
+        stale = old[0].announce(3)
+        first = new[1].announce(0)
+        second = new[2].announce(0)
+        group = new[1].wait(first, 20.0)
+        assert (group.generation, group.ranks) == (1, [1, 2]) and new[2].wait(second, 20.0).group_id == group.group_id
+        with pytest.raises(NoGroup, match="no group from the grouper"):
+            old[0].wait(stale, 0.5)
+    for client in old + new:
+        client.close()
+
+
+def test_bad_input_is_dead_lettered_and_the_grouper_keeps_serving(settings, topics):
+    config = GrouperConfig(group_size=2, deadline_s=10.0, checkpoint_every_s=0)
+    ready_topic = settings.topic("group", "ready")
+    a, b = clients(settings, "job-bad")[:2]
+    with running_loop(GrouperService(settings, config), "grouper"):
+        producer = make_producer(settings)
+        producer.produce(ready_topic, key=b"job-bad", value=b"\x00garbage")
+        producer.produce(ready_topic, key=b"another-job", value=make_codec().encode(group_ready(), ready_topic))
+        producer.flush(5)
+        seqs = a.announce(0), b.announce(0)
+        assert a.wait(seqs[0], 20.0).ranks == [0, 1] and b.wait(seqs[1], 20.0).ranks == [0, 1]
+    a.close()
+    b.close()
+    errors = [dict(m.headers())[HEADER_ERROR].decode() for m in dead_letters(settings, 2)]
+    assert len(errors) == 2, errors
+    assert any("keyed" in e or "key" in e for e in errors), errors

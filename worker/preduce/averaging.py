@@ -1,0 +1,113 @@
+"""Averaging a model with the members of a partial-reduce group, without a process group per group.
+
+Partial reduce (Miao et al., SIGMOD 2021) averages *models*, not
+gradients: each worker applies its own step to its replica, then the P
+members of a group replace their replicas by the group's mean. Equal
+weights make the mixing doubly stochastic, so the mean of all replicas is
+unchanged by an average: every sample's update enters the mean model with
+the same weight, whichever worker trained it and whichever group it
+joined (unbiased). A straggler's replica is pulled toward its group's.
+
+The exchange is point to point inside the job's one process group: the
+members send their flattened replica to the leader (the lowest rank), which
+averages and sends the mean back; a pair swaps replicas both ways at once. Disjoint groups exchange at the same time
+over disjoint pairs, nobody creates a process group, and no rank outside
+the group takes part. A group of every rank (a checkpoint, the end) uses
+one all-reduce instead, and sums the ranks' ledgers in it.
+
+Every wait is bounded: a member that does not send within the bound (dead
+or stuck) raises :class:`~antdt.worker.ddp.CollectiveTimeout`, which ends
+the generation like a broken all-reduce.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from antdt.errors import AntdtError
+from antdt.schemas.models import WHOLE_GROUP_REASONS, GroupFormed
+from antdt.worker.ddp import CollectiveTimeout, collective_device
+
+
+class GroupAverager:
+    """Replaces a model's parameters (and floating buffers) by their mean over a group's members."""
+
+    def __init__(self, model: torch.nn.Module, timeout_s: float = 30.0):
+        self.tensors = [p for p in model.parameters()] + [b for b in model.buffers() if b.is_floating_point()]
+        kinds = {(t.device, t.dtype) for t in self.tensors}
+        if len(kinds) != 1:
+            raise AntdtError(f"partial reduce averages a model on one device with one dtype, not {sorted(map(str, kinds))}")
+        self.timeout_s = timeout_s
+
+    def average(self, group: GroupFormed, ledger: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Average with ``group``'s members; for a group of every rank, ``ledger`` summed over them too."""
+        if group.reason in WHOLE_GROUP_REASONS:
+            return self._all_ranks(ledger)
+        if len(group.ranks) > 1:
+            self._point_to_point(group)
+        return None
+
+    def _all_ranks(self, ledger: torch.Tensor | None) -> torch.Tensor | None:
+        flat = self._flat()
+        works = [dist.all_reduce(flat, async_op=True)]
+        summed = None
+        if ledger is not None:
+            summed = ledger.to(collective_device(), dtype=torch.int64)  # int32 sums could overflow at scale
+            works.append(dist.all_reduce(summed, async_op=True))
+        self._wait(works, "the all-ranks average")
+        self._put(flat.div_(dist.get_world_size()))
+        return None if summed is None else summed.cpu()
+
+    def _point_to_point(self, group: GroupFormed) -> None:
+        me, leader, tag = dist.get_rank(), group.leader, group.group_id % (2 ** 31)
+        flat = self._flat()
+        if len(group.ranks) == 2:  # a pair swaps replicas both ways at once: one transfer's time, not two
+            other = group.ranks[1] if me == leader else leader
+            theirs = torch.empty_like(flat)
+            self._wait([dist.isend(flat, other, tag=tag), dist.irecv(theirs, other, tag=tag)],
+                       f"group {group.group_id}: swapping with rank {other}")
+            self._put(flat.add_(theirs).div_(2))  # a + b == b + a: both hold the same mean
+            return
+        if me != leader:
+            self._wait([dist.isend(flat, leader, tag=tag)], f"group {group.group_id}: sending to rank {leader}")
+            self._wait([dist.irecv(flat, leader, tag=tag)], f"group {group.group_id}: the mean from rank {leader}")
+            self._put(flat)
+            return
+        others = [r for r in group.ranks if r != me]
+        parts = [torch.empty_like(flat) for _ in others]
+        self._wait([dist.irecv(part, r, tag=tag) for part, r in zip(parts, others)],
+                   f"group {group.group_id}: the replicas of ranks {others}")
+        for part in parts:
+            flat.add_(part)
+        flat.div_(len(group.ranks))
+        self._wait([dist.isend(flat, r, tag=tag) for r in others], f"group {group.group_id}: sending the mean")
+        self._put(flat)
+
+    def _flat(self) -> torch.Tensor:
+        return torch.cat([t.detach().reshape(-1) for t in self.tensors])
+
+    def _put(self, flat: torch.Tensor) -> None:
+        offset = 0
+        with torch.no_grad():
+            for tensor in self.tensors:
+                n = tensor.numel()
+                tensor.copy_(flat[offset:offset + n].view_as(tensor))
+                offset += n
+
+    def _wait(self, works: list, what: str) -> None:
+        began = time.monotonic()
+        for work in works:
+            left = max(0.001, self.timeout_s - (time.monotonic() - began))
+            try:
+                work.wait(timeout=timedelta(seconds=left))
+            except RuntimeError as exc:
+                if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
+                    raise
+                raise CollectiveTimeout(f"{what}: waited {time.monotonic() - began:.1f} s (limit {self.timeout_s:g} s): "
+                                        f"a member is dead or stuck") from None
+        if self.tensors[0].is_cuda:
+            torch.cuda.current_stream(self.tensors[0].device).synchronize()

@@ -1,0 +1,140 @@
+"""The worker's side of partial reduce: announce readiness, wait for the group the grouper forms.
+
+Announcements go to ``group.ready`` (keyed by job); the groups come back on
+the worker's own partition of ``group.formed`` (keyed ``<job>/<worker>``),
+read by manual assignment with no consumer group, positioned past a marker
+it wrote before the first announcement so no group can slip past it. A
+group is matched to its announcement by ``in_reply_to`` and to this process
+group by ``generation``; anything else on the key is skipped (an old
+group), or dead-lettered when it is not a group for this worker.
+
+Nothing waits for ever: :meth:`GroupClient.wait` raises :class:`NoGroup`
+after its bound. While it waits it sends the same announcement again now
+and then (a restarted grouper has forgotten who was waiting; the grouper
+takes a repeated seq as the same announcement), at once after a bus reset
+(:mod:`antdt.bus.watch`: the bus came back empty, its reader starts over at
+offset 0), and appends a marker to its own partition (the embedded broker
+can keep a partition's last record invisible until the next write).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+
+from antdt.bus.clients import make_consumer, make_producer
+from antdt.bus.deadletter import DeadLetter, SourceRecord
+from antdt.bus.markers import marker_id, send_marker
+from antdt.bus.readers import decode_or_deadletter, follow_key, poll_batch
+from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
+from antdt.errors import AntdtError
+from antdt.schemas.codec import Codec, make_codec
+from antdt.schemas.models import GroupFormed, GroupReady
+from antdt.schemas.types import utc_now
+from antdt.settings import Settings
+from antdt.topics import topic_spec, worker_key
+
+log = logging.getLogger(__name__)
+
+#: A group this late: a marker to our partition, then again every NUDGE_EVERY_S.
+NUDGE_AFTER_S = 0.1
+NUDGE_EVERY_S = 0.5
+#: A group this late: the announcement again (the grouper may have restarted).
+ANNOUNCE_AGAIN_S = 2.0
+
+
+class NoGroup(AntdtError):
+    """The grouper formed no group for an announcement in time."""
+
+
+class GroupClient:
+    """Announce and wait, for one worker incarnation in one generation of its process group."""
+
+    def __init__(self, settings: Settings, job_id: str, worker_id: str, incarnation: str, rank: int, world: int,
+                 generation: int, codec: Codec | None = None):
+        self.job_id, self.worker_id, self.incarnation = job_id, worker_id, incarnation
+        self.rank, self.world, self.generation = rank, world, generation
+        self.codec = codec or make_codec(settings.schema_registry_url)
+        self._ready_topic = topic_spec("group", "ready").full_name(settings.topic_prefix)
+        self._formed_topic = topic_spec("group", "formed").full_name(settings.topic_prefix)
+        self._key = worker_key(job_id, worker_id).encode()
+        self._producer = make_producer(settings, client_id=f"antdt-worker-{worker_id}-groups", **{"linger.ms": 0})
+        self._consumer = make_consumer(settings, client_id=f"antdt-worker-{worker_id}-groups", low_latency=True)
+        self._deadletter = DeadLetter.for_settings(self._producer, settings, "agent")
+        self._seq = itertools.count(1)
+        self._sent: dict[int, bytes] = {}  # the announcement waited for, to send again
+        for _ in follow_key(settings, self._consumer, self._producer, self._formed_topic, self._key, timeout_s=30.0):
+            pass  # groups of an earlier incarnation: not ours
+        self._watch = shared_watch(settings)
+        self._rewinder = Rewinder(self._consumer, self._watch)  # after a bus reset, groups come from offset 0 again
+
+    @classmethod
+    def for_agent(cls, agent, generation: int) -> GroupClient:
+        spec = agent.spec
+        return cls(agent.settings, spec.job_id, spec.worker_id, agent.incarnation, spec.rank, spec.world_size or 1,
+                   generation)
+
+    def announce(self, step: int, finished: bool = False) -> int:
+        """Ready to average after ``step`` local steps (``finished``: no data left); returns the seq to wait for."""
+        seq = next(self._seq)
+        event = GroupReady(job_id=self.job_id, worker_id=self.worker_id, incarnation=self.incarnation,
+                           generation=self.generation, rank=self.rank, world_size=self.world, seq=seq, step=step,
+                           finished=finished, timestamp=utc_now())
+        value = self.codec.encode(event, self._ready_topic)
+        self._sent = {seq: value}
+        self._send(value)
+        return seq
+
+    def _send(self, value: bytes) -> None:
+        self._producer.produce(self._ready_topic, key=self.job_id.encode(), value=value)
+        self._producer.poll(0)
+
+    def wait(self, seq: int, timeout_s: float) -> GroupFormed:
+        """The group formed for announcement ``seq``; NoGroup after ``timeout_s``."""
+        began = time.monotonic()
+        nudge_at, again_at = began + NUDGE_AFTER_S, began + ANNOUNCE_AGAIN_S
+        while (now := time.monotonic()) - began < timeout_s:
+            if self._rewinder.check() and seq in self._sent:  # the bus came back empty: our announcement is gone
+                refresh_metadata(self._producer)
+                self._send(self._sent[seq])
+            for message in poll_batch(self._consumer, 100, min(0.01, max(0.001, timeout_s - (now - began)))):
+                group = self._group_in(message)
+                if group is not None and group.in_reply_to == seq:
+                    return group
+            now = time.monotonic()
+            if now >= nudge_at:
+                send_marker(self._producer, self._formed_topic, self._key)
+                self._producer.poll(0)
+                nudge_at = now + NUDGE_EVERY_S
+            if now >= again_at and seq in self._sent:
+                log.warning("worker %s: no group %.1f s after announcement %d: announcing it again",
+                            self.worker_id, now - began, seq)
+                self._send(self._sent[seq])
+                again_at = now + ANNOUNCE_AGAIN_S
+        raise NoGroup(f"worker {self.worker_id}: no group from the grouper for announcement {seq} within "
+                      f"{timeout_s:.0f} s (is `antdt grouper` running?)")
+
+    def _group_in(self, message) -> GroupFormed | None:
+        """A group of this generation for this worker, or None (markers, old groups, dead-lettered records)."""
+        if message.key() != self._key or marker_id(message) is not None:
+            return None
+        group = decode_or_deadletter(message, self.codec, self._deadletter, expected=GroupFormed)
+        if group is None:
+            return None
+        if (group.job_id, group.worker_id) != (self.job_id, self.worker_id):
+            self._deadletter.send(SourceRecord.from_confluent(message),
+                                  f"group for {worker_key(group.job_id, group.worker_id)} on key {self._key.decode()}")
+            return None
+        return group if group.generation == self.generation else None
+
+    def close(self) -> None:
+        self._producer.flush(5)
+        self._consumer.close()
+        self._watch.release()
+
+    def __enter__(self) -> GroupClient:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
