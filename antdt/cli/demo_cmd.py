@@ -20,7 +20,7 @@ from antdt.demo.environment import run_bus
 from antdt.demo.scenario import Scenario
 from antdt.shutdown import interrupt_on_sigterm
 
-SCENARIO_HELP = "A scenario file (YAML or JSON) or a shipped one: standard, fixed-cost, short."
+SCENARIO_HELP = "A scenario file (YAML or JSON) or a shipped one: standard, fixed-cost, short, contention, bursty."
 
 
 class Policy(str, Enum):

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from antdt.errors import AntdtError
 from antdt.schemas.codec import make_codec, to_json
-from antdt.schemas.models import MitigationCommand, ShardLogEvent
+from antdt.schemas.models import GroupFormed, MitigationCommand, ShardLogEvent
 from antdt.services.controller.audit import read_commands
 from antdt.services.sharder.audit import AuditReport
 from antdt.services.sharder.eventlog import log_topic
@@ -58,24 +58,28 @@ def export(rows: list[tuple[int, datetime, ShardLogEvent]], out: Path | None) ->
 class LogName(str, Enum):
     SHARDS = "shards"
     COMMANDS = "commands"
+    GROUPS = "groups"
 
 
 def replay(
-    job: str | None = typer.Option(None, "--job", help=JOB_HELP + " Required for --log shards."),
-    log: LogName = typer.Option(LogName.SHARDS, "--log", help="shards: the job's shard log; commands: the controller's commands."),
+    job: str | None = typer.Option(None, "--job", help=JOB_HELP + " Required for --log shards and groups."),
+    log: LogName = typer.Option(LogName.SHARDS, "--log", help="shards: the job's shard log; commands: the controller's "
+                                                              "commands; groups: the job's partial-reduce groups."),
     from_: str | None = typer.Option(None, "--from", help="Only events recorded at or after this ISO-8601 time."),
     to: str | None = typer.Option(None, "--to", help="Only events recorded at or before this ISO-8601 time."),
     json_: bool = typer.Option(False, "--json", help="One JSON object per event and line."),
     out: Path | None = typer.Option(None, "--out", dir_okay=False, help=OUT_HELP),
 ) -> None:
-    """List a job's shard transitions, or the controller's commands (the audit log), in log order."""
+    """List a job's shard transitions, the controller's commands (the audit log), or a job's partial-reduce groups."""
     start, end = parse_time(from_, "--from"), parse_time(to, "--to")
     if start and end and start > end:
         raise typer.BadParameter(f"{from_} is after --to {to}", param_hint="'--from'")
     if log is LogName.COMMANDS:
         return replay_commands(job, start, end, json_, out)
     if job is None:
-        raise typer.BadParameter("--log shards needs --job", param_hint="'--job'")
+        raise typer.BadParameter(f"--log {log.value} needs --job", param_hint="'--job'")
+    if log is LogName.GROUPS:
+        return replay_groups(job, start, end, json_, out)
     rows = read_log(load_settings(), job, start, end)
     export(rows, out)
     if json_:
@@ -104,6 +108,27 @@ def replay_commands(job: str | None, start: datetime | None, end: datetime | Non
         value = c.shard_quota if c.shard_quota is not None else c.batch_size if c.batch_size is not None else c.parameters or ""
         table.add_row(c.issued_at.isoformat(timespec="milliseconds"), str(c.controller_epoch), c.job_id, c.target_worker,
                       c.action.value, escape(str(value)), "yes" if c.dry_run else "", c.policy, _text(c.verdict_id), escape(c.reason))
+    Console().print(table)
+
+
+def replay_groups(job: str, start: datetime | None, end: datetime | None, json_: bool, out: Path | None) -> None:
+    """One row per group (its first member's copy), in formation order."""
+    from antdt.services.grouper.history import one_per_group, read_copies
+
+    settings = load_settings()
+    groups = [g for g in one_per_group(read_copies(settings, make_codec(settings.schema_registry_url), job))
+              if (start is None or g.timestamp >= start) and (end is None or g.timestamp <= end)]
+    if out is not None:
+        count = export_avro(groups, out, GroupFormed)
+        typer.echo(f"wrote {count} groups to {out}", err=True)
+    if json_:
+        for group in groups:
+            typer.echo(to_json(group).decode())
+        return
+    table = Table("formed", "group", "gen", "reason", "members", "waited ms")
+    for g in groups:
+        table.add_row(g.timestamp.isoformat(timespec="milliseconds"), str(g.group_id), str(g.generation), g.reason.value,
+                      escape(" ".join(g.members)), str(g.waited_ms))
     Console().print(table)
 
 

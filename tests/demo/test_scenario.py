@@ -58,7 +58,7 @@ def test_a_bad_scenario_is_one_line_naming_the_problem(tmp_path, text, expected)
 
 
 def test_a_missing_scenario_lists_the_shipped_ones():
-    with pytest.raises(ConfigError, match="shipped scenarios: contention, fixed-cost, short, standard"):
+    with pytest.raises(ConfigError, match="shipped scenarios: bursty, contention, fixed-cost, short, standard"):
         Scenario.load("no-such-scenario")
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
 
 from antdt.bus.clients import make_producer
 from antdt.bus.deadletter import HEADER_ERROR
+from antdt.cli.main import run
+from antdt.launch import settings_env
 from antdt.schemas.codec import make_codec
 from antdt.schemas.examples import group_ready
 from antdt.schemas.models import GroupReason
@@ -58,6 +61,24 @@ def test_workers_are_grouped_first_come_first_served_and_end_in_one_final_group(
     assert len(one_per_group(copies)) == len({(g.group_id) for groups in got.values() for g in groups})
     figures = summary(copies)
     assert figures["by_reason"]["FINAL"] == 1 and figures["per_worker"]["w3"] == 5 + 3 + 1
+
+
+def test_an_operator_replays_the_groups_of_a_job(settings, topics, monkeypatch, capsys, tmp_path):
+    config = GrouperConfig(group_size=2, deadline_s=0.2, checkpoint_every_s=0)
+    members = clients(settings, "job-r")[:2]
+    with running_loop(GrouperService(settings, config), "grouper"):
+        seqs = [c.announce(0) for c in members]
+        formed = [c.wait(seq, 20.0) for c, seq in zip(members, seqs)]
+    for client in members:
+        client.close()
+    for name, value in settings_env(settings).items():
+        monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    assert run(["replay", "--log", "groups", "--job", "job-r", "--json", "--out", str(tmp_path / "groups.avro")]) == 0
+    [listed] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (listed["group_id"], listed["members"], listed["reason"]) == (formed[0].group_id, ["w0", "w1"], "QUORUM")
+    assert (tmp_path / "groups.avro").stat().st_size > 0
+    assert run(["replay", "--log", "groups"]) == 2  # a job is needed: a one-line usage error
 
 
 def test_an_older_generation_is_never_grouped_with_a_newer_one(settings, topics):
