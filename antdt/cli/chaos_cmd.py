@@ -112,7 +112,7 @@ def chaos_figures(result, the_chaos) -> dict:
         "heldout_loss": None if result.heldout is None else round(result.heldout[0], 4),
         "heldout_accuracy": None if result.heldout is None else round(result.heldout[1], 4),
         "services_exited": [{"service": name, "code": code} for name, code in result.service_exits],
-        "audit": result.audit, "killed": [kill.to_dict() for kill in the_chaos.kills],
+        "audit": result.audit, "killed": [kill.to_dict() for kill in the_chaos.kills], "groups": result.groups,
     }
 
 

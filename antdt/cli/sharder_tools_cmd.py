@@ -93,15 +93,21 @@ def replay(
     Console().print(table)
 
 
+def exported_or_json(records: list, record: type, noun: str, out: Path | None, json_: bool) -> bool:
+    """Write ``records`` to ``out`` if asked (the note on stderr); print them as JSON lines if asked (then True)."""
+    if out is not None:
+        count = export_avro(records, out, record)
+        typer.echo(f"wrote {count} {noun} to {out}", err=True)
+    if json_:
+        for value in records:
+            typer.echo(to_json(value).decode())
+    return json_
+
+
 def replay_commands(job: str | None, start: datetime | None, end: datetime | None, json_: bool, out: Path | None) -> None:
     settings = load_settings()
     commands = list(read_commands(settings, make_codec(settings.schema_registry_url), job, start, end))
-    if out is not None:
-        count = export_avro(commands, out, MitigationCommand)
-        typer.echo(f"wrote {count} commands to {out}", err=True)
-    if json_:
-        for command in commands:
-            typer.echo(to_json(command).decode())
+    if exported_or_json(commands, MitigationCommand, "commands", out, json_):
         return
     table = Table("issued", "epoch", "job", "worker", "action", "value", "dry run", "policy", "verdict", "reason")
     for c in commands:
@@ -118,12 +124,7 @@ def replay_groups(job: str, start: datetime | None, end: datetime | None, json_:
     settings = load_settings()
     groups = [g for g in one_per_group(read_copies(settings, make_codec(settings.schema_registry_url), job))
               if (start is None or g.timestamp >= start) and (end is None or g.timestamp <= end)]
-    if out is not None:
-        count = export_avro(groups, out, GroupFormed)
-        typer.echo(f"wrote {count} groups to {out}", err=True)
-    if json_:
-        for group in groups:
-            typer.echo(to_json(group).decode())
+    if exported_or_json(groups, GroupFormed, "groups", out, json_):
         return
     table = Table("formed", "group", "gen", "reason", "members", "waited ms")
     for g in groups:

@@ -59,21 +59,6 @@ def test_bench_measures_the_baseline_and_dd_against_the_ideal(tmp_path):
         assert (tmp_path / name).exists(), name
 
 
-@pytest.mark.slow
-@pytest.mark.e2e
-def test_bench_partial_reduce_trains_every_sample_once_with_its_groups_on_the_bus(tmp_path):
-    result = antdt("bench", "--scenario", "short", "--plans", "partial-reduce", "--json", "--out", str(tmp_path))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    [plan] = json.loads(result.stdout)["plans"]
-    assert plan["plan"] == "partial-reduce" and plan["samples"] == 6144 and plan["failures"] == []
-    assert plan["audit_clean"] is True and plan["ledger"]["ok"]  # the averaged model holds every sample once
-    assert plan["heldout_accuracy"] > 0.8 and plan["heldout_loss"] < 1.0, plan
-    groups = plan["groups"]  # read back from group.formed: who averaged with whom, and why
-    assert groups["by_reason"]["FINAL"] == 1 and groups["by_reason"]["QUORUM"] > 0
-    assert set(groups["per_worker"]) == {"w0", "w1", "w2"} and groups["mean_partial_size"] <= 2
-    assert groups["per_worker"]["w2"] < groups["per_worker"]["w0"]  # the 3x slower worker steps (and joins) less
-
-
 def test_a_broker_restart_needs_the_embedded_broker(monkeypatch):
     monkeypatch.setenv("ANTDT_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # an external bus: nothing here can restart it
     result = antdt("chaos", "--broker-at", "3", timeout=60)

@@ -105,3 +105,7 @@ def test_partial_reduce_survives_kills_mid_average_the_grouper_and_a_broker_rest
     assert figures["passed"] and figures["audit_clean"] and figures["ledger"]["ok"]
     counts = np.load(tmp_path / "ledger-epoch0.npy")
     assert counts.shape == (6144,) and (counts == 1).all()
+    assert figures["heldout_accuracy"] > 0.8  # the averaged model learnt
+    groups = figures["groups"]  # read back from group.formed (the new bus's): who averaged with whom, and why
+    assert groups["by_reason"]["FINAL"] == 1 and groups["by_reason"]["QUORUM"] > 0
+    assert set(groups["per_worker"]) == {"w0", "w1", "w2"} and groups["mean_partial_size"] <= 2
