@@ -247,20 +247,12 @@ class WeightedGradientAverager:
     def _all_reduce(self, buffers: list[torch.Tensor]) -> None:
         """Sum each buffer over the ranks, all in flight at once; within the timeout's bound when there is one."""
         works = [dist.all_reduce(b, op=dist.ReduceOp.SUM, group=self.group, async_op=True) for b in buffers]
-        limit = self.timeout.limit_s() if self.timeout is not None else None
-        began = time.monotonic()
-        for work in works:
-            if limit is None:
+        if self.timeout is None:
+            for work in works:
                 work.wait()
-                continue
-            try:
-                work.wait(timeout=timedelta(seconds=max(0.001, limit - (time.monotonic() - began))))
-            except RuntimeError as exc:
-                if "timed out" not in str(exc).lower():
-                    raise
-                raise CollectiveTimeout(
-                    f"the all-reduce of step {self.steps} waited {time.monotonic() - began:.1f} s "
-                    f"(limit {limit:.1f} s: {self.timeout.describe()}): a rank is dead or stuck") from None
+        else:
+            limit = self.timeout.limit_s()
+            wait_within(works, limit, f"the all-reduce of step {self.steps}", f"{limit:.1f} s: {self.timeout.describe()}")
         _finish_cuda(buffers)
 
     def _one_collective(self, params: list[torch.nn.Parameter], local_batch_size: int,
@@ -340,6 +332,23 @@ class WeightedGradientAverager:
             else:
                 param.grad.copy_(reduced)  # in place: keeps the optimizer's and hooks' view of .grad
             offset += n
+
+
+def wait_within(works: Sequence, limit_s: float, what: str, limit_text: str | None = None) -> None:
+    """Wait for each of ``works`` (asynchronous collectives) within ``limit_s`` in all.
+
+    Past it, :class:`CollectiveTimeout` naming ``what`` and how long it
+    waited: a rank is dead or stuck, and the process group is unusable.
+    """
+    began = time.monotonic()
+    for work in works:
+        try:
+            work.wait(timeout=timedelta(seconds=max(0.001, limit_s - (time.monotonic() - began))))
+        except RuntimeError as exc:
+            if "timed out" not in str(exc).lower():
+                raise
+            raise CollectiveTimeout(f"{what} waited {time.monotonic() - began:.1f} s "
+                                    f"(limit {limit_text or f'{limit_s:g} s'}): a rank is dead or stuck") from None
 
 
 _EXACT_INTEGERS = {torch.float32: 2 ** 24, torch.float64: 2 ** 53}

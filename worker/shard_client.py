@@ -24,9 +24,9 @@ import uuid
 from collections import deque
 
 from antdt.bus.clients import make_consumer, make_producer
-from antdt.bus.deadletter import DeadLetter, SourceRecord
+from antdt.bus.deadletter import DeadLetter
 from antdt.bus.markers import marker_id, send_marker
-from antdt.bus.readers import decode_or_deadletter, follow_key, poll_batch
+from antdt.bus.readers import decode_addressed, follow_key, poll_batch
 from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
 from antdt.errors import AntdtError, BusError
 from antdt.schemas.codec import Codec, make_codec
@@ -296,12 +296,8 @@ class ShardClient:
         (the sharder keys every answer by the worker it names); trusting
         it could hand us someone else's shards.
         """
-        answer = decode_or_deadletter(message, self.codec, self._deadletter, expected=ShardAssignment)
-        if answer is not None and (answer.job_id, answer.worker_id) != (self.job_id, self.worker_id):
-            self._deadletter.send(SourceRecord.from_confluent(message),
-                                  f"assignment for {worker_key(answer.job_id, answer.worker_id)} on key {self._key.decode()}")
-            return None
-        return answer
+        return decode_addressed(message, self.codec, self._deadletter, ShardAssignment, self.job_id, self.worker_id,
+                                "assignment")
 
     @property
     def deadlettered(self) -> int:

@@ -24,6 +24,7 @@ from antdt.errors import AntdtError, BusError, CodecError
 from antdt.schemas.codec import Codec
 from antdt.schemas.models import AvroModel
 from antdt.settings import Settings
+from antdt.topics import worker_key
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,24 @@ def decode_or_deadletter(
         else:
             deadletter.send(SourceRecord.from_confluent(message), exc)
         return None
+
+
+def decode_addressed(
+    message: Message, codec: Codec, deadletter: DeadLetter, expected: type[AvroModel], job_id: str, worker_id: str,
+    noun: str,
+) -> AvroModel | None:
+    """The ``expected`` value of a record on one worker's own key, or None after dead-lettering it.
+
+    A record there that does not decode, is of another type, or is addressed
+    to another job or worker cannot be an answer to this worker; trusting it
+    could hand it someone else's shards or group.
+    """
+    value = decode_or_deadletter(message, codec, deadletter, expected=expected)
+    if value is not None and (value.job_id, value.worker_id) != (job_id, worker_id):
+        deadletter.send(SourceRecord.from_confluent(message),
+                        f"{noun} for {worker_key(value.job_id, value.worker_id)} on key {message.key().decode()}")
+        return None
+    return value
 
 
 class MisroutedRecord(AntdtError):

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from antdt.control import refuse_broken
-from antdt.schemas.models import GroupReady, GroupReason
+from antdt.schemas.models import WHOLE_GROUP_REASONS, GroupReady, GroupReason
 
 
 @dataclass(frozen=True)
@@ -127,9 +127,6 @@ class GroupFormer:
         """The groups whose deadline or checkpoint time has come."""
         return [formed for job_id, job in self.jobs.items() for formed in self._form(job_id, job, now)]
 
-    def forget(self, job_id: str) -> None:
-        self.jobs.pop(job_id, None)
-
     def _form(self, job_id: str, job: JobGroups, now: float) -> list[Formed]:
         whole = self._whole(job, now)
         if whole is not None:
@@ -165,7 +162,7 @@ class GroupFormer:
         for member in members:
             del job.waiting[member.rank]
             job.answered[member.rank] = (member.incarnation, member.seq)
-        if reason in (GroupReason.CHECKPOINT, GroupReason.FINAL):
+        if reason in WHOLE_GROUP_REASONS:
             job.last_whole_at = now
         formed = Formed(job_id, job.next_id, job.generation, reason, tuple(sorted(members, key=lambda m: m.rank)), now)
         job.next_id += 1

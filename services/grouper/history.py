@@ -12,7 +12,7 @@ import statistics
 
 from antdt.bus.readers import read_whole_topic
 from antdt.schemas.codec import Codec
-from antdt.schemas.models import GroupFormed, GroupReason
+from antdt.schemas.models import WHOLE_GROUP_REASONS, GroupFormed, GroupReason
 from antdt.settings import Settings
 
 
@@ -33,7 +33,7 @@ def summary(copies: list[GroupFormed]) -> dict:
     """Counts by reason, sizes, member waits (ms, median and p99) and groups per worker."""
     groups = one_per_group(copies)
     waits = sorted(c.waited_ms for c in copies)
-    partial = [len(g.members) for g in groups if g.reason not in (GroupReason.CHECKPOINT, GroupReason.FINAL)]
+    partial = [len(g.members) for g in groups if g.reason not in WHOLE_GROUP_REASONS]
     per_worker: dict[str, int] = {}
     for group in groups:
         for member in group.members:

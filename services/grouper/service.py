@@ -5,7 +5,8 @@ batch of announcements (``group.ready``, keyed by job) from every partition
 by manual assignment, starting at the end: an announcement is worth
 something only while its worker waits, and a waiting worker sends it again
 (so no offsets are committed, and no consumer-group rebalance can stall
-it); lets :class:`~antdt.services.grouper.core.GroupFormer` decide (announcements complete groups, deadlines and checkpoint times pass);
+it); lets :class:`~antdt.services.grouper.core.GroupFormer` decide
+(announcements complete groups, deadlines and checkpoint times pass);
 publishes each group as one :class:`~antdt.schemas.models.GroupFormed` per
 member, keyed ``<job>/<worker>`` (each worker reads its own partition), and
 appends a marker to every partition it wrote to: on the embedded broker a
@@ -145,12 +146,12 @@ class GrouperService(LoopService):
             metrics.GROUPS.labels(group.reason.value).inc()
             metrics.GROUP_SIZE.observe(len(group.members))
             for member in group.members:
-                metrics.WAIT_SECONDS.observe(max(0.0, group.at - member.since))
+                waited_s = max(0.0, group.at - member.since)
+                metrics.WAIT_SECONDS.observe(waited_s)
                 record = GroupFormed(
                     job_id=group.job_id, worker_id=member.worker_id, group_id=group.group_id,
                     generation=group.generation, reason=group.reason, members=[m.worker_id for m in group.members],
-                    ranks=group.ranks, in_reply_to=member.seq,
-                    waited_ms=round(max(0.0, group.at - member.since) * 1000), timestamp=now,
+                    ranks=group.ranks, in_reply_to=member.seq, waited_ms=round(waited_s * 1000), timestamp=now,
                 )
                 key = worker_key(group.job_id, member.worker_id).encode()
                 self._producer.produce(self._formed_topic, key=key, value=self.codec.encode(record, self._formed_topic),

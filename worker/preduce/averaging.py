@@ -10,27 +10,25 @@ joined (unbiased). A straggler's replica is pulled toward its group's.
 
 The exchange is point to point inside the job's one process group: the
 members send their flattened replica to the leader (the lowest rank), which
-averages and sends the mean back; a pair swaps replicas both ways at once. Disjoint groups exchange at the same time
-over disjoint pairs, nobody creates a process group, and no rank outside
-the group takes part. A group of every rank (a checkpoint, the end) uses
+averages and sends the mean back; a pair swaps replicas both ways at once.
+Disjoint groups exchange at the same time over disjoint pairs, nobody
+creates a process group, and no rank outside the group takes part. A group of every rank (a checkpoint, the end) uses
 one all-reduce instead, and sums the ranks' ledgers in it.
 
-Every wait is bounded: a member that does not send within the bound (dead
-or stuck) raises :class:`~antdt.worker.ddp.CollectiveTimeout`, which ends
-the generation like a broken all-reduce.
+Every wait is bounded (:func:`~antdt.worker.ddp.wait_within`): a member
+that does not send within the bound (dead or stuck) raises
+:class:`~antdt.worker.ddp.CollectiveTimeout`, which ends the generation
+like a broken all-reduce.
 """
 
 from __future__ import annotations
-
-import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from antdt.errors import AntdtError
 from antdt.schemas.models import WHOLE_GROUP_REASONS, GroupFormed
-from antdt.worker.ddp import CollectiveTimeout, collective_device
+from antdt.worker.ddp import collective_device, wait_within
 
 
 class GroupAverager:
@@ -99,15 +97,6 @@ class GroupAverager:
                 offset += n
 
     def _wait(self, works: list, what: str) -> None:
-        began = time.monotonic()
-        for work in works:
-            left = max(0.001, self.timeout_s - (time.monotonic() - began))
-            try:
-                work.wait(timeout=timedelta(seconds=left))
-            except RuntimeError as exc:
-                if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
-                    raise
-                raise CollectiveTimeout(f"{what}: waited {time.monotonic() - began:.1f} s (limit {self.timeout_s:g} s): "
-                                        f"a member is dead or stuck") from None
+        wait_within(works, self.timeout_s, f"{what}:")
         if self.tensors[0].is_cuda:
             torch.cuda.current_stream(self.tensors[0].device).synchronize()

@@ -24,9 +24,9 @@ import logging
 import time
 
 from antdt.bus.clients import make_consumer, make_producer
-from antdt.bus.deadletter import DeadLetter, SourceRecord
+from antdt.bus.deadletter import DeadLetter
 from antdt.bus.markers import marker_id, send_marker
-from antdt.bus.readers import decode_or_deadletter, follow_key, poll_batch
+from antdt.bus.readers import decode_addressed, follow_key, poll_batch
 from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
 from antdt.errors import AntdtError
 from antdt.schemas.codec import Codec, make_codec
@@ -63,7 +63,7 @@ class GroupClient:
         self._consumer = make_consumer(settings, client_id=f"antdt-worker-{worker_id}-groups", low_latency=True)
         self._deadletter = DeadLetter.for_settings(self._producer, settings, "agent")
         self._seq = itertools.count(1)
-        self._sent: dict[int, bytes] = {}  # the announcement waited for, to send again
+        self._last: tuple[int, bytes] = (0, b"")  # the latest announcement (seq, record), to send again
         for _ in follow_key(settings, self._consumer, self._producer, self._formed_topic, self._key, timeout_s=30.0):
             pass  # groups of an earlier incarnation: not ours
         self._watch = shared_watch(settings)
@@ -82,7 +82,7 @@ class GroupClient:
                            generation=self.generation, rank=self.rank, world_size=self.world, seq=seq, step=step,
                            finished=finished, timestamp=utc_now())
         value = self.codec.encode(event, self._ready_topic)
-        self._sent = {seq: value}
+        self._last = (seq, value)
         self._send(value)
         return seq
 
@@ -95,9 +95,9 @@ class GroupClient:
         began = time.monotonic()
         nudge_at, again_at = began + NUDGE_AFTER_S, began + ANNOUNCE_AGAIN_S
         while (now := time.monotonic()) - began < timeout_s:
-            if self._rewinder.check() and seq in self._sent:  # the bus came back empty: our announcement is gone
+            if self._rewinder.check() and self._last[0] == seq:  # the bus came back empty: our announcement is gone
                 refresh_metadata(self._producer)
-                self._send(self._sent[seq])
+                self._send(self._last[1])
             for message in poll_batch(self._consumer, 100, min(0.01, max(0.001, timeout_s - (now - began)))):
                 group = self._group_in(message)
                 if group is not None and group.in_reply_to == seq:
@@ -107,10 +107,10 @@ class GroupClient:
                 send_marker(self._producer, self._formed_topic, self._key)
                 self._producer.poll(0)
                 nudge_at = now + NUDGE_EVERY_S
-            if now >= again_at and seq in self._sent:
+            if now >= again_at and self._last[0] == seq:
                 log.warning("worker %s: no group %.1f s after announcement %d: announcing it again",
                             self.worker_id, now - began, seq)
-                self._send(self._sent[seq])
+                self._send(self._last[1])
                 again_at = now + ANNOUNCE_AGAIN_S
         raise NoGroup(f"worker {self.worker_id}: no group from the grouper for announcement {seq} within "
                       f"{timeout_s:.0f} s (is `antdt grouper` running?)")
@@ -119,14 +119,9 @@ class GroupClient:
         """A group of this generation for this worker, or None (markers, old groups, dead-lettered records)."""
         if message.key() != self._key or marker_id(message) is not None:
             return None
-        group = decode_or_deadletter(message, self.codec, self._deadletter, expected=GroupFormed)
-        if group is None:
-            return None
-        if (group.job_id, group.worker_id) != (self.job_id, self.worker_id):
-            self._deadletter.send(SourceRecord.from_confluent(message),
-                                  f"group for {worker_key(group.job_id, group.worker_id)} on key {self._key.decode()}")
-            return None
-        return group if group.generation == self.generation else None
+        group = decode_addressed(message, self.codec, self._deadletter, GroupFormed, self.job_id, self.worker_id,
+                                 "group")
+        return group if group is not None and group.generation == self.generation else None
 
     def close(self) -> None:
         self._producer.flush(5)
