@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from images import SmallCNN, SyntheticImages, accuracy  # noqa: E402
+from images import SmallCNN, SyntheticImages, accuracy, one_gpu_per_rank  # noqa: E402
 
 from antdt.worker import ElasticJob  # noqa: E402
 
@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--checkpoint", type=Path, default=Path("checkpoints/example.pt"))
     args = parser.parse_args()
-    cuda = torch.cuda.is_available()
+    cuda = one_gpu_per_rank()
     dist.init_process_group("nccl" if cuda else "gloo")
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
     if cuda:

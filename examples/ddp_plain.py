@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).parent))
-from images import SmallCNN, SyntheticImages, accuracy  # noqa: E402
+from images import SmallCNN, SyntheticImages, accuracy, one_gpu_per_rank  # noqa: E402
 
 
 def resume(path: Path, model, optimizer) -> int:
@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--checkpoint", type=Path, default=Path("checkpoints/example.pt"))
     args = parser.parse_args()
-    cuda = torch.cuda.is_available()
+    cuda = one_gpu_per_rank()
     dist.init_process_group("nccl" if cuda else "gloo")
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
     if cuda:

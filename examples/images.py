@@ -5,6 +5,8 @@ pattern under noise, drawn from a seed, so every rank builds the same
 dataset and a held-out set from the same classes shows what was learnt.
 """
 
+import os
+
 import torch
 from torch import nn
 
@@ -51,3 +53,12 @@ def accuracy(model: nn.Module, data: SyntheticImages, device: torch.device) -> f
     predicted = model(data.images.to(device)).argmax(1).cpu()
     model.train()
     return (predicted == data.labels).float().mean().item()
+
+
+def one_gpu_per_rank() -> bool:
+    """Whether every local rank has a GPU of its own: NCCL refuses two ranks on one device.
+
+    With fewer GPUs than ranks (a laptop, a CPU-only CI) the examples train on
+    the CPU over gloo instead of failing at start-up.
+    """
+    return torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

@@ -145,7 +145,7 @@ class AgentSpec:
         node = node_id or settings.node_id or os.environ.get("NODE_NAME") or socket.gethostname()
         worker = worker_id or settings.worker_id or _default_worker_id(launch, node, rank)
         job = job_id or _default_job_id(settings, launch)
-        if device is None and launch is not None and _uses_cuda():
+        if device is None and launch is not None and _has_cuda_device(launch.local_rank):
             device = launch.local_rank
         if world_size is None and launch is not None:
             world_size = launch.world_size
@@ -168,10 +168,13 @@ def _default_job_id(settings: Settings, launch: TorchrunEnv | None) -> str:
     return run if JOB_ID.fullmatch(run) else settings.job_id
 
 
-def _uses_cuda() -> bool:
-    """Whether this process's torch (if imported at all) has CUDA devices: never imports torch itself."""
+def _has_cuda_device(index: int) -> bool:
+    """Whether this process's torch (if imported at all) has CUDA device ``index``: never imports torch itself.
+
+    A host with fewer GPUs than local ranks trains some ranks on the CPU: they report no GPU.
+    """
     torch = sys.modules.get("torch")
-    return torch is not None and torch.cuda.is_available()
+    return torch is not None and torch.cuda.is_available() and index < torch.cuda.device_count()
 
 
 class Agent:

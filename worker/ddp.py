@@ -345,10 +345,16 @@ def wait_within(works: Sequence, limit_s: float, what: str, limit_text: str | No
         try:
             work.wait(timeout=timedelta(seconds=max(0.001, limit_s - (time.monotonic() - began))))
         except RuntimeError as exc:
-            if "timed out" not in str(exc).lower():
+            if not _is_timeout(exc):
                 raise
             raise CollectiveTimeout(f"{what} waited {time.monotonic() - began:.1f} s "
                                     f"(limit {limit_text or f'{limit_s:g} s'}): a rank is dead or stuck") from None
+
+
+def _is_timeout(exc: RuntimeError) -> bool:
+    """gloo says "timed out"; NCCL's blocking wait says the work "ran for N milliseconds before timing out"."""
+    text = str(exc).lower()
+    return "timed out" in text or "before timing out" in text
 
 
 _EXACT_INTEGERS = {torch.float32: 2 ** 24, torch.float64: 2 ** 53}

@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 
 from antdt.worker.ddp import (
     BatchSizePlan, CollectiveTimeout, DistributedError, StepSizedTimeout, WeightedGradientAverager,
-    agreed_checkpoint_version, world_size,
+    agreed_checkpoint_version, wait_within, world_size,
 )
 from antdt.worker.ledger import LedgerSlots, SampleLedger
 from antdt.worker.provenance import SampleTag
@@ -98,7 +98,7 @@ def reference(world: int, mixed: bool) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def rank_main(rank: int, world: int, init_file: str, out_dir: str, mixed: bool) -> None:
+def rank_main(rank: int, world: int, init_file: str, out_dir: str, mixed: bool, device: str = "cpu") -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60),
@@ -117,9 +117,11 @@ def rank_main(rank: int, world: int, init_file: str, out_dir: str, mixed: bool) 
         averager = WeightedGradientAverager(sync_timer=timer_named("default"),
                                             ledger=LedgerSlots(ledger, world, rank, cap=32), timeout=StepSizedTimeout())
         model, optimizer = new_model(mixed)
+        model.to(device)
         global_batches, counted = [], []
         for step in range(STEPS):
             x, y, sizes = batch(world, step)
+            x, y = x.to(device), y.to(device)
             start = sum(sizes[:rank])
             optimizer.zero_grad()
             if sizes[rank]:
@@ -147,7 +149,7 @@ def rank_main(rank: int, world: int, init_file: str, out_dir: str, mixed: bool) 
         except DistributedError:
             failure = "told"
         torch.save(
-            {"state": model.state_dict(), "global_batches": global_batches, "timed": timed, "counted": counted,
+            {"state": {name: value.cpu() for name, value in model.state_dict().items()}, "global_batches": global_batches, "timed": timed, "counted": counted,
              "version": version, "flushed": len(flushed), "failure": failure, "ledger": ledger.counts},
             Path(out_dir) / f"rank{rank}.pt",
         )
@@ -156,10 +158,18 @@ def rank_main(rank: int, world: int, init_file: str, out_dir: str, mixed: bool) 
         dist.destroy_process_group()
 
 
+ON_A_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("world", "mixed"), [(2, False), (3, False), (3, True)])
-def test_weighted_average_equals_single_process_on_the_whole_batch(world: int, mixed: bool, tmp_path: Path):
-    mp.spawn(rank_main, args=(world, str(tmp_path / "init"), str(tmp_path), mixed), nprocs=world, join=True)
+@pytest.mark.parametrize(("world", "mixed", "device"), [
+    (2, False, "cpu"), (3, False, "cpu"), (3, True, "cpu"),
+    # CUDA gradients over gloo (every rank on one device: NCCL refuses two ranks per GPU)
+    pytest.param(2, False, "cuda", marks=ON_A_GPU), pytest.param(3, True, "cuda", marks=ON_A_GPU),
+])
+def test_weighted_average_equals_single_process_on_the_whole_batch(world: int, mixed: bool, device: str,
+                                                                   tmp_path: Path):
+    mp.spawn(rank_main, args=(world, str(tmp_path / "init"), str(tmp_path), mixed, device), nprocs=world, join=True)
     expected = reference(world, mixed)
     for rank in range(world):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
@@ -218,6 +228,32 @@ def test_a_stuck_rank_is_noticed_within_the_step_sized_bound(tmp_path: Path):
         for process in context.processes:
             if process.is_alive():
                 process.kill()
+
+
+class Unfinished:
+    """A collective that never finishes: its wait raises what the backend raises past the timeout."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def wait(self, timeout: datetime.timedelta) -> None:
+        raise RuntimeError(self.text)
+
+
+@pytest.mark.parametrize("text", [
+    "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 1000ms for recv operation to complete",
+    "[PG ID 0 PG GUID 0(default_pg) Rank 0] WorkNCCL(SeqNum=7, OpType=ALLREDUCE, Timeout(ms)=1000) "
+    "ran for 1003 milliseconds before timing out.",
+])
+def test_either_backends_timeout_is_a_collective_timeout(text: str):
+    with pytest.raises(CollectiveTimeout, match="the all-reduce of step 3 waited .* a rank is dead or stuck"):
+        wait_within([Unfinished(text)], 1.0, "the all-reduce of step 3")
+
+
+def test_another_failure_of_a_collective_is_not_called_a_timeout():
+    with pytest.raises(RuntimeError, match="Connection reset by peer"):
+        wait_within([Unfinished("[gloo/transport/tcp/pair.cc:598] Connection closed by peer: Connection reset by peer")],
+                    1.0, "the all-reduce of step 3")
 
 
 def test_the_bound_follows_the_slowest_recent_step():

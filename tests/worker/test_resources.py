@@ -19,6 +19,7 @@ from antdt.worker.resources import (
     ResourceSampler,
     TorchGpu,
     detect_gpu,
+    import_nvml,
 )
 
 
@@ -185,3 +186,15 @@ def test_unreadable_process_io_counts_zero(monkeypatch):
     sampler.sample()
     snapshot = sampler.sample()
     assert snapshot.io_read_bytes == snapshot.io_write_bytes == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_real_gpu_reports_its_memory_without_a_cuda_context():
+    context_before = torch.cuda.is_initialized()
+    sampler = ResourceSampler(device=0)
+    sampler.sample()
+    snapshot = sampler.sample()
+    assert 0 < snapshot.gpu_memory_used_bytes <= snapshot.gpu_memory_total_bytes
+    if import_nvml() is not None:  # utilisation comes from NVML alone
+        assert 0.0 <= snapshot.gpu_utilization_percent <= 100.0
+        assert torch.cuda.is_initialized() == context_before  # NVML reads without creating one

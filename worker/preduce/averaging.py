@@ -15,6 +15,9 @@ Disjoint groups exchange at the same time over disjoint pairs, nobody
 creates a process group, and no rank outside the group takes part. A group of every rank (a checkpoint, the end) uses
 one all-reduce instead, and sums the ranks' ledgers in it.
 
+A CUDA model under gloo travels through the host (gloo moves no CUDA
+tensor point to point); under NCCL it stays on its device.
+
 Every wait is bounded (:func:`~antdt.worker.ddp.wait_within`): a member
 that does not send within the bound (dead or stuck) raises
 :class:`~antdt.worker.ddp.CollectiveTimeout`, which ends the generation
@@ -86,7 +89,14 @@ class GroupAverager:
         self._put(flat)
 
     def _flat(self) -> torch.Tensor:
-        return torch.cat([t.detach().reshape(-1) for t in self.tensors])
+        return torch.cat([t.detach().reshape(-1) for t in self.tensors]).to(self._exchange_device())
+
+    def _exchange_device(self) -> torch.device:
+        """The model's own device under NCCL; the host under gloo, which aborts the process sending a CUDA tensor."""
+        here = self.tensors[0].device
+        if here.type == "cpu" or "nccl" in str(dist.get_backend()).lower():
+            return here
+        return torch.device("cpu")
 
     def _put(self, flat: torch.Tensor) -> None:
         offset = 0

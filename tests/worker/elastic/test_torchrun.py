@@ -1,4 +1,4 @@
-"""The example under torchrun with ``antdt up``: DD batch sizes, a rank killed, a node evicted (gloo, CPU).
+"""The example under torchrun with ``antdt up``: DD batch sizes, a rank killed, a node evicted (gloo, CPU); NCCL on GPUs.
 
 Real torchrun, real gloo groups, the real services: what a user runs with
 ``antdt up`` and ``torchrun ... examples/ddp_antdt.py``. Every wait is bounded.
@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+import torch
 
 from antdt.broker import free_port
 from antdt.schemas.models import AckStatus, CommandAction, LifecycleEvent
@@ -126,9 +127,11 @@ def test_an_evicted_node_leaves_an_elastic_job_which_goes_on_with_the_same_globa
     options = ("--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                f"127.0.0.1:{port}", "--rdzv-id", "tr-evict", "--max-restarts", "3",
                "--rdzv-conf", "last_call_timeout=2")
-    nodes = {"a": torchrun(bus, "tr-evict", tmp_path, *options, samples=30000, node="a")}
+    cpu = {"CUDA_VISIBLE_DEVICES": ""}  # three "nodes" on one host would share its GPUs, which NCCL refuses
+    nodes = {"a": torchrun(bus, "tr-evict", tmp_path, *options, samples=30000, node="a", **cpu)}
     until(lambda: listening(port), "node a's rendezvous store did not start")  # a hosts it: c may leave
-    nodes.update({node: torchrun(bus, "tr-evict", tmp_path, *options, samples=30000, node=node) for node in "bc"})
+    nodes.update({node: torchrun(bus, "tr-evict", tmp_path, *options, samples=30000, node=node, **cpu)
+                  for node in "bc"})
     until(lambda: {m.worker_id for m in job_records(bus, "metrics", "tr-evict", timeout_s=1.0)} >= {"a-0", "b-0", "c-0"},
           "not every node trained", every_s=1.0)
     send_command(bus, CommandAction.EVICT, key=None, job_id="tr-evict", target_worker="c-0", reason="test: evict")
@@ -142,6 +145,19 @@ def test_an_evicted_node_leaves_an_elastic_job_which_goes_on_with_the_same_globa
     assert shrunk == {"a-0": GLOBAL_BATCH // 2, "b-0": GLOBAL_BATCH // 2}
     commands = job_records(bus, "commands", "tr-evict")
     assert {c.global_batch_size for c in commands if c.action is CommandAction.ADJUST_BATCH_SIZE} <= {GLOBAL_BATCH}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_gpus_the_example_trains_over_nccl_exactly_once_and_reports_each_rank_s_device(bus, tmp_path):
+    ranks = torch.cuda.device_count()  # NCCL takes one rank per device
+    run = torchrun(bus, "tr-gpu", tmp_path, "--standalone", "--nproc-per-node", str(ranks), samples=6000)
+    assert finish(run, tmp_path) == 0
+    assert_ledger_all_ones(tmp_path)
+    assert "held-out accuracy" in (tmp_path / "torchrun-n.log").read_text()
+    reports = job_records(bus, "metrics", "tr-gpu")
+    assert {r.worker_id for r in reports} == {f"n-{rank}" for rank in range(ranks)}
+    trained = [r.resources for r in reports if r.step_count > 0]  # the agent found its rank's device
+    assert trained and all(0 < (r.gpu_memory_used_bytes or 0) <= r.gpu_memory_total_bytes for r in trained)
 
 
 def listening(port: int) -> bool:

@@ -37,11 +37,11 @@ def values(model: torch.nn.Module) -> set[float]:
     return {round(float(v), 5) for t in list(model.parameters()) + [model[1].running_mean] for v in t.reshape(-1)}
 
 
-def averaging_main(rank: int, init_file: str, out_dir: str) -> None:
+def averaging_main(rank: int, init_file: str, out_dir: str, device: str = "cpu") -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=60))
-    model = replica(rank)
+    model = replica(rank).to(device)
     averager = GroupAverager(model, timeout_s=20.0)
     pair = [0, 2] if rank in (0, 2) else [1, 3]  # two groups at once, over disjoint pairs
     averager.average(group(pair, 7 + pair[0], me=rank))
@@ -58,8 +58,14 @@ def averaging_main(rank: int, init_file: str, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def test_groups_average_their_members_only_and_the_final_group_makes_one_model_and_one_ledger(tmp_path: Path):
-    mp.spawn(averaging_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
+@pytest.mark.parametrize("device", [
+    "cpu",
+    # CUDA replicas over gloo, through the host (every rank on one device: NCCL refuses two ranks per GPU)
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")),
+])
+def test_groups_average_their_members_only_and_the_final_group_makes_one_model_and_one_ledger(device: str,
+                                                                                              tmp_path: Path):
+    mp.spawn(averaging_main, args=(str(tmp_path / "init"), str(tmp_path), device), nprocs=WORLD, join=True)
     for rank in range(WORLD):
         after_pair, alone, after_triple, final, ledger = eval((tmp_path / f"rank-{rank}.txt").read_text())  # noqa: S307
         assert after_pair == [1.0 if rank in (0, 2) else 2.0]  # (0+2)/2 and (1+3)/2, swapped at once
