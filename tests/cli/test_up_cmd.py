@@ -50,9 +50,15 @@ class Up:
         return int(line.split("(pid ")[1].split(",")[0])
 
     def close(self) -> None:
+        """SIGTERM, as a user's Ctrl-C: ``antdt up`` stops its broker and services (a SIGKILL would orphan them)."""
         if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+                raise AssertionError("antdt up did not stop within 60 s of SIGTERM") from None
 
 
 def gone(pid: int, timeout_s: float = 20.0) -> bool:
