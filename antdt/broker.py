@@ -220,6 +220,11 @@ class EmbeddedBroker:
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The broker process's id (for its CPU and memory), None before it starts."""
+        return self._process.pid if self._process is not None else None
+
     def wait(self) -> int:
         """Block until the broker process exits; return its exit code."""
         return self._process.wait() if self._process else 0

@@ -52,5 +52,13 @@ def bench_parser(doc: str, parts: str) -> argparse.ArgumentParser:
     return parser
 
 
+def numbers(parser: argparse.ArgumentParser, option: str, text: str, kind: type = int) -> list:
+    """A comma-separated option's values, or the parser's one-line error naming the option."""
+    try:
+        return [kind(part) for part in text.split(",")]
+    except ValueError:
+        parser.error(f"{option} takes comma-separated {kind.__name__}s, not {text!r}")
+
+
 def emit(report: dict, as_json: bool) -> None:
     print(json.dumps(report, indent=2) if as_json else report, flush=True)

@@ -18,7 +18,7 @@ import threading
 import time
 
 import psutil
-from benchlib import distribution, embedded_broker, emit, fresh_settings
+from benchlib import distribution, embedded_broker, emit, fresh_settings, numbers
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
 from antdt.topics import topic_spec
@@ -81,16 +81,13 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=40)
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args()
-    try:
-        waits = [int(w) for w in args.waits.split(",")]
-    except ValueError:
-        parser.error(f"--waits takes comma-separated integers, not {args.waits!r}")
+    waits = numbers(parser, "--waits", args.waits)
     if args.consumers < 1 or args.records < 1 or any(w < 1 for w in waits):
         parser.error("--consumers, --records and every wait must be at least 1")
     with embedded_broker() as broker:
         settings = fresh_settings(broker)
         topic = settings.topic("worker", "metrics")
-        process = psutil.Process(broker._process.pid)
+        process = psutil.Process(broker.pid)
         points = [measure(broker.bootstrap_servers, topic, topic_spec("worker", "metrics").partitions, process, wait,
                           args.consumers, args.records) for wait in waits]
     emit({"points": points}, args.json)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import orjson
 import yaml
-from benchlib import bench_parser, emit
+from benchlib import bench_parser, emit, numbers
 
 from antdt.demo.scenario import Scenario
 
@@ -53,12 +53,12 @@ def main() -> None:
     parser.add_argument("--deadlines", default="50", help="grouper deadlines (ms) to compare")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    sizes, deadlines = numbers(parser, "--sizes", args.sizes), numbers(parser, "--deadlines", args.deadlines, float)
     from antdt.cli.demo_cmd import load_scenario
 
     scenario = load_scenario(args.scenario, None)
     out = Path(tempfile.mkdtemp(prefix="antdt-preduce-bench-"))
-    rows = [run_setting(scenario, int(size), float(deadline), args.repeat, out)
-            for size in args.sizes.split(",") for deadline in args.deadlines.split(",")]
+    rows = [run_setting(scenario, size, deadline, args.repeat, out) for size in sizes for deadline in deadlines]
     emit({"scenario": scenario.name, "target_loss": scenario.target_loss, "repeat": args.repeat, "settings": rows,
           "reports": str(out)}, args.json)
     if any(row["failures"] for row in rows):

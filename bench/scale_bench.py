@@ -33,7 +33,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import psutil
-from benchlib import distribution, embedded_broker, emit, fresh_settings
+from benchlib import distribution, embedded_broker, emit, fresh_settings, numbers
 from confluent_kafka import Consumer, TopicPartition
 
 from antdt.bus.clients import make_consumer
@@ -133,7 +133,7 @@ def run_point(workers: int, jobs: int, seconds: float) -> dict:
         for service in running.values():
             service.wait_ready(90)
         processes = {name: psutil.Process(s.process.pid) for name, s in running.items()}
-        processes["broker"] = psutil.Process(broker._process.pid)
+        processes["broker"] = psutil.Process(broker.pid)
         processes["loadgen"] = psutil.Process()
         driver = FleetDriver(settings, spec)
         with Probe(settings, processes) as probe:
@@ -144,7 +144,7 @@ def run_point(workers: int, jobs: int, seconds: float) -> dict:
         return {
             "workers": workers, "jobs": jobs, "seconds": seconds, "records_sent": driver.sent,
             "records_per_s": round(driver.sent / probe.wall),
-            "stragglers": len(seen.onsets), "stragglers_commanded": len(onsets),
+            "stragglers": driver.fleet.stragglers, "stragglers_commanded": len(onsets),
             "onset_to_command_s": distribution(onsets, 2),
             **grant_figures(seen.grants, WARMUP_S),
             "request_acked_ms": distribution([a * 1000 for a in driver.acked_s], 2),  # by the broker
@@ -225,10 +225,7 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="write the figures against the worker count to this PNG")
     parser.add_argument("--series", action="store_true", help="keep the lag time series in the JSON")
     args = parser.parse_args()
-    try:
-        counts = [int(w) for w in args.workers.split(",")]
-    except ValueError:
-        parser.error(f"--workers takes comma-separated integers, not {args.workers!r}")
+    counts = numbers(parser, "--workers", args.workers)
     if args.seconds < 40 or any(c < args.jobs or c % args.jobs for c in counts):
         parser.error("--seconds must be >= 40 and every worker count a multiple of --jobs")
     points = []
