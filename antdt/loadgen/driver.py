@@ -97,7 +97,8 @@ class FleetDriver:
         while True:
             try:
                 producer.produce(topic, key=key.encode(), value=value, on_delivery=on_delivery)
-                self.sent += 1
+                with self._lock:  # acks are sent from the reader thread
+                    self.sent += 1
                 return
             except BufferError:  # the local queue is full: let it drain
                 producer.poll(0.05)

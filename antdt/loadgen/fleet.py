@@ -28,9 +28,9 @@ from typing import NamedTuple
 from antdt.topics import worker_key
 from antdt.schemas.models import (
     AckStatus, AssignmentStatus, CommandAck, CommandAction, DatasetSpec, LifecycleEvent, MitigationCommand,
-    ProgressKind, ResourceSnapshot, ShardAssignment, ShardProgress, StepTimeStats, WorkerLifecycle, WorkerMetrics,
-    trusted,
+    ProgressKind, ResourceSnapshot, ShardAssignment, ShardProgress, WorkerLifecycle, WorkerMetrics, trusted,
 )
+from antdt.worker.steps import StepRecord, summarize
 
 _RESOURCES = ResourceSnapshot(process_cpu_percent=95, host_cpu_percent=50, cpu_steal_percent=0, load_1m=0.5,
                               rss_bytes=10**9, host_memory_percent=40, io_read_bytes=0, io_write_bytes=0,
@@ -90,10 +90,9 @@ class Grant(NamedTuple):
 
 @dataclass
 class Observations:
-    """What the fleet saw: request-to-grant latencies, onsets and first commands, other commands."""
+    """What the fleet saw: request-to-grant latencies, each straggler's first command after its onset, other commands."""
 
     grants: list[Grant] = field(default_factory=list)
-    onsets: dict[str, float] = field(default_factory=dict)  # job/worker -> onset time
     first_command_s: dict[str, float] = field(default_factory=dict)  # job/worker -> latency from its onset
     commands: int = 0
     commands_to_the_unhurried: int = 0  # commands to workers that never straggled (or before their onset)
@@ -156,8 +155,10 @@ class Fleet:
                                    start + self.rng.uniform(0, spec.heartbeat_interval_s))
                 self.workers[worker.key] = worker
                 self._schedule(worker)
-                if onset is not None:
-                    self.seen.onsets[worker.key] = onset
+
+    @property
+    def stragglers(self) -> int:
+        return sum(worker.onset is not None for worker in self.workers.values())
 
     def utc(self, now: float) -> datetime:
         return self.wall + timedelta(seconds=now - self.start)
@@ -223,22 +224,21 @@ class Fleet:
         return out
 
     def _report(self, worker: SimWorker, end: float) -> Outgoing:
-        interval = self.spec.report_interval_s
+        """The interval's steps, summed up by the agent's own :func:`~antdt.worker.steps.summarize`."""
+        interval, size = self.spec.report_interval_s, self.spec.batch_size
         step = worker.step_s * worker.slowdown(end)
-        times = sorted(step * self.rng.uniform(1 - self.spec.noise, 1 + self.spec.noise)
-                       for _ in range(max(1, round(interval / step))))
+        steps = [StepRecord(worker.step + i, step * self.rng.uniform(1 - self.spec.noise, 1 + self.spec.noise), 0.0,
+                            0.0, size, size) for i in range(max(1, round(interval / step)))]
+        worker.step += len(steps)
         worker.report_seq += 1
-        first = worker.step
-        worker.step += len(times)
-        stats = trusted(StepTimeStats, sum_s=sum(times), min_s=times[0], max_s=times[-1], p50_s=times[len(times) // 2],
-                        p90_s=times[int(0.9 * len(times))])
+        summary = summarize(steps)
         report = trusted(
             WorkerMetrics, job_id=worker.job_id, worker_id=worker.worker_id, rank=worker.rank,
             node_id=f"node-{worker.worker_id}", seq=worker.report_seq, incarnation=worker.incarnation,
-            window_start=self.utc(end - interval), window_end=self.utc(end), step_count=len(times), first_step=first,
-            last_step=worker.step - 1, compute=stats, data_wait_s=0.0, sync_wait_s=0.0,
-            samples=len(times) * self.spec.batch_size, local_batch_size=self.spec.batch_size, resources=_RESOURCES,
-            world_size=self.spec.workers_per_job)
+            window_start=self.utc(end - interval), window_end=self.utc(end), step_count=summary.step_count,
+            first_step=summary.first_step, last_step=summary.last_step, compute=summary.compute,
+            data_wait_s=summary.data_wait_s, sync_wait_s=summary.sync_wait_s, samples=summary.samples,
+            local_batch_size=size, resources=_RESOURCES, world_size=self.spec.workers_per_job)
         return Outgoing("worker", "metrics", worker.job_id, report, worker.key)
 
     def _lifecycle(self, worker: SimWorker, event: LifecycleEvent, now: float) -> Outgoing:
