@@ -23,17 +23,16 @@ import time
 import uuid
 from collections import deque
 
-from antdt.bus.clients import make_consumer, make_producer
-from antdt.bus.deadletter import DeadLetter
 from antdt.bus.markers import marker_id, send_marker
-from antdt.bus.readers import decode_addressed, follow_key, poll_batch
-from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
+from antdt.bus.own_key import OwnKeyClient
+from antdt.bus.readers import decode_addressed, poll_batch
+from antdt.bus.watch import refresh_metadata
 from antdt.errors import AntdtError, BusError
-from antdt.schemas.codec import Codec, make_codec
+from antdt.schemas.codec import Codec
 from antdt.schemas.models import DatasetSpec, ProgressKind, ShardAssignment, ShardProgress
 from antdt.schemas.types import utc_now
 from antdt.settings import Settings
-from antdt.topics import topic_spec, worker_key
+from antdt.topics import topic_spec
 from antdt.worker.sent_commits import SentCommits
 
 
@@ -51,26 +50,19 @@ class NoAnswer(AntdtError):
     """The sharder did not answer in time."""
 
 
-class ShardClient:
+class ShardClient(OwnKeyClient):
     """Request/reply with the sharder for one worker incarnation."""
 
     def __init__(self, settings: Settings, job_id: str, worker_id: str, dataset: DatasetSpec | None = None,
                  codec: Codec | None = None, incarnation: str | None = None):
         """``incarnation``: the process's (the agent's, so that its reports and its lifecycle events agree)."""
-        self.job_id, self.worker_id, self.dataset = job_id, worker_id, dataset
-        self.incarnation = incarnation or uuid.uuid4().hex
-        self.codec = codec or make_codec(settings.schema_registry_url)
-        self._seq = itertools.count(1)
         self._progress_topic = topic_spec("shard", "progress").full_name(settings.topic_prefix)
         self._assignments_topic = topic_spec("shard", "assignments").full_name(settings.topic_prefix)
-        self._key = worker_key(job_id, worker_id).encode()
-        self._producer = make_producer(settings, client_id=f"antdt-worker-{worker_id}", **{"linger.ms": 0})
-        self._consumer = make_consumer(settings, client_id=f"antdt-worker-{worker_id}", low_latency=True)
-        self._deadletter = DeadLetter.for_settings(self._producer, settings, "agent")
+        super().__init__(settings, job_id, worker_id, self._assignments_topic, f"antdt-worker-{worker_id}", codec)
+        self.dataset = dataset
+        self.incarnation = incarnation or uuid.uuid4().hex
+        self._seq = itertools.count(1)
         self._highest_writer_epoch = 0
-        self._position_reader(settings)
-        self._watch = shared_watch(settings)
-        self._rewinder = Rewinder(self._consumer, self._watch)  # after a bus reset, answers come from offset 0 again
         self._recent: deque[tuple[float, bytes]] = deque(maxlen=RESEND_MAX)
         self._sent_commits = SentCommits(worker_id)
         self._last_seq = 0
@@ -85,11 +77,6 @@ class ShardClient:
         self._nudge_at = 0.0
         self._failed: list[str] = []  # delivery errors since the last flush
         self._failed_lock = threading.Lock()  # the delivery callback runs in whichever thread polls
-
-    def _position_reader(self, settings: Settings) -> None:
-        """Read our partition up to a fresh marker: no answer can slip past the reader after this."""
-        for _ in follow_key(settings, self._consumer, self._producer, self._assignments_topic, self._key, timeout_s=30.0):
-            pass
 
     # ------------------------------------------------------------ sending
 
@@ -316,13 +303,3 @@ class ShardClient:
         send_marker(self._producer, self._assignments_topic, self._key)
         self._producer.poll(0)
 
-    def close(self) -> None:
-        self._producer.flush(5)
-        self._consumer.close()
-        self._watch.release()
-
-    def __enter__(self) -> ShardClient:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()

@@ -23,17 +23,16 @@ import itertools
 import logging
 import time
 
-from antdt.bus.clients import make_consumer, make_producer
-from antdt.bus.deadletter import DeadLetter
 from antdt.bus.markers import marker_id, send_marker
-from antdt.bus.readers import decode_addressed, follow_key, poll_batch
-from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
+from antdt.bus.own_key import OwnKeyClient
+from antdt.bus.readers import decode_addressed, poll_batch
+from antdt.bus.watch import refresh_metadata
 from antdt.errors import AntdtError
-from antdt.schemas.codec import Codec, make_codec
+from antdt.schemas.codec import Codec
 from antdt.schemas.models import GroupFormed, GroupReady
 from antdt.schemas.types import utc_now
 from antdt.settings import Settings
-from antdt.topics import topic_spec, worker_key
+from antdt.topics import topic_spec
 
 log = logging.getLogger(__name__)
 
@@ -48,26 +47,18 @@ class NoGroup(AntdtError):
     """The grouper formed no group for an announcement in time."""
 
 
-class GroupClient:
+class GroupClient(OwnKeyClient):
     """Announce and wait, for one worker incarnation in one generation of its process group."""
 
     def __init__(self, settings: Settings, job_id: str, worker_id: str, incarnation: str, rank: int, world: int,
                  generation: int, codec: Codec | None = None):
-        self.job_id, self.worker_id, self.incarnation = job_id, worker_id, incarnation
-        self.rank, self.world, self.generation = rank, world, generation
-        self.codec = codec or make_codec(settings.schema_registry_url)
         self._ready_topic = topic_spec("group", "ready").full_name(settings.topic_prefix)
         self._formed_topic = topic_spec("group", "formed").full_name(settings.topic_prefix)
-        self._key = worker_key(job_id, worker_id).encode()
-        self._producer = make_producer(settings, client_id=f"antdt-worker-{worker_id}-groups", **{"linger.ms": 0})
-        self._consumer = make_consumer(settings, client_id=f"antdt-worker-{worker_id}-groups", low_latency=True)
-        self._deadletter = DeadLetter.for_settings(self._producer, settings, "agent")
+        super().__init__(settings, job_id, worker_id, self._formed_topic, f"antdt-worker-{worker_id}-groups", codec)
+        self.incarnation = incarnation
+        self.rank, self.world, self.generation = rank, world, generation
         self._seq = itertools.count(1)
         self._last: tuple[int, bytes] = (0, b"")  # the latest announcement (seq, record), to send again
-        for _ in follow_key(settings, self._consumer, self._producer, self._formed_topic, self._key, timeout_s=30.0):
-            pass  # groups of an earlier incarnation: not ours
-        self._watch = shared_watch(settings)
-        self._rewinder = Rewinder(self._consumer, self._watch)  # after a bus reset, groups come from offset 0 again
 
     @classmethod
     def for_agent(cls, agent, generation: int) -> GroupClient:
@@ -123,13 +114,3 @@ class GroupClient:
                                  "group")
         return group if group is not None and group.generation == self.generation else None
 
-    def close(self) -> None:
-        self._producer.flush(5)
-        self._consumer.close()
-        self._watch.release()
-
-    def __enter__(self) -> GroupClient:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
