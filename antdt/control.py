@@ -182,7 +182,7 @@ class ControlFollower:
         self._codec = codec or make_codec(settings.schema_registry_url)
         self._client_id = client_id
         self.topic = control_topic(settings)
-        self._consumer = make_consumer(settings, client_id=client_id)
+        self._consumer = make_consumer(settings, client_id=client_id, background=True)
         self._rewinder: Rewinder | None = None
         self.unusable = 0
 

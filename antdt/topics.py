@@ -73,7 +73,7 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("shard", "snapshots", 3, "job id", ShardSnapshot,
               "periodic full shard state for fast recovery",
               {**_retention(FOREVER), "max.message.bytes": str(16 << 20)}),
-    TopicSpec("monitor", "verdicts", 3, "job id", StragglerVerdict,
+    TopicSpec("monitor", "verdicts", 6, "job id", StragglerVerdict,
               "straggler and leader verdicts with evidence", _retention(30 * DAY_MS)),
     TopicSpec("controller", "commands", 6, "job id/worker id", MitigationCommand,
               "signed mitigation commands: the audit log of every action", _retention(FOREVER)),

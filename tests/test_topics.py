@@ -47,3 +47,9 @@ def test_readme_table_is_generated_from_the_registry():
     assert BEGIN in text and END in text, "README lost its topic-table markers"
     table = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
     assert table == markdown_table(), "README topic table is stale: run `antdt topics --markdown`"
+
+
+def test_the_controller_s_inputs_are_co_partitioned():
+    """Its group's range assignment gives a job's verdicts and reports to one controller only if both counts agree."""
+    assert topic_spec("monitor", "verdicts").partitions == topic_spec("worker", "metrics").partitions
+    assert topic_spec("monitor", "verdicts").key == topic_spec("worker", "metrics").key == "job id"

@@ -114,7 +114,7 @@ class CommandListener:
         self._verifier = verifier
         self._on_verdict = on_verdict
         self._settings = settings
-        self._consumer = make_consumer(settings, client_id=f"antdt-agent-{worker_id}")  # not a request/reply path
+        self._consumer = make_consumer(settings, client_id=f"antdt-agent-{worker_id}", background=True)  # one per worker: keep its idle cost low
         # Writes the positioning marker, then the dead letters (records on our key that are not commands).
         self._producer = make_producer(settings, client_id=f"antdt-agent-{worker_id}")
         self._deadletter = DeadLetter.for_settings(self._producer, settings, "agent")

@@ -119,17 +119,18 @@ def make_producer(settings: Settings, client_id: str | None = None, **overrides:
 
 def make_consumer(
     settings: Settings, group_id: str | None = None, client_id: str | None = None, low_latency: bool = False,
-    **overrides: Any,
+    background: bool = False, **overrides: Any,
 ) -> Consumer:
     """A consumer with manual commits; without a group id it gets a private one (for assign()).
 
-    ``low_latency`` is for request/reply paths: on the embedded broker it
-    shortens the fetch wait, which bounds latency there. There it also
-    reads through a gap guard (:mod:`antdt.bus.gaps`): that broker can let a
-    tailing reader skip an offset.
+    On the embedded broker the fetch wait bounds latency, and every idle
+    fetch costs that broker CPU: ``low_latency`` shortens it for
+    request/reply paths, ``background`` lengthens it for followers of
+    topics that rarely change. There it also reads through a gap guard
+    (:mod:`antdt.bus.gaps`): that broker can let a tailing reader skip an offset.
     """
     group = group_id or f"{settings.topic_prefix}.reader.{uuid.uuid4().hex[:12]}"
-    conf = _with_watch(settings, {**consumer_config(settings, group, client_id, low_latency), **overrides})
+    conf = _with_watch(settings, {**consumer_config(settings, group, client_id, low_latency, background), **overrides})
     return GuardedConsumer(conf) if settings.broker_profile is BrokerProfile.EMBEDDED else Consumer(conf)
 
 

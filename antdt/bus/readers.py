@@ -109,6 +109,26 @@ def assign_now(consumer: Consumer, partitions: list[TopicPartition], timeout_s: 
     consumer.assign(partitions)
 
 
+def resume_or_end(consumer: Consumer, partitions: list[TopicPartition], timeout_s: float = 10.0) -> list[TopicPartition]:
+    """Each partition at its group's committed offset, or at its end where the group never committed one.
+
+    The end is committed at once, so whoever holds the partition next starts
+    there too: a record written after this moment is read by some member
+    even if this one dies before reading it (``auto.offset.reset=latest``
+    would skip it).
+    """
+    positions, fresh = [], []
+    for tp in consumer.committed(partitions, timeout=timeout_s):
+        if tp.offset < 0:
+            _, end = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=timeout_s)
+            tp = TopicPartition(tp.topic, tp.partition, end)
+            fresh.append(tp)
+        positions.append(tp)
+    if fresh:
+        consumer.commit(offsets=fresh, asynchronous=False)
+    return positions
+
+
 _PARTITION_COUNTS: dict[tuple[str, str], int] = {}
 
 
@@ -210,7 +230,19 @@ def poll_batch(consumer: Consumer, max_records: int, timeout_s: float) -> list[M
             raise BusError(f"fatal consumer error: {error.str()}")
         elif error.code() != KafkaError._PARTITION_EOF:
             log.warning("consumer error: %s", error.str())
+    good = still_assigned(consumer, good)
     return consumer.admit(good) if isinstance(consumer, GuardedConsumer) else good
+
+
+def still_assigned(consumer: Consumer, messages: list[Message]) -> list[Message]:
+    """The messages whose partition the consumer still holds.
+
+    A rebalance can revoke a partition between the batch's first record and
+    its last (callbacks run inside ``consume``): a record fetched before is
+    no longer ours to act on, its partition's new owner reads it again.
+    """
+    held = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+    return [m for m in messages if (m.topic(), m.partition()) in held]
 
 
 class KeyedReader:

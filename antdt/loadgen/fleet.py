@@ -55,6 +55,7 @@ class FleetSpec:
     noise: float = 0.1
     shard_s: float = 2.0
     quota: int = 2
+    request_timeout_s: float = 10.0  # an unanswered request is asked again, as the agent's dataset does
     stragglers: float = 0.02
     factor: float = 3.0
     onset_from_s: float = 20.0
@@ -96,6 +97,7 @@ class Observations:
     first_command_s: dict[str, float] = field(default_factory=dict)  # job/worker -> latency from its onset
     commands: int = 0
     commands_to_the_unhurried: int = 0  # commands to workers that never straggled (or before their onset)
+    asked_again: int = 0  # requests unanswered within the request timeout
 
     def onset_to_command_s(self) -> list[float]:
         return list(self.first_command_s.values())
@@ -188,6 +190,8 @@ class Fleet:
             times.append(0.0)  # the next shard starts at once
         elif worker.asked is None and not worker.finished:
             times.append(worker.retry_at or 0.0)  # asks at once, or when a WAIT said to
+        elif worker.asked is not None:
+            times.append(worker.asked[1] + self.spec.request_timeout_s)
         worker.next_look = min(times)
         heapq.heappush(self._queue, (worker.next_look, next(self._ties), worker.key))
 
@@ -216,6 +220,9 @@ class Fleet:
         if worker.training is None and worker.held:
             worker.training = worker.held.popleft()
             worker.training_until = now + self.spec.shard_s * worker.slowdown(now)
+        if worker.asked is not None and now >= worker.asked[1] + self.spec.request_timeout_s:
+            worker.asked = None  # its answer was lost (e.g. with a sharder killed before sending it)
+            self.seen.asked_again += 1
         if worker.training is None and not worker.held and worker.asked is None and not worker.finished \
                 and (worker.retry_at is None or now >= worker.retry_at):
             request = self._progress(worker, ProgressKind.REQUESTED, now, quota=worker.quota, dataset=self.spec.dataset)

@@ -58,6 +58,12 @@ class ControllerCore:
             count += 1
         return count
 
+    def forget(self, job_ids: Iterable[str]) -> None:
+        """Drop jobs another controller took over: if they come back, their commands are recalled afresh."""
+        for job_id in list(job_ids):
+            self.jobs.pop(job_id, None)
+            self.rate.buckets.pop(job_id, None)
+
     def _remember(self, verdict_id: str) -> None:
         self._seen_verdicts[verdict_id] = None
         while len(self._seen_verdicts) > REMEMBERED_VERDICTS:

@@ -9,7 +9,6 @@ SKIPPED = Counter("antdt_controller_skipped_total", "Actions a policy or a safet
 CONFIG_CHANGES = Counter("antdt_controller_config_changes_total", "Control records for the controller", ["result"])
 BUS_RESETS = Counter("antdt_controller_bus_resets_total", "Times the bus came back empty and the epoch was claimed again")
 EPOCH = Gauge("antdt_controller_epoch", "The epoch this controller holds")
-FENCED = Gauge("antdt_controller_fenced", "1 once a newer controller has taken over")
-FENCED_DROPS = Counter("antdt_controller_fenced_drops_total", "Commands not sent because this controller was replaced")
+PARTITIONS = Gauge("antdt_controller_partitions", "Input partitions (hence jobs) this controller holds")
 K8S_ACTIONS = Counter("antdt_controller_k8s_actions_total", "Kubernetes calls made for commands (remediation)",
                       ["action", "result"])

@@ -1,12 +1,12 @@
 """``antdt controller``: verdicts and worker reports in, signed and fenced commands out.
 
-One active controller per deployment. Each cycle it
+Run one or several: the controllers of a deployment form a consumer group
+and split the jobs by partition. Each cycle a controller
 
 1. reads a batch of verdicts (``monitor.verdicts``) and worker reports
-   (``worker.metrics``) from every partition by manual assignment, so the two
-   topics need not be co-partitioned and no group join delays a takeover;
-   it resumes from the offsets it committed, or from the end the first time
-   (old verdicts are not acted on again);
+   (``worker.metrics``) of the partitions it holds. Both topics are keyed by
+   job and have as many partitions, so the group's range assignment gives a
+   job's verdicts and reports to the same controller;
 2. lets :class:`ControllerCore` decide (policies, budgets, dry run, rate
    limit, ids, epoch, signature);
 3. publishes the commands to ``controller.commands`` keyed
@@ -14,17 +14,23 @@ One active controller per deployment. Each cycle it
    they are durable before committing the input: the commands topic is the
    audit log.
 
-**Memory.** At start the controller reads the last hour of the commands
-topic back (its predecessors' decisions) to rebuild budgets, cooldowns,
-quotas and batch sizes, and the verdict ids already acted on.
+**Taking jobs over.** When partitions are assigned to it, a controller
 
-**Epoch.** At start the controller reads the control topic's history, takes
-the highest ``controller.epoch`` written so far plus one and appends it; of
-two rivals claiming the same epoch, the first in the log wins and the other
-claims the next. A controller that later sees a higher epoch than its own has
-been replaced: it stops issuing commands and reports not ready. Agents reject
-commands older than the highest epoch they have seen, which fences a
-controller that has not noticed yet.
+* claims a new epoch: it reads the control topic's history, takes the
+  highest ``controller.epoch`` claimed so far plus one and appends it; of two
+  rivals claiming the same epoch, the first in the log wins and the other
+  claims the next. Every owner of a job therefore stamps a higher epoch than
+  every earlier owner, and agents, which reject commands older than the
+  highest epoch they have seen, fence a controller that lost the job and has
+  not noticed yet;
+* reads the last hour of the commands topic back (its predecessors'
+  decisions on these jobs) to rebuild budgets, cooldowns, quotas, batch
+  sizes and the verdict ids already acted on;
+* resumes the input from the group's committed offsets, or from the end
+  where none were committed (old verdicts are not acted on again).
+
+A job whose partition stays with the controller through a rebalance keeps
+its state; one that moved away is forgotten.
 
 Run-time configuration (policy, thresholds, dry run) follows the control
 topic as ``controller.<key>`` without a restart.
@@ -41,15 +47,16 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from confluent_kafka import OFFSET_END, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
-from antdt.bus.admin import ensure_topics, partition_counts
+from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import drain, flush_or_raise, make_admin, make_consumer, make_producer
 from antdt.bus.deadletter import DeadLetter, SourceRecord
-from antdt.bus.readers import assign_now, decode_or_deadletter, poll_batch
+from antdt.bus.murmur2 import partition_for
+from antdt.bus.readers import decode_or_deadletter, poll_batch, resume_or_end
 from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
 from antdt.control import ControlFollower, apply_and_count, control_topic
-from antdt.errors import BusError
+from antdt.errors import BusError, ConfigError
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import ControlConfig, MitigationCommand, StragglerVerdict, WorkerMetrics
 from antdt.services.controller import metrics
@@ -61,11 +68,11 @@ from antdt.services.controller.k8s import KubernetesActuator
 from antdt.services.controller.safety import Stamp
 from antdt.service_loop import LoopService
 from antdt.settings import Settings
-from antdt.topics import topic_spec, worker_key
+from antdt.topics import worker_key
 
 log = logging.getLogger(__name__)
 
-#: How far back a starting controller reads its predecessors' commands: the
+#: How far back a controller taking jobs over reads their earlier commands: the
 #: longest budget window (restarts per hour) and cooldown it must honour.
 RECALL = timedelta(hours=1)
 
@@ -89,46 +96,84 @@ class ControllerService(LoopService):
         self.codec: Codec = make_codec(settings.schema_registry_url)
         self.core = ControllerCore(defaults)
         self.ready = threading.Event()
-        self.fenced = False
         self.highest_epoch = 0
+        self.held: set[int] = set()  # the input partitions this controller holds
         self._producer = make_producer(settings, client_id=self.controller_id, **{"linger.ms": 0})
         self._deadletter = DeadLetter.for_settings(self._producer, settings, "controller", counter=metrics.DEADLETTERED)
         self._follower = ControlFollower(settings, self.codec, client_id=f"{self.controller_id}-control")
         self._commands_topic = settings.topic("controller", "commands")
         self._inputs = [settings.topic("monitor", "verdicts"), settings.topic("worker", "metrics")]
+        self._partitions = 0  # of each input topic
         self._consumer = None
         self._watch = None
         self._rewinder: Rewinder | None = None
         self._last_control_poll = 0.0
+        self._revoked: set[int] = set()  # partitions given up in the rebalance under way
 
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> ControllerService:
-        """Create topics, fold the control history, claim an epoch, position the input."""
-        ensure_topics(make_admin(self.settings), self.settings)
+        """Create topics, fold the control history, join the group (jobs come with partitions)."""
+        self._partitions = self._co_partitioned(ensure_topics(make_admin(self.settings), self.settings))
         for change in self._follower.catch_up():
             self._on_control(change)
-        self._claim_epoch()
-        if self.highest_epoch > self.core.stamp.epoch:
-            self._stand_down(f"epoch {self.highest_epoch} was claimed while we claimed {self.core.stamp.epoch}")
-        self._recall_recent_commands()
         self._consumer = make_consumer(self.settings, group_id=f"{self.settings.topic_prefix}.controller",
-                                       client_id=self.controller_id, low_latency=True)
-        assign_now(self._consumer, self._start_positions())
+                                       client_id=self.controller_id,
+                                       **{"partition.assignment.strategy": "range"})  # co-partitioned: same numbers
+        self._consumer.subscribe(self._inputs, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_lost)
         self._watch = shared_watch(self.settings)
-        self._rewinder = Rewinder(self._consumer, self._watch)
+        self._rewinder = Rewinder(self._consumer, self._watch, group=True)
         self._follower.follow_resets(self._watch)
         if self.actuator is not None:
             self.actuator.start()
-        if not self.fenced:
-            self.ready.set()
-        log.info("controller %s serving with epoch %d", self.controller_id, self.core.stamp.epoch)
+        log.info("controller %s joined the group", self.controller_id)
         return self
 
-    def _recall_recent_commands(self) -> None:
-        """Rebuild budgets, cooldowns and quotas from the audit log, so a restart does not reset them."""
+    def _co_partitioned(self, counts: dict[str, int]) -> int:
+        """The input topics' common partition count; ConfigError if they differ (a job would have two owners)."""
+        found = {counts[topic] for topic in self._inputs}
+        if len(found) != 1:
+            raise ConfigError(f"{' and '.join(self._inputs)} must have as many partitions (found "
+                              f"{', '.join(f'{t}: {counts[t]}' for t in self._inputs)}): add partitions to the smaller")
+        return found.pop()
+
+    # ------------------------------------------------------------ jobs taken over and given up
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """New partitions: a new epoch, the jobs' recent commands recalled, input resumed where the group left it."""
+        held = {tp.partition for tp in partitions}
+        kept, self._revoked = held & self._revoked, set()
+        self._forget(self.held - kept)
+        self.held = held
+        if held - kept:
+            self._claim_epoch()
+            self._recall_recent_commands(held - kept)
+        consumer.assign(resume_or_end(consumer, partitions))
+        metrics.PARTITIONS.set(len(held))
+        self.ready.set()
+        log.info("controller %s holds partitions %s with epoch %d", self.controller_id, sorted(held), self.core.stamp.epoch)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions given up in a rebalance; their jobs are kept until we know whether they come back."""
+        self._revoked |= {tp.partition for tp in partitions}
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions lost without a rebalance (our session expired): someone else may hold them already."""
+        lost = {tp.partition for tp in partitions}
+        self._forget(lost)
+        self.held -= lost
+
+    def _forget(self, partitions: set[int]) -> None:
+        if partitions:
+            self.core.forget([job for job in self.core.jobs if partition_for(job, self._partitions) in partitions])
+
+    def _recall_recent_commands(self, partitions: set[int]) -> None:
+        """Rebuild the taken-over jobs' budgets, cooldowns and quotas from the audit log."""
         since = datetime.now(timezone.utc) - RECALL
-        recalled = self.core.recall(read_commands(self.settings, self.codec, start=since))
+        commands = (c for c in read_commands(self.settings, self.codec, start=since)
+                    if partition_for(c.job_id, self._partitions) in partitions)
+        recalled = self.core.recall(commands)
         log.info("recalled %d command(s) issued since %s", recalled, since.isoformat(timespec="seconds"))
 
     def _claim_epoch(self, timeout_s: float = 30.0) -> None:
@@ -157,12 +202,6 @@ class ControllerService(LoopService):
                 if change.config_id == config_id:
                     return
         raise BusError(f"our epoch claim {config_id} did not come back within {timeout_s:.0f} s")
-
-    def _start_positions(self) -> list[TopicPartition]:
-        counts = partition_counts(make_admin(self.settings), self._inputs)
-        wanted = [TopicPartition(topic, p) for topic in self._inputs for p in range(counts[topic])]
-        committed = self._consumer.committed(wanted, timeout=10)
-        return [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END) for tp in committed]
 
     def close(self) -> None:
         self.ready.clear()
@@ -222,9 +261,6 @@ class ControllerService(LoopService):
         for reason in outcome.skipped:
             metrics.SKIPPED.inc()
             log.info("not done: %s", reason)
-        if self.fenced:
-            metrics.FENCED_DROPS.inc(len(outcome.commands))
-            return []
         for command in outcome.commands:
             key = worker_key(command.job_id, command.target_worker).encode()
             self._producer.produce(self._commands_topic, key=key, value=self.codec.encode(command))
@@ -250,7 +286,7 @@ class ControllerService(LoopService):
         if self._rewinder is None or not self._rewinder.check():
             return
         metrics.BUS_RESETS.inc()
-        if self.fenced:
+        if not self.held:
             return
         claim = epoch_claim(self.core.stamp.epoch, self.controller_id)
         refresh_metadata(self._producer)
@@ -259,14 +295,6 @@ class ControllerService(LoopService):
         log.warning("the bus was reset: epoch %d claimed again; reading the input from the beginning", self.core.stamp.epoch)
 
     # ------------------------------------------------------------ control
-
-    def _stand_down(self, why: str) -> None:
-        """A newer controller holds the job: send nothing more, report not ready."""
-        if not self.fenced:
-            self.fenced = True
-            metrics.FENCED.set(1)
-            log.warning("%s: no more commands from here", why)
-        self.ready.clear()
 
     def _follow_control(self) -> None:
         if time.monotonic() - self._last_control_poll < self.config.control_poll_s:
@@ -277,9 +305,7 @@ class ControllerService(LoopService):
 
     def _on_control(self, change: ControlConfig) -> None:
         epoch = claimed_epoch(change)
-        if epoch is not None:
+        if epoch is not None:  # another controller took jobs over: the next claim must be higher
             self.highest_epoch = max(self.highest_epoch, epoch)
-            if self.ready.is_set() and epoch > self.core.stamp.epoch:
-                self._stand_down(f"replaced by {change.issued_by} (epoch {epoch} > {self.core.stamp.epoch})")
             return
         apply_and_count(self.core.apply, change, metrics.CONFIG_CHANGES)

@@ -13,8 +13,8 @@ One loop, one thread. Each cycle it
    ``<job>/<worker>``; each worker reads its own partition). A grant is
    never visible before it is in the log, so a crash cannot hand out a shard
    the recovered state does not know about;
-5. snapshots a job every N events or T seconds, and commits the input
-   offsets. Input is at-least-once: a redelivered report is harmless because
+5. snapshots a job every N events or T seconds (built and written off the
+   loop, :mod:`snapshots`), and commits the input offsets. Input is at-least-once: a redelivered report is harmless because
    reports name the grant they are about (see :mod:`core`).
 
 If the bus comes back empty (an embedded broker restarted, see
@@ -58,7 +58,8 @@ from antdt.services.sharder import metrics
 from antdt.services.sharder.core import CoreConfig, ProgressRejected, ShardCore
 from antdt.services.sharder.eventlog import LogWriter, log_topic, read_job_log, snapshot_topic
 from antdt.services.sharder.recovery import take_over
-from antdt.services.sharder.state import JobState, from_ms
+from antdt.services.sharder.snapshots import SnapshotWriter
+from antdt.services.sharder.state import JobState
 from antdt.service_loop import LoopService
 from antdt.settings import Settings
 from antdt.topics import topic_spec, worker_key
@@ -113,6 +114,7 @@ class SharderService(LoopService):
             settings, client_id=self.writer_id, **{"linger.ms": 0, "compression.type": "lz4", "message.max.bytes": 64 << 20}
         )
         self._log = LogWriter(self._producer, log_topic(settings), self.codec)
+        self._snapshots = SnapshotWriter(self._producer, snapshot_topic(settings), self.codec)
         self._deadletter = DeadLetter.for_settings(self._producer, settings, "sharder", counter=metrics.DEADLETTERED)
         self._progress_topic = topic_spec("shard", "progress").full_name(settings.topic_prefix)
         self._lifecycle_topic = topic_spec("worker", "lifecycle").full_name(settings.topic_prefix)
@@ -142,6 +144,7 @@ class SharderService(LoopService):
         return self
 
     def close(self) -> None:
+        self._snapshots.close()
         self._close_clients()
         if self._watch is not None:
             self._watch.release()
@@ -177,14 +180,14 @@ class SharderService(LoopService):
         have reached the new log before the snapshot: the producer retried them).
         """
         self._log.last_offset.clear()
+        self._snapshots.discard_pending()
         refresh_metadata(self._producer)
-        now_ms = wall_ms()
         kept = {job_id: runtime for job_id, (runtime, _) in self._revoked.items()}
         jobs = {**kept, **self.jobs}
         self._log.append_recent(jobs)  # log followers that were a moment behind find what they missed
         for job_id, runtime in jobs.items():
             if runtime.core.state.dataset is not None:
-                self._write_snapshot(runtime, now_ms, log_offset=None)
+                self._write_snapshot(runtime, log_offset=None)
         self._log.flush()
         metrics.BUS_RESETS.inc()
         log.warning("the bus was reset: re-published the state of %d job(s); reading the input again from the beginning",
@@ -325,7 +328,7 @@ class SharderService(LoopService):
             )
             metrics.ASSIGNMENTS.labels(answer.status.value).inc()
         self._producer.poll(0)
-        self._snapshot_due(now_ms)
+        self._snapshot_due()
         if consumed:
             try:
                 self._consumer.commit(asynchronous=True)
@@ -336,7 +339,7 @@ class SharderService(LoopService):
         for transition, count in Counter(event.transition for event in events).items():
             metrics.EVENTS.labels(transition.value).inc(count)
 
-    def _snapshot_due(self, now_ms: int) -> None:
+    def _snapshot_due(self) -> None:
         """Snapshot every max(N, 2 x shards) events or T seconds.
 
         A snapshot costs time in proportion to the number of shards, so for
@@ -350,22 +353,14 @@ class SharderService(LoopService):
             by_count = runtime.events_since_snapshot >= every
             by_time = runtime.events_since_snapshot and now - runtime.last_snapshot_at >= self.config.snapshot_every_s
             if (by_count or by_time) and runtime.core.state.dataset is not None:
-                self.snapshot(job_id, now_ms)
+                runtime.events_since_snapshot, runtime.last_snapshot_at = 0, now
+                self._snapshots.submit(runtime.core.state.capture(), self._log.last_offset.get(job_id))
 
-    def snapshot(self, job_id: str, now_ms: int) -> None:
-        """Write a snapshot of the job covering everything appended so far."""
-        self._write_snapshot(self.jobs[job_id], now_ms, log_offset=self._log.last_offset.get(job_id))
+    def snapshot(self, job_id: str) -> bool:
+        """Write a snapshot of the job covering everything appended so far, now; False if it was not written."""
+        return self._write_snapshot(self.jobs[job_id], log_offset=self._log.last_offset.get(job_id))
 
-    def _write_snapshot(self, runtime: JobRuntime, now_ms: int, log_offset: int | None) -> None:
-        job_id = runtime.core.state.job_id
-        snapshot = runtime.core.state.to_snapshot(from_ms(now_ms), log_offset=log_offset)
-        topic = snapshot_topic(self.settings)
+    def _write_snapshot(self, runtime: JobRuntime, log_offset: int | None) -> bool:
         runtime.events_since_snapshot, runtime.last_snapshot_at = 0, time.monotonic()
-        try:
-            self._producer.produce(topic, key=job_id.encode(), value=self.codec.encode(snapshot, topic))
-        except KafkaException as exc:  # the log stays the source of truth; recovery just replays more
-            log.error("snapshot of job %s not written: %s", job_id, exc)
-            metrics.SNAPSHOT_FAILURES.inc()
-            return
-        metrics.SNAPSHOTS.inc()
+        return self._snapshots.write_now(runtime.core.state.capture(), log_offset)
 

@@ -100,13 +100,6 @@ class Slot:
         """Sample indices of the shard not applied yet."""
         return [i for i in range(self.start, self.start + self.length) if i not in self.applied]
 
-    def applied_groups(self) -> list[tuple[int, list[int]]]:
-        """(seq, sorted samples) per APPLIED event, in seq order."""
-        groups: dict[int, list[int]] = {}
-        for sample, seq in self.applied.items():
-            groups.setdefault(seq, []).append(sample)
-        return [(seq, sorted(samples)) for seq, samples in sorted(groups.items())]
-
 
 def _update_ids(updates: dict[str, int]) -> dict[int, str]:
     return {seq: update for update, seq in updates.items()}
@@ -119,6 +112,53 @@ class FoldStats:
     stale_writer: int = 0
     duplicate_seq: int = 0
     seq_gaps: int = 0
+
+
+@dataclass(frozen=True)
+class Captured:
+    """A job's state as :meth:`JobState.capture` copied it; turning it into a snapshot is the costly part."""
+
+    job_id: str
+    seq: int
+    writer_epoch: int
+    writer: str | None
+    dataset: DatasetSpec | None
+    epoch: int
+    finished: bool
+    quotas: dict[str, int]
+    epoch_opened_seq: int
+    rewinds: dict[str, int]
+    attempt_base: int
+    attempt_high: int
+    updates: dict[str, int]
+    slots: list[tuple]
+
+    def to_snapshot(self, now: datetime, log_offset: int | None = None) -> ShardSnapshot:
+        by_seq = _update_ids(self.updates)
+        entries = [
+            trusted(
+                ShardStateEntry, shard_id=shard_id, state=state, worker_id=worker,
+                lease_expires=None if lease_ms is None else datetime.fromtimestamp(lease_ms / 1000, _UTC),  # no cache: any thread
+                started=started, attempt=attempt, done_seq=done_seq, reason=reason, rewound_below=rewound_below,
+                applied=[trusted(AppliedSamples, seq=seq, samples=samples, update_id=by_seq.get(seq))
+                         for seq, samples in _groups(applied)],
+            )
+            for shard_id, state, worker, lease_ms, started, attempt, done_seq, reason, rewound_below, applied in self.slots
+        ]
+        return ShardSnapshot(
+            job_id=self.job_id, seq=self.seq, writer_epoch=self.writer_epoch, writer=self.writer, dataset=self.dataset,
+            epoch=self.epoch, finished=self.finished, shards=entries, quotas=self.quotas,
+            epoch_opened_seq=self.epoch_opened_seq, rewinds=self.rewinds, attempt_base=self.attempt_base,
+            attempt_high=self.attempt_high, log_offset=log_offset, timestamp=now,
+        )
+
+
+def _groups(applied: dict[int, int] | None) -> list[tuple[int, list[int]]]:
+    """(seq, sorted samples) per APPLIED event, in seq order."""
+    groups: dict[int, list[int]] = {}
+    for sample, seq in (applied or {}).items():
+        groups.setdefault(seq, []).append(sample)
+    return [(seq, sorted(samples)) for seq, samples in sorted(groups.items())]
 
 
 @dataclass
@@ -243,22 +283,15 @@ class JobState:
     # ------------------------------------------------------------ snapshots
 
     def to_snapshot(self, now: datetime, log_offset: int | None = None) -> ShardSnapshot:
-        by_seq = _update_ids(self.updates)
-        entries = [
-            trusted(
-                ShardStateEntry, shard_id=s.shard_id, state=s.state, worker_id=s.worker, lease_expires=from_ms(s.lease_ms),
-                started=s.started, attempt=s.attempt, done_seq=s.done_seq, reason=s.reason, rewound_below=s.rewound_below,
-                applied=[trusted(AppliedSamples, seq=seq, samples=samples, update_id=by_seq.get(seq))
-                         for seq, samples in s.applied_groups()],
-            )
-            for s in self.slots
-        ]
-        return ShardSnapshot(
-            job_id=self.job_id, seq=self.last_seq, writer_epoch=self.writer_epoch, writer=self.writer, dataset=self.dataset,
-            epoch=self.epoch, finished=self.finished, shards=entries, quotas=dict(self.quotas),
-            epoch_opened_seq=self.epoch_opened_seq, rewinds=dict(self.rewinds), attempt_base=self.attempt_base,
-            attempt_high=self.attempt_high, log_offset=log_offset, timestamp=now,
-        )
+        return self.capture().to_snapshot(now, log_offset)
+
+    def capture(self) -> Captured:
+        """A copy of what a snapshot holds, cheap to take (the slots as tuples), so it can be built elsewhere."""
+        slots = [(s.shard_id, s.state, s.worker, s.lease_ms, s.started, s.attempt, s.done_seq, s.reason,
+                  s.rewound_below, dict(s.applied) if s.applied else None) for s in self.slots]
+        return Captured(self.job_id, self.last_seq, self.writer_epoch, self.writer, self.dataset, self.epoch,
+                        self.finished, dict(self.quotas), self.epoch_opened_seq, dict(self.rewinds), self.attempt_base,
+                        self.attempt_high, dict(self.updates), slots)
 
     @classmethod
     def from_snapshot(cls, snapshot: ShardSnapshot) -> JobState:

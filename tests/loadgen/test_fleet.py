@@ -16,6 +16,7 @@ WALL = datetime(2026, 11, 23, tzinfo=timezone.utc)
 
 def fleet(**overrides) -> Fleet:
     spec = FleetSpec(**{"workers_per_job": 4, "stragglers": 0.25, "onset_from_s": 5.0, "onset_until_s": 6.0,
+                        "request_timeout_s": 60.0,
                         **overrides})
     return Fleet(spec, START, WALL)
 
@@ -94,3 +95,15 @@ def test_a_straggler_slows_at_its_onset_and_its_first_command_is_timed_from_ther
     assert f.seen.onset_to_command_s() == [2.5] and slow.quota == 1
     f.on_command(command, slow.onset + 4.0)  # later commands do not move the first
     assert f.seen.onset_to_command_s() == [2.5] and f.seen.commands == 2 and f.seen.commands_to_the_unhurried == 0
+
+
+def test_an_unanswered_request_is_asked_again_after_the_request_timeout_and_only_its_answer_counts():
+    f = fleet(stragglers=0.0, workers_per_job=1, request_timeout_s=3.0)
+    first = requests(sent_between(f, START, START + 2.9))
+    again = requests(sent_between(f, START + 3.0, START + 5.0))
+    assert len(first) == 1 and len(again) == 1 and again[0].seq > first[0].seq
+    assert f.seen.asked_again == 1
+    f.on_assignment(answer(first[0]), START + 5.1)  # the lost answer turns up late: ignored
+    assert not f.seen.grants
+    f.on_assignment(answer(again[0]), START + 5.2)
+    assert len(f.seen.grants) == 1 and abs(f.seen.grants[0].read_s - 2.2) < 0.05

@@ -1,5 +1,6 @@
 """``antdt controller`` through the real broker: verdict in, signed command out, an agent applies it;
-a replaced controller is fenced; a reconfiguration takes effect without a restart."""
+two controllers split the jobs and one takes over the other's with a higher epoch, which fences the old one;
+a reconfiguration takes effect without a restart."""
 
 from __future__ import annotations
 
@@ -8,15 +9,19 @@ from datetime import datetime, timezone
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka.admin import NewTopic
 
-from antdt.bus.clients import consuming, producing
+from antdt.bus.clients import consuming, make_admin, producing
 from antdt.bus.markers import marker_id
+from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import assign_now, poll_batch
+from antdt.errors import ConfigError
 from antdt.launch import service_process
 from antdt.schemas.codec import SingleObjectCodec
-from antdt.schemas.models import AckStatus, CommandAction, ControlComponent, ControlConfig, StragglerClass
+from antdt.schemas.models import AckStatus, CommandAction, ControlComponent, ControlConfig, StragglerClass, VerdictKind
 from antdt.services.controller.core import ControllerCore
 from antdt.services.controller.safety import Stamp
+from antdt.services.controller.service import ControllerService
 from antdt.settings import load_settings
 from antdt.signing import verify
 from antdt.topics import worker_key
@@ -36,10 +41,10 @@ def signed(settings, topics):
     return load_settings(**{**settings.model_dump(), "signing_key": KEY, "report_interval_s": 0.2, "heartbeat_interval_s": 0.5})
 
 
-def send_verdict(settings, worker: str, t: float, **kwargs):
-    the_verdict = verdict(worker, job=JOB, **kwargs).model_copy(update={"verdict_id": f"{JOB}:{worker}:{t}:{time.time_ns()}"})
+def send_verdict(settings, worker: str, t: float, job: str = JOB, **kwargs):
+    the_verdict = verdict(worker, job=job, **kwargs).model_copy(update={"verdict_id": f"{job}:{worker}:{t}:{time.time_ns()}"})
     with producing(settings) as producer:
-        producer.produce(settings.topic("monitor", "verdicts"), key=JOB.encode(), value=CODEC.encode(the_verdict))
+        producer.produce(settings.topic("monitor", "verdicts"), key=job.encode(), value=CODEC.encode(the_verdict))
     return the_verdict
 
 
@@ -86,28 +91,46 @@ def test_verdict_to_signed_command_that_an_agent_applies(signed, topics, tmp_pat
         assert ack_of(signed, topics, command.command_id).status is AckStatus.APPLIED
 
 
-def test_a_replaced_controller_is_fenced_and_its_epoch_rejected(signed, topics, tmp_path):
-    with service_process(signed, "controller", log_dir=tmp_path) as first, \
-            Agent(JOB, "w1", settings=signed) as agent:
-        first.wait_ready()
-        old_epoch = int(first.metric("antdt_controller_epoch"))
-        with service_process(signed, "controller", log_dir=tmp_path) as second:
-            second.wait_ready()
-            assert second.metric("antdt_controller_epoch") == old_epoch + 1
-            first.wait_until(lambda: first.metric("antdt_controller_fenced") == 1, "the old controller stands down")
-            the_verdict = send_verdict(signed, "w1", 2, kind=verdict("w1").kind)
-            step_until(agent, lambda: agent.shard_quota == 1)
-            [command] = commands_for(signed, topics, the_verdict.verdict_id)
-            assert command.controller_epoch == old_epoch + 1  # only the new controller answered
+def job_in(partitions: range, count: int) -> str:
+    """A job id that hashes into one of ``partitions`` (of ``count``)."""
+    return next(job for job in (f"job-{n}" for n in range(1000)) if partition_for(job, count) in partitions)
 
-            zombie = ControllerCore(stamp=Stamp(old_epoch, KEY.encode()))  # one that has not noticed it was replaced
-            stale = zombie.on_verdict(verdict("w1", job=JOB, kind=verdict("w1").kind, t=99), datetime.now(timezone.utc))
-            with producing(signed) as producer:
-                producer.produce(signed.topic("controller", "commands"), key=worker_key(JOB, "w1").encode(),
-                                 value=CODEC.encode(stale.commands[0]))
-            ack = ack_of(signed, topics, stale.commands[0].command_id)
-            assert ack.status is AckStatus.REJECTED and ack.reason.startswith("stale epoch")
-            assert agent.verifier.rejected["stale epoch"] == 1
+
+def test_two_controllers_split_the_jobs_and_a_survivor_takes_over_with_a_higher_epoch(signed, topics, tmp_path):
+    count = topics[signed.topic("monitor", "verdicts")]
+    low, high = job_in(range(count // 2), count), job_in(range(count // 2, count), count)  # one job per half
+    with service_process(signed, "controller", log_dir=tmp_path) as first, \
+            service_process(signed, "controller", log_dir=tmp_path) as second, \
+            Agent(low, "w1", settings=signed) as low_agent, Agent(high, "w1", settings=signed) as high_agent:
+        both = (first, second)
+        first.wait_until(lambda: [c.metric("antdt_controller_partitions") for c in both] == [count // 2] * 2,
+                         "the two controllers split the partitions")
+        commands = {}
+        for job, agent in ((low, low_agent), (high, high_agent)):
+            the_verdict = send_verdict(signed, "w1", 1, job=job)
+            step_until(agent, lambda: agent.shard_quota == 1)
+            [commands[job]] = commands_for(signed, topics, the_verdict.verdict_id)
+        epochs = {c.metric("antdt_controller_epoch"): c for c in both}
+        assert commands[low].controller_epoch != commands[high].controller_epoch  # each job answered by its owner
+        owner = epochs[commands[low].controller_epoch]
+        survivor = second if owner is first else first
+        owner.process.kill()
+        survivor.wait_until(lambda: survivor.metric("antdt_controller_partitions") == count, "the survivor holds all")
+        new_epoch = survivor.metric("antdt_controller_epoch")
+        assert new_epoch > max(epochs)
+
+        the_verdict = send_verdict(signed, "w1", 2, job=low, kind=VerdictKind.CLEARED)
+        step_until(low_agent, lambda: low_agent.shard_quota == 2)  # restored: the survivor recalled the quota of 1
+        [command] = commands_for(signed, topics, the_verdict.verdict_id)
+        assert command.controller_epoch == new_epoch == low_agent.verifier.highest_epoch
+
+        zombie = ControllerCore(stamp=Stamp(commands[low].controller_epoch, KEY.encode()))  # the dead owner, late
+        stale = zombie.on_verdict(verdict("w1", job=low, t=99), datetime.now(timezone.utc))
+        with producing(signed) as producer:
+            producer.produce(signed.topic("controller", "commands"), key=worker_key(low, "w1").encode(),
+                             value=CODEC.encode(stale.commands[0]))
+        ack = ack_of(signed, topics, stale.commands[0].command_id)
+        assert ack.status is AckStatus.REJECTED and ack.reason.startswith("stale epoch")
 
 
 def test_dry_run_switched_on_at_run_time(signed, topics, tmp_path):
@@ -144,3 +167,14 @@ def test_remediation_on_kubernetes_deletes_the_pod_and_labels_the_node(signed, t
                 "the restart is counted")
     finally:
         api.close()
+
+
+def test_inputs_with_different_partition_counts_are_refused_at_start(settings):
+    """A job's verdicts and reports would land on different controllers: say so instead of splitting it."""
+    verdicts = settings.topic("monitor", "verdicts")
+    admin = make_admin(settings)
+    admin.create_topics([NewTopic(verdicts, num_partitions=3)])[verdicts].result(timeout=10)
+    service = ControllerService(settings)
+    with pytest.raises(ConfigError, match="must have as many partitions"):
+        service.start()
+    service.close()

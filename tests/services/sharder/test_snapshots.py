@@ -1,0 +1,83 @@
+"""Snapshots written off the sharder's loop: what is written is the captured state, and nothing from before a bus reset."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+from antdt.bus.clients import make_producer, producing
+from antdt.schemas.codec import SingleObjectCodec
+from antdt.schemas.models import DatasetSpec, ShardState
+from antdt.services.sharder.eventlog import latest_snapshot, snapshot_topic
+from antdt.services.sharder.snapshots import SnapshotWriter
+from antdt.services.sharder.state import JobState
+
+CODEC = SingleObjectCodec()
+
+
+def a_job(job_id: str) -> JobState:
+    """A job half-way through an epoch: some shards done, one held under a lease, one with samples recorded."""
+    state = JobState(job_id, dataset=DatasetSpec(name="snap", size=1000, shard_size=10, epochs=2, shuffle_seed=1,
+                                                 max_attempts=3, lease_s=30.0))
+    state._open_epoch(0, 1)
+    for slot in state.slots[:40]:
+        slot.state, slot.done_seq = ShardState.DONE, 5
+        slot.applied = dict.fromkeys(range(slot.start, slot.start + slot.length), 4)
+    held = state.slots[50]
+    held.state, held.worker, held.lease_ms, held.attempt = ShardState.DOING, "w1", 1_700_000_000_000, 1
+    held.applied = {held.start: 6}
+    state.last_seq = 6
+    return state
+
+
+def without_time(snapshot):
+    return snapshot.model_copy(update={"timestamp": None})
+
+
+def test_a_submitted_capture_is_written_as_the_snapshot_of_the_state_it_was_taken_from(settings, topics):
+    state = a_job("snap-a")
+    captured = state.capture()
+    expected = state.to_snapshot(datetime.now(timezone.utc), log_offset=7)
+    state.slots[60].state = ShardState.DONE  # changed after the capture: not in the snapshot
+    producer = make_producer(settings)
+    writer = SnapshotWriter(producer, snapshot_topic(settings), CODEC)
+    writer.submit(captured, log_offset=7)
+    writer.close()
+    producer.flush(10)
+    with producing(settings) as reader_producer:
+        written = latest_snapshot(settings, "snap-a", CODEC, reader_producer)
+    assert written is not None and without_time(written) == without_time(expected)
+
+
+class Recording:
+    """Stands in for the producer in a test of the writer's own bookkeeping (no bus involved)."""
+
+    def __init__(self):
+        self.produced = []
+
+    def produce(self, topic, key, value):
+        self.produced.append(key)
+
+
+def test_a_capture_built_across_a_bus_reset_is_not_written():
+    producer = Recording()
+    writer = SnapshotWriter(producer, "snapshots", CODEC)
+    captured = a_job("snap-b").capture()
+    generation = writer._generation
+    writer.discard_pending()  # the bus was reset while the capture was being built
+    assert writer._write(captured, 3, generation) is False
+    assert writer.write_now(captured, None) is True  # what the sharder re-publishes after the reset
+    writer.close()
+    assert producer.produced == [b"snap-b"]
+
+
+def test_only_the_latest_capture_of_a_job_waits():
+    producer = Recording()
+    writer = SnapshotWriter(producer, "snapshots", CODEC)
+    with writer._lock:  # the thread cannot take anything while both are submitted
+        writer.submit(a_job("snap-c").capture(), 1)
+        writer.submit(a_job("snap-c").capture(), 2)
+        assert [offset for _, offset, _ in writer._pending.values()] == [2]
+    deadline = time.monotonic() + 10
+    writer.close()
+    assert time.monotonic() < deadline and producer.produced == [b"snap-c"]
