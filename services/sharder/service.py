@@ -6,7 +6,8 @@ One loop, one thread. Each cycle it
    events (``worker.lifecycle``; LEFT releases a worker's shards) in a
    consumer group, so several instances split the jobs between them;
 2. for a job seen for the first time, recovers it (snapshot + log) and takes
-   it over with a higher writer epoch (:mod:`recovery`);
+   it over with a higher writer epoch (:mod:`recovery`); a job whose
+   partition a rebalance gives straight back keeps its state as it was;
 3. lets the pure core decide, and reclaims expired leases;
 4. appends the resulting events to ``shard.log`` and waits until they are
    durable, and only then publishes the assignments (keyed
@@ -46,7 +47,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaException, Message
 
 from antdt.bus.admin import ensure_topics
-from antdt.bus.clients import make_admin, make_consumer, make_producer
+from antdt.bus.clients import drain, flush_or_raise, make_admin, make_consumer, make_producer
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import MisroutedRecord, check_key, decode_or_deadletter, poll_batch
@@ -114,7 +115,12 @@ class SharderService(LoopService):
             settings, client_id=self.writer_id, **{"linger.ms": 0, "compression.type": "lz4", "message.max.bytes": 64 << 20}
         )
         self._log = LogWriter(self._producer, log_topic(settings), self.codec)
-        self._snapshots = SnapshotWriter(self._producer, snapshot_topic(settings), self.codec)
+        # Snapshots have a producer of their own: a flush of the log (before every answer) must not wait for one.
+        self._snapshot_producer = make_producer(
+            settings, client_id=f"{self.writer_id}-snapshots",
+            **{"linger.ms": 0, "compression.type": "lz4", "message.max.bytes": 64 << 20},
+        )
+        self._snapshots = SnapshotWriter(self._snapshot_producer, snapshot_topic(settings), self.codec)
         self._deadletter = DeadLetter.for_settings(self._producer, settings, "sharder", counter=metrics.DEADLETTERED)
         self._progress_topic = topic_spec("shard", "progress").full_name(settings.topic_prefix)
         self._lifecycle_topic = topic_spec("worker", "lifecycle").full_name(settings.topic_prefix)
@@ -125,6 +131,7 @@ class SharderService(LoopService):
         self._watch = None
         self._rewinder: Rewinder | None = None
         self._revoked: dict[str, tuple[JobRuntime, float]] = {}
+        self._just_revoked: set[int] = set()  # progress partitions given up in the rebalance under way
         self._incarnations: dict[tuple[str, str], str] = {}  # the latest incarnation that reported, per worker
 
     # ------------------------------------------------------------ lifecycle
@@ -137,7 +144,8 @@ class SharderService(LoopService):
         self._consumer = make_consumer(
             self.settings, group_id=f"{self.settings.topic_prefix}.sharder", client_id=self.writer_id, low_latency=True
         )
-        self._consumer.subscribe([self._progress_topic, self._lifecycle_topic], on_revoke=self._on_revoke)
+        self._consumer.subscribe([self._progress_topic, self._lifecycle_topic], on_assign=self._on_assign,
+                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
         self._watch = shared_watch(self.settings)
         self._rewinder = Rewinder(self._consumer, self._watch, group=True)
         self.ready.set()
@@ -145,6 +153,7 @@ class SharderService(LoopService):
 
     def close(self) -> None:
         self._snapshots.close()
+        drain(self._snapshot_producer)
         self._close_clients()
         if self._watch is not None:
             self._watch.release()
@@ -157,12 +166,26 @@ class SharderService(LoopService):
         bus reset, it is the only copy left (see :meth:`_republish`).
         """
         lost = {p.partition for p in partitions if p.topic == self._progress_topic}
+        self._just_revoked |= lost
         now = time.monotonic()
         for job_id in [j for j in self.jobs if partition_for(j, self._progress_partitions) in lost]:
             self._revoked[job_id] = (self.jobs.pop(job_id), now)
         for job_id in [j for j, (_, at) in self._revoked.items() if now - at > KEEP_REVOKED_S]:
             del self._revoked[job_id]
         metrics.JOBS.set(len(self.jobs))
+
+    def _on_assign(self, consumer, partitions) -> None:
+        """Jobs of partitions given back in the same rebalance stay ours as they were: nobody wrote for them between."""
+        back = {p.partition for p in partitions if p.topic == self._progress_topic} & self._just_revoked
+        self._just_revoked = set()
+        for job_id in [j for j in self._revoked if partition_for(j, self._progress_partitions) in back]:
+            self.jobs[job_id] = self._revoked.pop(job_id)[0]
+        metrics.JOBS.set(len(self.jobs))
+
+    def _on_lost(self, consumer, partitions) -> None:
+        """Partitions lost without a rebalance (our session expired): another instance may have written for them."""
+        self._on_revoke(consumer, partitions)
+        self._just_revoked = set()
 
     # ------------------------------------------------------------ bus reset
 
@@ -182,6 +205,7 @@ class SharderService(LoopService):
         self._log.last_offset.clear()
         self._snapshots.discard_pending()
         refresh_metadata(self._producer)
+        refresh_metadata(self._snapshot_producer)
         kept = {job_id: runtime for job_id, (runtime, _) in self._revoked.items()}
         jobs = {**kept, **self.jobs}
         self._log.append_recent(jobs)  # log followers that were a moment behind find what they missed
@@ -189,6 +213,7 @@ class SharderService(LoopService):
             if runtime.core.state.dataset is not None:
                 self._write_snapshot(runtime, log_offset=None)
         self._log.flush()
+        flush_or_raise(self._snapshot_producer)
         metrics.BUS_RESETS.inc()
         log.warning("the bus was reset: re-published the state of %d job(s); reading the input again from the beginning",
                     len(self.jobs) + len(kept))

@@ -4,7 +4,9 @@ Building and encoding a snapshot costs time in proportion to the job's shards
 and the samples recorded in them (most of a second for a 20,000-shard epoch
 half done), which would hold up every grant behind it. So the loop only
 captures the state (:meth:`JobState.capture`, a copy of the slots, tens of
-milliseconds) and hands it over; one thread builds, encodes and produces it.
+milliseconds) and hands it over; one thread builds, encodes and produces it,
+on a producer of its own (the loop's flushes must not wait for a snapshot of
+megabytes).
 
 A capture still waiting when a newer one of the same job arrives is replaced:
 only the latest matters. After a bus reset the waiting ones are dropped, as
