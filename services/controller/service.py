@@ -305,7 +305,7 @@ class ControllerService(LoopService):
 
     def _on_control(self, change: ControlConfig) -> None:
         epoch = claimed_epoch(change)
-        if epoch is not None:  # another controller took jobs over: the next claim must be higher
+        if epoch is not None:  # a claim, ours or another controller's: the next one must be higher
             self.highest_epoch = max(self.highest_epoch, epoch)
             return
         apply_and_count(self.core.apply, change, metrics.CONFIG_CHANGES)

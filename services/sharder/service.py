@@ -15,8 +15,9 @@ One loop, one thread. Each cycle it
    never visible before it is in the log, so a crash cannot hand out a shard
    the recovered state does not know about;
 5. snapshots a job every N events or T seconds (built and written off the
-   loop, :mod:`snapshots`), and commits the input offsets. Input is at-least-once: a redelivered report is harmless because
-   reports name the grant they are about (see :mod:`core`).
+   loop, :mod:`snapshots`), and commits the input offsets. Input is
+   at-least-once: a redelivered report is harmless because reports name the
+   grant they are about (see :mod:`core`).
 
 If the bus comes back empty (an embedded broker restarted, see
 :mod:`antdt.bus.watch`), this instance's memory is the only copy of its
@@ -60,7 +61,7 @@ from antdt.services.sharder.core import CoreConfig, ProgressRejected, ShardCore
 from antdt.services.sharder.eventlog import LogWriter, log_topic, read_job_log, snapshot_topic
 from antdt.services.sharder.recovery import take_over
 from antdt.services.sharder.snapshots import SnapshotWriter
-from antdt.services.sharder.state import JobState
+from antdt.services.sharder.state import Captured, JobState
 from antdt.service_loop import LoopService
 from antdt.settings import Settings
 from antdt.topics import topic_spec, worker_key
@@ -80,6 +81,10 @@ class SharderConfig:
     poll_timeout_s: float = 0.05
     use_snapshots: bool = True
 
+
+#: The sharder's producers, unlingered. lz4: snapshots of large datasets are big but repetitive
+#: (a 100k-shard snapshot is ~1.5 MB raw, a few hundred kB compressed, under Kafka's 1 MB default).
+LARGE_RECORDS = {"linger.ms": 0, "compression.type": "lz4", "message.max.bytes": 64 << 20}
 
 #: How long the state of a job whose partition was revoked is kept, should the bus turn out to have been reset.
 KEEP_REVOKED_S = 60.0
@@ -109,17 +114,10 @@ class SharderService(LoopService):
         self.jobs: dict[str, JobRuntime] = {}
         self.ready = threading.Event()
         self._core_config = CoreConfig(default_quota=self.config.default_quota)
-        # lz4: snapshots of large datasets are big but repetitive (a 100k-shard
-        # snapshot is ~1.5 MB raw, a few hundred kB compressed, under Kafka's 1 MB default).
-        self._producer = make_producer(
-            settings, client_id=self.writer_id, **{"linger.ms": 0, "compression.type": "lz4", "message.max.bytes": 64 << 20}
-        )
+        self._producer = make_producer(settings, client_id=self.writer_id, **LARGE_RECORDS)
         self._log = LogWriter(self._producer, log_topic(settings), self.codec)
         # Snapshots have a producer of their own: a flush of the log (before every answer) must not wait for one.
-        self._snapshot_producer = make_producer(
-            settings, client_id=f"{self.writer_id}-snapshots",
-            **{"linger.ms": 0, "compression.type": "lz4", "message.max.bytes": 64 << 20},
-        )
+        self._snapshot_producer = make_producer(settings, client_id=f"{self.writer_id}-snapshots", **LARGE_RECORDS)
         self._snapshots = SnapshotWriter(self._snapshot_producer, snapshot_topic(settings), self.codec)
         self._deadletter = DeadLetter.for_settings(self._producer, settings, "sharder", counter=metrics.DEADLETTERED)
         self._progress_topic = topic_spec("shard", "progress").full_name(settings.topic_prefix)
@@ -378,14 +376,18 @@ class SharderService(LoopService):
             by_count = runtime.events_since_snapshot >= every
             by_time = runtime.events_since_snapshot and now - runtime.last_snapshot_at >= self.config.snapshot_every_s
             if (by_count or by_time) and runtime.core.state.dataset is not None:
-                runtime.events_since_snapshot, runtime.last_snapshot_at = 0, now
-                self._snapshots.submit(runtime.core.state.capture(), self._log.last_offset.get(job_id))
+                self._snapshots.submit(self._capture(runtime), self._log.last_offset.get(job_id))
 
     def snapshot(self, job_id: str) -> bool:
         """Write a snapshot of the job covering everything appended so far, now; False if it was not written."""
         return self._write_snapshot(self.jobs[job_id], log_offset=self._log.last_offset.get(job_id))
 
     def _write_snapshot(self, runtime: JobRuntime, log_offset: int | None) -> bool:
+        return self._snapshots.write_now(self._capture(runtime), log_offset)
+
+    @staticmethod
+    def _capture(runtime: JobRuntime) -> Captured:
+        """The job's state to snapshot; the snapshot clock starts again."""
         runtime.events_since_snapshot, runtime.last_snapshot_at = 0, time.monotonic()
-        return self._snapshots.write_now(runtime.core.state.capture(), log_offset)
+        return runtime.core.state.capture()
 
