@@ -23,7 +23,7 @@ import json
 import statistics
 import time
 
-from benchlib import embedded_broker, fresh_settings, percentile
+from benchlib import embedded_broker, fresh_settings, percentile, spread
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from antdt.bus.clients import consuming
@@ -75,10 +75,6 @@ def bench_overhead(settings: Settings, steps: int) -> dict:
         "loop_us_per_step": {"bare": round(bare_loop / steps * 1e6, 3), "with_agent": round(agent_loop / steps * 1e6, 3)},
         "sync_wait_overhead_us": {"median": round(max(0, statistics.median(with_sync) - base) / 1000, 3)},
     }
-
-
-def spread(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
 
 def bench_commit(settings: Settings, steps: int) -> dict:

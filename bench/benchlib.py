@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,12 @@ def distribution(values: list[float], digits: int = 3) -> dict[str, float]:
     summary = {name: percentile(values, q) for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))}
     return {"n": len(values), "min": round(min(values), digits),
             **{k: round(v, digits) for k, v in summary.items()}, "max": round(max(values), digits)}
+
+
+def spread(values: list[float], digits: int = 3) -> dict[str, float]:
+    """Median, min and max of repeated runs' figures (the house rule for anything timed)."""
+    return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
+            "max": round(max(values), digits)}
 
 
 def fresh_settings(broker: EmbeddedBroker, create_topics: bool = True) -> Settings:

@@ -1,7 +1,7 @@
 """Scale figures: one instance of each service under 100 to 1,000 simulated workers.
 
-    .venv/bin/python bench/scale_bench.py [--workers 100,300,1000] [--jobs 1] [--seconds 75] [--repeat 1]
-        [--json] [--plot scale.png]
+    .venv/bin/python bench/scale_bench.py [--workers 100,300,1000] [--jobs 1] [--seconds 75] [--repeat 3]
+        [--sharder antdt|echo] [--json] [--plot scale.png]
 
 For each worker count: a fresh embedded broker, ``antdt monitor``,
 ``antdt controller`` (AntDT-ND) and ``antdt sharder`` as their own
@@ -20,24 +20,35 @@ and 15 s before the end. Reported per point:
 * CPU (percent of one core, mean over the run) and peak RSS of each service
   and the broker.
 
-Passes when, at every point, onset to command p99 <= 5 s, grant p99 <= 50 ms
-and every lag is flat; exits 1 otherwise.
+``--sharder echo`` puts :mod:`grant_echo` in the sharder's place: the
+grant's broker hops and nothing else, so its grant figures are the floor
+this broker and machine allow with everything else running as usual.
+
+Each point is run ``--repeat`` times (a fresh broker and services each
+time); ``summary`` gives the median, min and max over the runs. Passes when,
+at every point, the median run's onset to command p99 <= 5 s and grant p99
+<= 50 ms, and in every run every straggler got a command and every lag is
+flat; exits 1 otherwise.
 """
 
 from __future__ import annotations
 
+import os
+import select
+import subprocess
 import sys
 import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import psutil
-from benchlib import distribution, embedded_broker, emit, fresh_settings, numbers
+from benchlib import distribution, embedded_broker, emit, fresh_settings, numbers, spread
 from confluent_kafka import Consumer, TopicPartition
 
 from antdt.bus.clients import make_consumer
-from antdt.launch import service_process
+from antdt.launch import service_process, settings_env
 from antdt.loadgen.driver import FleetDriver
 from antdt.loadgen.fleet import FleetSpec
 from antdt.settings import Settings
@@ -124,12 +135,41 @@ def lag_figures(points: list[tuple[float, int]], input_per_s: float, warmup_s: f
             "input_per_s": round(input_per_s), "flat": growth < max(input_per_s, 1.0), "series": points}
 
 
-def run_point(workers: int, jobs: int, seconds: float) -> dict:
+class EchoSharder:
+    """:mod:`grant_echo` as a child process, ready once it holds the sharder group's partitions."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.process = process
+
+    def wait_ready(self, timeout_s: float) -> None:
+        readable, _, _ = select.select([self.process.stdout], [], [], timeout_s)
+        if not readable or self.process.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"grant_echo did not get its partitions within {timeout_s:g} s")
+
+
+@contextmanager
+def echo_sharder(settings: Settings) -> Iterator[EchoSharder]:
+    process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("grant_echo.py"))],
+                               env={**os.environ, **settings_env(settings)}, stdout=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL)
+    try:
+        yield EchoSharder(process)
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def run_point(workers: int, jobs: int, seconds: float, sharder: str = "antdt") -> dict:
     spec = FleetSpec(jobs=jobs, workers_per_job=workers // jobs, onset_from_s=20.0, onset_until_s=seconds - 15.0)
     with embedded_broker() as broker, ExitStack() as services:
         settings = fresh_settings(broker)
-        running = {name: services.enter_context(service_process(settings, name, *args))
-                   for name, args in (("monitor", ()), ("controller", ()), ("sharder", ()))}
+        running = {name: services.enter_context(service_process(settings, name)) for name in ("monitor", "controller")}
+        running["sharder"] = services.enter_context(
+            service_process(settings, "sharder") if sharder == "antdt" else echo_sharder(settings))
         for service in running.values():
             service.wait_ready(90)
         processes = {name: psutil.Process(s.process.pid) for name, s in running.items()}
@@ -142,7 +182,7 @@ def run_point(workers: int, jobs: int, seconds: float) -> dict:
                  "sharder": workers * (1 / spec.shard_s + 1 / (spec.shard_s * spec.quota) + 1 / spec.heartbeat_interval_s)}
         onsets = seen.onset_to_command_s()
         return {
-            "workers": workers, "jobs": jobs, "seconds": seconds, "records_sent": driver.sent,
+            "workers": workers, "jobs": jobs, "seconds": seconds, "sharder": sharder, "records_sent": driver.sent,
             "records_per_s": round(driver.sent / probe.wall),
             "stragglers": driver.fleet.stragglers, "stragglers_commanded": len(onsets),
             "onset_to_command_s": distribution(onsets, 2),
@@ -166,20 +206,47 @@ def grant_figures(grants: list, warmup_s: float) -> dict:
     }
 
 
+def summarize(runs: list[dict]) -> dict:
+    """One point from its runs: the figures the targets and the plot use, as median, min and max."""
+    def over(figure) -> dict:
+        values = [figure(run) for run in runs]
+        return spread([v for v in values if v is not None]) if any(v is not None for v in values) else {}
+
+    return {
+        "runs": len(runs),
+        "onset_to_command_p50_s": over(lambda r: r["onset_to_command_s"].get("p50")),
+        "onset_to_command_p99_s": over(lambda r: r["onset_to_command_s"].get("p99")),
+        "grant_p50_ms": over(lambda r: r["grant_ms"].get("p50")),
+        "grant_p99_ms": over(lambda r: r["grant_ms"].get("p99")),
+        "request_to_stamp_p99_ms": over(lambda r: r["grant_split_ms"]["to_stamped_answer"].get("p99")),
+        "stamp_to_read_p99_ms": over(lambda r: r["grant_split_ms"]["stamp_to_read"].get("p99")),
+        "request_acked_p99_ms": over(lambda r: r["request_acked_ms"].get("p99")),
+        "records_per_s": over(lambda r: r["records_per_s"]),
+        "stragglers": sum(r["stragglers"] for r in runs),
+        "stragglers_commanded": sum(r["stragglers_commanded"] for r in runs),
+        "lag_growth_records": {name: over(lambda r, n=name: r["lag"][n]["growth_records"]) for name in GROUPS},
+        "lag_flat_runs": {name: sum(r["lag"][name]["flat"] for r in runs) for name in GROUPS},
+        "cpu_percent": {name: over(lambda r, n=name: r["cpu_percent"][n]) for name in runs[0]["cpu_percent"]},
+        "rss_mb": {name: over(lambda r, n=name: r["rss_mb"][n]) for name in runs[0]["rss_mb"]},
+    }
+
+
 def verdict(point: dict) -> list[str]:
-    problems = []
-    if point["stragglers_commanded"] < point["stragglers"]:
-        problems.append(f"{point['stragglers'] - point['stragglers_commanded']} stragglers got no command")
-    if point["onset_to_command_s"].get("p99", float("inf")) > ONSET_TO_COMMAND_P99_S:
-        problems.append(f"onset to command p99 {point['onset_to_command_s'].get('p99')} s > {ONSET_TO_COMMAND_P99_S}")
-    if point["grant_ms"].get("p99", float("inf")) > GRANT_P99_MS:
-        problems.append(f"grant p99 {point['grant_ms'].get('p99')} ms > {GRANT_P99_MS}")
-    problems += [f"{name} lag grew by {lag['growth_records']} records" for name, lag in point["lag"].items()
-                 if not lag["flat"]]
+    summary, problems = point["summary"], []
+    if summary["stragglers_commanded"] < summary["stragglers"]:
+        problems.append(f"{summary['stragglers'] - summary['stragglers_commanded']} stragglers got no command")
+    onset, grant = summary["onset_to_command_p99_s"].get("median"), summary["grant_p99_ms"].get("median")
+    if onset is None or onset > ONSET_TO_COMMAND_P99_S:
+        problems.append(f"onset to command p99 {onset} s > {ONSET_TO_COMMAND_P99_S}")
+    if grant is None or grant > GRANT_P99_MS:
+        problems.append(f"grant p99 {grant} ms > {GRANT_P99_MS}")
+    problems += [f"{name} lag grew in {summary['runs'] - flat} of {summary['runs']} runs"
+                 for name, flat in summary["lag_flat_runs"].items() if flat < summary["runs"]]
     return [f"{point['workers']} workers: {p}" for p in problems]
 
 
 def plot(points: list[dict], path: Path) -> None:
+    """Medians against the worker count, min to max as error bars; the first run's lag over time."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,27 +254,31 @@ def plot(points: list[dict], path: Path) -> None:
 
     workers = [p["workers"] for p in points]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    summaries = [p["summary"] for p in points]
     series = [
-        ("onset to command, s", {"p50": [p["onset_to_command_s"].get("p50") for p in points],
-                                 "p99": [p["onset_to_command_s"].get("p99") for p in points]}, ONSET_TO_COMMAND_P99_S),
-        ("grant, ms", {"p50": [p["grant_ms"].get("p50") for p in points],
-                       "p99": [p["grant_ms"].get("p99") for p in points]}, GRANT_P99_MS),
-        ("CPU, % of one core", {n: [p["cpu_percent"][n] for p in points] for n in points[0]["cpu_percent"]}, None),
-        ("peak RSS, MiB", {n: [p["rss_mb"][n] for p in points] for n in points[0]["rss_mb"]}, None),
+        ("onset to command, s", {"p50": [s["onset_to_command_p50_s"] for s in summaries],
+                                 "p99": [s["onset_to_command_p99_s"] for s in summaries]}, ONSET_TO_COMMAND_P99_S),
+        ("grant, ms", {"p50": [s["grant_p50_ms"] for s in summaries],
+                       "p99": [s["grant_p99_ms"] for s in summaries]}, GRANT_P99_MS),
+        ("CPU, % of one core", {n: [s["cpu_percent"][n] for s in summaries] for n in summaries[0]["cpu_percent"]}, None),
+        ("peak RSS, MiB", {n: [s["rss_mb"][n] for s in summaries] for n in summaries[0]["rss_mb"]}, None),
     ]
     for ax, (title, lines, bar) in zip(axes.flat, series):
-        for label, values in lines.items():
-            ax.plot(workers, values, marker="o", label=label)
+        for label, spreads in lines.items():
+            medians = [s.get("median", float("nan")) for s in spreads]
+            below = [m - s.get("min", m) for m, s in zip(medians, spreads)]
+            above = [s.get("max", m) - m for m, s in zip(medians, spreads)]
+            ax.errorbar(workers, medians, yerr=[below, above], marker="o", capsize=3, label=label)
         if bar is not None:
             ax.axhline(bar, color="red", linestyle="--", linewidth=1, label="target")
-        ax.set_title(title)
+        ax.set_title(f"{title} (median, min-max)")
         ax.set_xlabel("simulated workers")
         ax.legend(fontsize=8)
     for ax, name in zip(list(axes.flat)[4:], ("monitor", "sharder")):
         for p in points:
-            ts, vs = zip(*p["lag"][name]["series"]) if p["lag"][name]["series"] else ((), ())
+            ts, vs = zip(*p["each"][0]["lag"][name]["series"]) if p["each"][0]["lag"][name]["series"] else ((), ())
             ax.plot(ts, vs, label=f"{p['workers']} workers")
-        ax.set_title(f"{name} consumer lag over time, records")
+        ax.set_title(f"{name} consumer lag over time (first run), records")
         ax.set_xlabel("s")
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -221,6 +292,9 @@ def main() -> None:
     parser.add_argument("--workers", default="100,300,1000", help="comma-separated worker counts")
     parser.add_argument("--jobs", type=int, default=1, help="jobs the workers are split into")
     parser.add_argument("--seconds", type=float, default=75.0, help="load per point (at least 40)")
+    parser.add_argument("--sharder", choices=("antdt", "echo"), default="antdt",
+                        help="echo: the grant's broker hops only, for the floor (see grant_echo.py)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per point (median, min and max over them)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--plot", type=Path, help="write the figures against the worker count to this PNG")
     parser.add_argument("--series", action="store_true", help="keep the lag time series in the JSON")
@@ -228,22 +302,28 @@ def main() -> None:
     counts = numbers(parser, "--workers", args.workers)
     if args.seconds < 40 or any(c < args.jobs or c % args.jobs for c in counts):
         parser.error("--seconds must be >= 40 and every worker count a multiple of --jobs")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     points = []
     for count in counts:
-        began = time.monotonic()
-        point = run_point(count, args.jobs, args.seconds)
-        point["point_wall_s"] = round(time.monotonic() - began, 1)
-        points.append(point)
-        print(f"{count} workers: done in {point['point_wall_s']} s", file=sys.stderr, flush=True)
+        runs = []
+        for attempt in range(args.repeat):
+            began = time.monotonic()
+            runs.append(run_point(count, args.jobs, args.seconds, args.sharder))
+            runs[-1]["run_wall_s"] = round(time.monotonic() - began, 1)
+            print(f"{count} workers, run {attempt + 1}/{args.repeat}: done in {runs[-1]['run_wall_s']} s",
+                  file=sys.stderr, flush=True)
+        points.append({"workers": count, "jobs": args.jobs, "sharder": args.sharder, "summary": summarize(runs), "each": runs})
     if args.plot:
         plot(points, args.plot)
     if not args.series:
-        for point in points:
-            for lag in point["lag"].values():
+        for run in (run for point in points for run in point["each"]):
+            for lag in run["lag"].values():
                 lag.pop("series")
     problems = [p for point in points for p in verdict(point)]
     emit({"points": points, "passed": not problems, "problems": problems,
-          "targets": {"onset_to_command_p99_s": ONSET_TO_COMMAND_P99_S, "grant_p99_ms": GRANT_P99_MS}}, args.json)
+          "targets": {"onset_to_command_p99_s": ONSET_TO_COMMAND_P99_S, "grant_p99_ms": GRANT_P99_MS},
+          "repeat": args.repeat}, args.json)
     if problems:
         print("scale bench FAILED: " + "; ".join(problems), file=sys.stderr)
         sys.exit(1)

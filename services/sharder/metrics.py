@@ -8,6 +8,8 @@ DEADLETTERED = Counter("antdt_sharder_deadlettered_total", "Input records sent t
 ASSIGNMENTS = Counter("antdt_sharder_assignments_total", "Assignments published", ["status"])
 SNAPSHOTS = Counter("antdt_sharder_snapshots_total", "Snapshots written")
 SNAPSHOT_FAILURES = Counter("antdt_sharder_snapshot_failures_total", "Snapshots that could not be written")
+SNAPSHOT_BUILDER_FAILURES = Counter("antdt_sharder_snapshot_builder_failures_total",
+                                    "Snapshots the builder process failed to build (built in the service instead)")
 BUS_RESETS = Counter("antdt_sharder_bus_resets_total", "Times the bus came back empty and the jobs' state was re-published")
 JOBS = Gauge("antdt_sharder_jobs", "Jobs this instance is the writer of")
 RECOVERY_SECONDS = Histogram("antdt_sharder_recovery_seconds", "Time to recover a job and take it over")

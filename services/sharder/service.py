@@ -44,6 +44,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Literal
 
 from confluent_kafka import KafkaException, Message
 
@@ -80,6 +81,8 @@ class SharderConfig:
     batch_size: int = 2000
     poll_timeout_s: float = 0.05
     use_snapshots: bool = True
+    #: Where periodic snapshots are built and encoded: a process of their own keeps the loop's interpreter free.
+    snapshot_builder: Literal["thread", "process"] = "process"
 
 
 #: The sharder's producers, unlingered. lz4: snapshots of large datasets are big but repetitive
@@ -116,9 +119,12 @@ class SharderService(LoopService):
         self._core_config = CoreConfig(default_quota=self.config.default_quota)
         self._producer = make_producer(settings, client_id=self.writer_id, **LARGE_RECORDS)
         self._log = LogWriter(self._producer, log_topic(settings), self.codec)
-        # Snapshots have a producer of their own: a flush of the log (before every answer) must not wait for one.
+        # Snapshots and answers have producers of their own: the flush of the log before every batch of answers
+        # waits for the log's records only, not for a snapshot of megabytes nor for the last batch's answers.
         self._snapshot_producer = make_producer(settings, client_id=f"{self.writer_id}-snapshots", **LARGE_RECORDS)
-        self._snapshots = SnapshotWriter(self._snapshot_producer, snapshot_topic(settings), self.codec)
+        self._answer_producer = make_producer(settings, client_id=f"{self.writer_id}-answers", **LARGE_RECORDS)
+        self._snapshots = SnapshotWriter(self._snapshot_producer, snapshot_topic(settings), self.codec,
+                                         builder=self.config.snapshot_builder, registry_url=settings.schema_registry_url)
         self._deadletter = DeadLetter.for_settings(self._producer, settings, "sharder", counter=metrics.DEADLETTERED)
         self._progress_topic = topic_spec("shard", "progress").full_name(settings.topic_prefix)
         self._lifecycle_topic = topic_spec("worker", "lifecycle").full_name(settings.topic_prefix)
@@ -152,6 +158,7 @@ class SharderService(LoopService):
     def close(self) -> None:
         self._snapshots.close()
         drain(self._snapshot_producer)
+        drain(self._answer_producer)
         self._close_clients()
         if self._watch is not None:
             self._watch.release()
@@ -202,8 +209,8 @@ class SharderService(LoopService):
         """
         self._log.last_offset.clear()
         self._snapshots.discard_pending()
-        refresh_metadata(self._producer)
-        refresh_metadata(self._snapshot_producer)
+        for producer in (self._producer, self._snapshot_producer, self._answer_producer):
+            refresh_metadata(producer)
         kept = {job_id: runtime for job_id, (runtime, _) in self._revoked.items()}
         jobs = {**kept, **self.jobs}
         self._log.append_recent(jobs)  # log followers that were a moment behind find what they missed
@@ -345,11 +352,12 @@ class SharderService(LoopService):
     def _commit(self, events: list, answers: list, now_ms: int, consumed: bool) -> None:
         self._flush_log(events)
         for answer in answers:
-            self._producer.produce(
+            self._answer_producer.produce(
                 self._assignments_topic, key=worker_key(answer.job_id, answer.worker_id).encode(),
                 value=self.codec.encode(answer, self._assignments_topic),
             )
             metrics.ASSIGNMENTS.labels(answer.status.value).inc()
+        self._answer_producer.poll(0)
         self._producer.poll(0)
         self._snapshot_due()
         if consumed:

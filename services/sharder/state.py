@@ -101,6 +101,12 @@ class Slot:
         return [i for i in range(self.start, self.start + self.length) if i not in self.applied]
 
 
+def slot_tuple(slot: Slot) -> tuple:
+    """What a snapshot keeps of a slot, as :class:`Captured` holds it."""
+    return (slot.shard_id, slot.state, slot.worker, slot.lease_ms, slot.started, slot.attempt, slot.done_seq,
+            slot.reason, slot.rewound_below, dict(slot.applied) if slot.applied else None)
+
+
 def _update_ids(updates: dict[str, int]) -> dict[int, str]:
     return {seq: update for update, seq in updates.items()}
 
@@ -189,6 +195,9 @@ class JobState:
     stats: FoldStats = field(default_factory=FoldStats)
     _ranks: list[int] = field(default_factory=list, repr=False)
     _todo_heap: list[tuple[int, int]] = field(default_factory=list, repr=False)
+    #: The slots as the last capture saw them (None: none kept), and the slots changed since.
+    _tuples: list[tuple] | None = field(default=None, repr=False, compare=False)
+    _dirty: set[int] = field(default_factory=set, repr=False, compare=False)
 
     # ------------------------------------------------------------ the fold
 
@@ -197,7 +206,9 @@ class JobState:
         if not self._accept(event):
             return False
         handler = _HANDLERS[event.transition]
+        touched = self._touched(event)
         handler(self, event)
+        self._mark_changed(touched)
         self.last_seq = event.seq
         return True
 
@@ -270,6 +281,7 @@ class JobState:
         self._ranks = grant_ranks(self.dataset, epoch)
         self.held, self.updates = {}, {}
         self.slots = [Slot(r.shard_id, r.start, r.length, attempt=attempt, rewound_below=attempt) for r in split(self.dataset)]
+        self._tuples = None
         for shard_id in done:
             slot = self.slots[shard_id]
             slot.state, slot.done_seq = ShardState.DONE, seq
@@ -286,12 +298,37 @@ class JobState:
         return self.capture().to_snapshot(now, log_offset)
 
     def capture(self) -> Captured:
-        """A copy of what a snapshot holds, cheap to take (the slots as tuples), so it can be built elsewhere."""
-        slots = [(s.shard_id, s.state, s.worker, s.lease_ms, s.started, s.attempt, s.done_seq, s.reason,
-                  s.rewound_below, dict(s.applied) if s.applied else None) for s in self.slots]
+        """A copy of what a snapshot holds, cheap to take, so it can be built elsewhere.
+
+        The slots are kept as tuples between captures and only those the
+        events since the last one touched are made again: a capture costs a
+        list copy plus the slots that changed, not a pass over every slot.
+        """
+        if self._tuples is None:
+            self._tuples = [slot_tuple(slot) for slot in self.slots]
+        else:
+            for shard_id in self._dirty:
+                self._tuples[shard_id] = slot_tuple(self.slots[shard_id])
+        self._dirty = set()
         return Captured(self.job_id, self.last_seq, self.writer_epoch, self.writer, self.dataset, self.epoch,
                         self.finished, dict(self.quotas), self.epoch_opened_seq, dict(self.rewinds), self.attempt_base,
-                        self.attempt_high, dict(self.updates), slots)
+                        self.attempt_high, dict(self.updates), list(self._tuples))
+
+    def _touched(self, event: ShardLogEvent) -> set[int] | None:
+        """The slots ``event`` will change (asked before it is folded in); None: any of them."""
+        if event.transition in _ONE_SLOT:
+            return {event.shard_id}
+        if event.transition in _HELD_SLOTS:
+            return set(self.held.get(event.worker_id, ()))
+        if event.transition is T.APPLIED:
+            return {commit.shard_id for commit in event.commits}
+        return set() if event.transition in _NO_SLOT else None
+
+    def _mark_changed(self, touched: set[int] | None) -> None:
+        if touched is None:
+            self._tuples = None  # the next capture makes every tuple again
+        elif self._tuples is not None:
+            self._dirty |= touched
 
     @classmethod
     def from_snapshot(cls, snapshot: ShardSnapshot) -> JobState:
@@ -443,6 +480,13 @@ _HANDLERS = {
     T.REWOUND: _rewound,
     T.APPLIED: _applied,
 }
+
+#: Transitions that change only the slot the event names.
+_ONE_SLOT = frozenset({T.GRANTED, T.STARTED, T.DONE, T.FAILED, T.QUARANTINED, T.LEASE_EXPIRED})
+#: Transitions that change the slots the event's worker holds.
+_HELD_SLOTS = frozenset({T.RELEASED, T.LEASE_RENEWED})
+#: Transitions that change no slot; any other (a new epoch, a rewind) may change them all.
+_NO_SLOT = frozenset({T.WRITER_ELECTED, T.QUOTA_SET, T.EPOCH_CLOSED, T.CHECKPOINT})
 
 
 def fold(job_id: str, events, state: JobState | None = None) -> JobState:

@@ -6,8 +6,9 @@ synchronous ones already applied), whole-shard completions, failures, lease
 expiry, worker death, quota changes, checkpoints and rewinds, and duplicate
 or stale deliveries of earlier reports, then lets the surviving workers
 finish. The independent audit must then find every sample applied exactly
-once per epoch, a refused update must have recorded nothing, and the fold of
-the log must equal the live state at every sequence number.
+once per epoch, a refused update must have recorded nothing, the fold of
+the log must equal the live state at every sequence number, and a snapshot's
+capture must hold every slot as it is.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import itertools
 from antdt.schemas.models import AssignmentStatus, ProgressKind as K, ShardCommit, ShardState, ShardTransition as T
 from antdt.services.sharder.audit import audit_log
 from antdt.services.sharder.dataset import split
-from antdt.services.sharder.state import fold
+from antdt.services.sharder.state import fold, slot_tuple
 from tests.services.sharder.helpers import JOB, dataset, new_core, report
 
 WORKERS = ["w0", "w1", "w2", "w3"]
@@ -167,6 +168,12 @@ class ShardingMachine(RuleBasedStateMachine):
         state = self.core.state
         assert state.todo_count == sum(s.state is ShardState.TODO for s in state.slots)
         assert state.doing_count == sum(s.state is ShardState.DOING for s in state.slots)
+
+    @invariant()
+    def a_capture_holds_every_slot_as_it_is_now(self):
+        """Captures reuse the tuples of slots no event touched since the last one; none may be stale."""
+        state = self.core.state
+        assert state.capture().slots == [slot_tuple(slot) for slot in state.slots]
 
     def teardown(self):
         if not hasattr(self, "core"):

@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 
+import pytest
+
 from antdt.bus.clients import make_producer, producing
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import DatasetSpec, ShardState
 from antdt.services.sharder.eventlog import latest_snapshot, snapshot_topic
-from antdt.services.sharder.snapshots import SnapshotWriter
+from antdt.services.sharder import metrics
+from antdt.services.sharder.snapshots import BuilderProcess, SnapshotWriter
 from antdt.services.sharder.state import JobState
 
 CODEC = SingleObjectCodec()
@@ -34,18 +37,22 @@ def without_time(snapshot):
     return snapshot.model_copy(update={"timestamp": None})
 
 
-def test_a_submitted_capture_is_written_as_the_snapshot_of_the_state_it_was_taken_from(settings, topics):
-    state = a_job("snap-a")
+@pytest.mark.parametrize("builder", ["thread", "process"])
+def test_a_submitted_capture_is_written_as_the_snapshot_of_the_state_it_was_taken_from(settings, topics, builder):
+    job = f"snap-a-{builder}"
+    state = a_job(job)
     captured = state.capture()
     expected = state.to_snapshot(datetime.now(timezone.utc), log_offset=7)
     state.slots[60].state = ShardState.DONE  # changed after the capture: not in the snapshot
     producer = make_producer(settings)
-    writer = SnapshotWriter(producer, snapshot_topic(settings), CODEC)
+    writer = SnapshotWriter(producer, snapshot_topic(settings), CODEC, builder=builder)
+    failures = metrics.SNAPSHOT_BUILDER_FAILURES._value.get()
     writer.submit(captured, log_offset=7)
     writer.close()
+    assert metrics.SNAPSHOT_BUILDER_FAILURES._value.get() == failures  # built where it was asked to be
     producer.flush(10)
     with producing(settings) as reader_producer:
-        written = latest_snapshot(settings, "snap-a", CODEC, reader_producer)
+        written = latest_snapshot(settings, job, CODEC, reader_producer)
     assert written is not None and without_time(written) == without_time(expected)
 
 
@@ -81,3 +88,18 @@ def test_only_the_latest_capture_of_a_job_waits():
     deadline = time.monotonic() + 10
     writer.close()
     assert time.monotonic() < deadline and producer.produced == [b"snap-c"]
+
+
+def test_when_the_builder_process_fails_the_thread_builds_the_snapshot_itself():
+    producer = Recording()
+    writer = SnapshotWriter(producer, "snapshots", CODEC, builder="process")
+    gone = BuilderProcess()
+    gone._process.kill()  # as a builder that died
+    gone._process.wait()
+    writer._process = gone
+    failures = metrics.SNAPSHOT_BUILDER_FAILURES._value.get()
+    writer.submit(a_job("snap-d").capture(), 1)
+    writer.close()
+    assert producer.produced == [b"snap-d"]
+    assert metrics.SNAPSHOT_BUILDER_FAILURES._value.get() == failures + 1
+    assert writer._process is None  # the next snapshot starts a fresh process
