@@ -81,7 +81,7 @@ def bench_commit(settings: Settings, steps: int) -> dict:
     tags = tuple(SampleTag(0, i, i // 16, 0, "w0") for i in range(32))
     batch = Tagged(None, tags)
     with Agent("bench-commit", "w0", settings=settings, listen_for_commands=False) as agent:
-        agent.committer  # the sharder client (readers positioned) is made once, before the clock
+        _ = agent.committer  # the sharder client (readers positioned) is made once, before the clock
         nothing = timed_calls(lambda: agent.untag(batch), steps)
         with_commit = timed_calls(lambda: (agent.untag(batch), agent.step()), steps)
         agent.shard_client.flush(30)

@@ -15,7 +15,7 @@ import json
 import statistics
 import time
 
-from antdt.broker import EmbeddedBroker, broker_binary
+from antdt.embedded.broker import EmbeddedBroker, broker_binary
 
 
 def measure(runs: int) -> dict:

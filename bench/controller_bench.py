@@ -13,14 +13,14 @@ client settings of the embedded profile.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from benchlib import bench_parser, distribution, embedded_broker, emit, fresh_settings
 from confluent_kafka import OFFSET_END, TopicPartition
 
 from antdt.bus.clients import make_consumer, make_producer
 from antdt.bus.readers import assign_now, poll_batch
-from antdt.launch import service_process
+from antdt.runtime.launch import service_process
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import StragglerClass, StragglerVerdict, VerdictKind, VerdictWindow
 from antdt.settings import load_settings
@@ -30,7 +30,7 @@ CODEC = SingleObjectCodec()
 
 
 def a_verdict(i: int) -> StragglerVerdict:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return StragglerVerdict(
         verdict_id=f"bench-{i}-{time.time_ns()}", job_id=f"job-{i % 50}", worker_id=f"w{i}", node_id=f"node-{i}",
         kind=VerdictKind.STRAGGLER, classification=StragglerClass.TRANSIENT, relative_score=5.0, individual_score=2.0,

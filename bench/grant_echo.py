@@ -15,16 +15,24 @@ from __future__ import annotations
 
 import signal
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from itertools import count
 
 from antdt.bus.clients import flush_or_raise, make_consumer, make_producer
 from antdt.bus.readers import poll_batch
 from antdt.schemas.codec import make_codec
-from antdt.schemas.models import AssignmentStatus, ProgressKind, Shard, ShardAssignment, ShardProgress, trusted
+from antdt.schemas.models import (
+    AssignmentStatus,
+    ProgressKind,
+    Shard,
+    ShardAssignment,
+    ShardProgress,
+    trusted,
+)
+from antdt.services.sharder.service import LARGE_RECORDS
 from antdt.settings import load_settings
 from antdt.topics import topic_spec, worker_key
-from antdt.services.sharder.service import LARGE_RECORDS
+
 
 def answer_for(request: ShardProgress, shard_ids: count) -> ShardAssignment:
     shards = [trusted(Shard, shard_id=next(shard_ids), start=0, length=100, attempt=0, done=[])
@@ -32,7 +40,7 @@ def answer_for(request: ShardProgress, shard_ids: count) -> ShardAssignment:
     return trusted(ShardAssignment, job_id=request.job_id, worker_id=request.worker_id, seq=request.seq,
                    writer_epoch=1, epoch=request.epoch, status=AssignmentStatus.GRANTED, shards=shards, lease_expires=None,
                    quota=request.quota or 1, in_reply_to=request.seq, version=None, reason=None,
-                   timestamp=datetime.now(timezone.utc))
+                   timestamp=datetime.now(UTC))
 
 
 def main() -> None:

@@ -32,11 +32,11 @@ from confluent_kafka import OFFSET_END, TopicPartition
 
 from antdt.bus.clients import consuming, producing
 from antdt.bus.readers import assign_now, poll_batch
-from antdt.launch import service_process
+from antdt.loadgen.traces import TraceSlowdown, TraceSpec, generate
+from antdt.runtime.launch import service_process
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import VerdictKind
 from antdt.services.monitor.detection import JobDetector
-from antdt.services.monitor.traces import Episode, TraceSpec, generate
 from antdt.topics import topic_spec
 
 CODEC = SingleObjectCodec()
@@ -52,7 +52,7 @@ def throughput_reports(events: int) -> list:
     jobs = max(1, events // (workers * seconds) + 1)
     reports = []
     for j in range(jobs):
-        episodes = [Episode("w3", 30, 120, 2.0)] if j % 4 == 0 else []
+        episodes = [TraceSlowdown("w3", 30, 120, 2.0)] if j % 4 == 0 else []
         reports += generate(TraceSpec(workers=workers, seconds=seconds, episodes=episodes, job_id=f"job-{j}"), seed=j)
     reports.sort(key=lambda r: r.window_end)
     return reports[:events]
@@ -99,7 +99,7 @@ def latency_specs(jobs: int, seconds: float, start_s: float, rng: random.Random)
         factor = (1.5, 2.0, 4.0)[j % 3]
         first = rng.uniform(15, seconds / 2 - 12)
         second = rng.uniform(seconds / 2 + 3, seconds - 12)
-        episodes = [Episode(worker, first, first + 10, factor), Episode(worker, second, seconds, factor)]
+        episodes = [TraceSlowdown(worker, first, first + 10, factor), TraceSlowdown(worker, second, seconds, factor)]
         specs.append(TraceSpec(workers=8, seconds=seconds, episodes=episodes, job_id=job, start_s=start_s))
         for onset in (first, second):
             onsets[(job, worker, start_s + onset)] = factor
@@ -175,7 +175,7 @@ def bench_latency(jobs: int, seconds: float) -> dict:
 
 
 def bench_detector(workers: int = 64, seconds: float = 300) -> dict:
-    reports = generate(TraceSpec(workers=workers, seconds=seconds, episodes=[Episode("w1", 60, 200, 2.0)]), seed=0)
+    reports = generate(TraceSpec(workers=workers, seconds=seconds, episodes=[TraceSlowdown("w1", 60, 200, 2.0)]), seed=0)
     detector = JobDetector("trace")
     started = time.perf_counter()
     verdicts = sum(len(detector.observe(r)) for r in reports)

@@ -48,9 +48,9 @@ from benchlib import distribution, embedded_broker, emit, fresh_settings, number
 from confluent_kafka import Consumer, TopicPartition
 
 from antdt.bus.clients import make_consumer
-from antdt.launch import service_process, settings_env
 from antdt.loadgen.driver import FleetDriver
 from antdt.loadgen.fleet import FleetSpec
+from antdt.runtime.launch import service_process, settings_env
 from antdt.settings import Settings
 from antdt.topics import topic_spec
 

@@ -27,6 +27,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from antdt.bus.clients import make_consumer, make_producer
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import assign_now, poll_batch
+from antdt.runtime.launch import service_process
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import AssignmentStatus, DatasetSpec, ProgressKind, ShardProgress, trusted
 from antdt.schemas.types import utc_now
@@ -34,11 +35,9 @@ from antdt.services.sharder.core import CoreConfig, ShardCore
 from antdt.services.sharder.eventlog import LogWriter, log_topic, read_job_log, snapshot_topic
 from antdt.services.sharder.recovery import recover_job
 from antdt.services.sharder.state import JobState
-from antdt.launch import service_process
 from antdt.settings import Settings
 from antdt.topics import topic_spec
 from antdt.worker.shard_client import ShardClient
-
 
 # ---------------------------------------------------------------- core
 

@@ -30,18 +30,17 @@ import logging
 import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from datetime import datetime, timezone
-
+from datetime import UTC, datetime
 
 from antdt.bus.clients import drain, make_consumer, make_producer
 from antdt.bus.deadletter import DeadLetter
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import decode_or_deadletter, follow_key, poll_batch
 from antdt.bus.watch import Rewinder, shared_watch
+from antdt.control.signing import verify
 from antdt.schemas.codec import Codec
 from antdt.schemas.models import AckStatus, CommandAction, MitigationCommand
 from antdt.settings import Settings
-from antdt.signing import verify
 from antdt.topics import topic_spec, worker_key
 
 log = logging.getLogger(__name__)
@@ -63,7 +62,7 @@ ACCEPT = Verdict(None)
 class CommandVerifier:
     """Decides whether a command may be obeyed (see the module docstring for the order)."""
 
-    def __init__(self, job_id: str, worker_id: str, signing_key: bytes | None, clock=lambda: datetime.now(timezone.utc)):
+    def __init__(self, job_id: str, worker_id: str, signing_key: bytes | None, clock=lambda: datetime.now(UTC)):
         self.job_id, self.worker_id, self.signing_key = job_id, worker_id, signing_key
         self.clock = clock
         self.highest_epoch = 0

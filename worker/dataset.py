@@ -158,7 +158,8 @@ class ShardedDataset(IterableDataset):
         handed_out = False
         if self._read_epoch != epoch:
             self._read, self._read_epoch = {}, epoch
-        for shard, sample_epoch in self._shards(client, epoch, lambda: handed_out):
+        # The lambda reads handed_out as the loop below sets it, on purpose.
+        for shard, sample_epoch in self._shards(client, epoch, lambda: handed_out):  # noqa: B023
             grant = (sample_epoch, shard.shard_id, shard.attempt)
             client.started(sample_epoch, shard.shard_id, shard.attempt)
             renew_at = time.monotonic() + keepalive_s

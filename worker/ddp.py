@@ -13,8 +13,7 @@ same collectives in the same order on every rank, whatever the local batch
 sizes (zero included). The batch sizes themselves travel in the first
 collective, so the ranks never need to agree on them beforehand: a rank that
 applies a new size one step early or late changes which samples are trained,
-never the sequence of collectives, and the weights stay exact. The agreed
-effective step (:class:`BatchSizePlan`) is about the data, not about safety.
+never the sequence of collectives, and the weights stay exact.
 
 With a :class:`~antdt.worker.ledger.LedgerSlots` the averager also counts
 every rank's samples of the step into the ledger, in the same all-reduce as
@@ -30,7 +29,6 @@ demo's pool) restart the group from the last checkpoint.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import os
 import sys
@@ -413,53 +411,3 @@ def agreed_checkpoint_version(
     if version < 0:
         raise DistributedError(f"rank {src} could not get a checkpoint version from the sharder")
     return version
-
-
-class BatchSizePlan:
-    """A rank's local batch size per step, with changes that take effect at agreed steps.
-
-    Pure bookkeeping: a command "size S from step E" is recorded with
-    :meth:`schedule` when it arrives and read with :meth:`size_for` at each
-    step, so every rank switches at the same step however late the command
-    reached it (as long as it arrived before step E).
-    """
-
-    def __init__(self, initial: int):
-        self._check_size(initial)
-        self._steps: list[int] = []
-        self._sizes: list[int] = []
-        self.initial = initial
-
-    @staticmethod
-    def _check_size(size: int) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ValueError(f"batch size must be an int >= 0, got {size!r}")
-
-    def schedule(self, effective_step: int, size: int) -> None:
-        """Use ``size`` from ``effective_step`` on (until a later change). Idempotent; a later call for the same step wins."""
-        self._check_size(size)
-        if isinstance(effective_step, bool) or not isinstance(effective_step, int) or effective_step < 0:
-            raise ValueError(f"effective_step must be an int >= 0, got {effective_step!r}")
-        at = bisect.bisect_left(self._steps, effective_step)
-        if at < len(self._steps) and self._steps[at] == effective_step:
-            self._sizes[at] = size
-        else:
-            self._steps.insert(at, effective_step)
-            self._sizes.insert(at, size)
-
-    def size_for(self, step: int) -> int:
-        """The local batch size at ``step``."""
-        at = bisect.bisect_right(self._steps, step)
-        return self._sizes[at - 1] if at else self.initial
-
-    @property
-    def changes(self) -> list[tuple[int, int]]:
-        """The scheduled (effective_step, size) pairs in step order (plain types: fit a checkpoint's extra)."""
-        return list(zip(self._steps, self._sizes))
-
-    def forget_before(self, step: int) -> None:
-        """Fold the changes effective at or before ``step`` into ``initial``; ``size_for`` of earlier steps is lost."""
-        at = bisect.bisect_right(self._steps, step)
-        if at:
-            self.initial = self._sizes[at - 1]
-            del self._steps[:at], self._sizes[:at]

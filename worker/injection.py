@@ -87,7 +87,7 @@ def _factor(text: str, spec: str) -> float:
 
 
 @dataclass(frozen=True)
-class Episode:
+class SlowPeriod:
     """A slow period: ``start_s <= elapsed < end_s`` runs ``factor`` times slower."""
 
     start_s: float
@@ -110,7 +110,7 @@ class SlowdownSpec:
     """
 
     constant: float | None = None
-    episodes: tuple[Episode, ...] = ()
+    episodes: tuple[SlowPeriod, ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> SlowdownSpec:
@@ -127,7 +127,7 @@ class SlowdownSpec:
             start, dash, end = window.partition("-")
             if not item or not colon or not dash or ":" in factor or "-" in end:
                 raise InjectionSpecError(f"bad slowdown spec {text!r}: episode {item!r} is not start-end:factor")
-            episode = Episode(_number(start, "start", text), _number(end, "end", text), _factor(factor, text))
+            episode = SlowPeriod(_number(start, "start", text), _number(end, "end", text), _factor(factor, text))
             if episode.start_s < 0 or episode.end_s <= episode.start_s:
                 raise InjectionSpecError(f"bad slowdown spec {text!r}: episode {item!r} needs 0 <= start < end")
             episodes.append(episode)

@@ -35,7 +35,6 @@ from antdt.settings import Settings
 from antdt.topics import topic_spec
 from antdt.worker.sent_commits import SentCommits
 
-
 #: When an answer is this late, write a marker to our partition (see ShardClient._nudge), then again every second.
 NUDGE_AFTER_S = 0.25
 NUDGE_EVERY_S = 1.0

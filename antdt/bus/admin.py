@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
-from antdt.broker import accepts_connections
+from antdt.embedded.broker import accepts_connections
 from antdt.errors import BusError
 from antdt.settings import SecurityProtocol, Settings
 from antdt.topics import TOPICS, TopicSpec

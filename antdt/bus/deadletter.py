@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
@@ -100,7 +100,7 @@ class DeadLetter:
             (HEADER_ERROR, message.encode()[:4096]),
             (HEADER_ERROR_TYPE, kind.encode()),
             (HEADER_SERVICE, self.service.encode()),
-            (HEADER_FAILED_AT, datetime.now(timezone.utc).isoformat().encode()),
+            (HEADER_FAILED_AT, datetime.now(UTC).isoformat().encode()),
         ]
         self._produce(record, headers)
         self._producer.poll(0)

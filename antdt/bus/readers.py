@@ -12,10 +12,18 @@ import logging
 import time
 from collections.abc import Iterator
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
-from antdt.bus.clients import consuming, make_admin, make_consumer, producing
 from antdt.bus.admin import partition_counts
+from antdt.bus.clients import consuming, make_admin, make_consumer, producing
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.gaps import GuardedConsumer
 from antdt.bus.markers import marker_id, write_marker

@@ -2,7 +2,7 @@
 
 The embedded broker keeps everything in memory: when it restarts, every
 topic, record, committed offset and group is gone, and it answers with a new
-cluster id (:class:`antdt.broker.EmbeddedBroker` gives each start its own).
+cluster id (:class:`antdt.embedded.broker.EmbeddedBroker` gives each start its own).
 A real Kafka cluster keeps its data and its id across restarts, so there
 this fires only when the cluster was truly replaced, or when one of our
 topics was deleted.

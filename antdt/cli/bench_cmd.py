@@ -28,13 +28,13 @@ import statistics
 import orjson
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from antdt.cli.demo_cmd import SCENARIO_HELP, default_out, load_scenario
+from antdt.cli.tables import WIDE_HELP, Column, NarrowTable
 from antdt.demo.convergence import time_to_target
 from antdt.demo.environment import run_bus
 from antdt.errors import AntdtError
-from antdt.shutdown import interrupt_on_sigterm
+from antdt.runtime.shutdown import interrupt_on_sigterm
 
 ALL_PLANS = "static-bsp,dynamic,nd,dd"
 #: The plan speedups are measured against: the first of these that was run.
@@ -48,6 +48,7 @@ def bench(
     repeat: int = typer.Option(1, "--repeat", min=1, max=50, help="Run each plan this many times."),
     json_: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
     out: str | None = typer.Option(None, "--out", help="Report directory (default reports/bench-<time>)."),
+    wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
 ) -> None:
     """Measure a scenario under static BSP, dynamic sharding, AntDT-ND and AntDT-DD."""
     from pathlib import Path
@@ -75,7 +76,7 @@ def bench(
         typer.echo(orjson.dumps({"scenario": chosen.name, "ideal_s": round(ideal, 3), "repeat": repeat,
                                  "plans": figures, "report": [str(f) for f in files]}, option=orjson.OPT_INDENT_2).decode())
     else:
-        show(console, figures, files)
+        show(console, figures, files, wide)
     failed = [f"{row['plan']}: {reason}" for row in figures for reason in row["failures"]]
     if failed:
         console.print("[red]failed:[/red] " + "; ".join(failed))
@@ -148,7 +149,13 @@ def add_speedups_to_target(figures: list[dict]) -> list[dict]:
 
 
 def run_figures(result, baseline) -> dict:
-    from antdt.demo.report import command_counts, largest_loss_gap, reactions, time_split, worker_splits
+    from antdt.demo.report import (
+        command_counts,
+        largest_loss_gap,
+        reactions,
+        time_split,
+        worker_splits,
+    )
 
     gap = largest_loss_gap(result, baseline) if baseline is not None and result.loss_per_step else None
     target = result.scenario.target_loss
@@ -176,22 +183,27 @@ def run_figures(result, baseline) -> dict:
     }
 
 
-def show(console: Console, figures: list[dict], files) -> None:
+BENCH_COLUMNS = [Column("plan", free_text=True), Column("runs", wide_only=True), Column("wall s"),
+                 Column("efficiency", wide_only=True), Column("speedup"), Column("to target s"),
+                 Column("held-out acc", wide_only=True), Column("commands", wide_only=True), Column("audit"),
+                 Column("ledger")]
+
+
+def show(console: Console, figures: list[dict], files, wide: bool = False) -> None:
     from antdt.demo.report import audit_word
 
-    table = Table("plan", "runs", "wall s (median, min-max)", "efficiency (median, min-max)", "speedup",
-                  "to target s (median)", "held-out acc", "commands", "audit", "ledger")
+    table = NarrowTable(BENCH_COLUMNS, wide, title="each plan's runs: median (min-max)")
     for row in figures:
         if not row["runs"]:
-            table.add_row(row["plan"], "0", *["-"] * 8)
+            table.add(row["plan"], "0", *["-"] * 8)
             continue
-        table.add_row(row["label"], str(len(row["runs"])),
+        table.add(row["label"], str(len(row["runs"])),
                       f"{row['median_wall_s']:.1f} ({row['min_wall_s']:.1f}-{row['max_wall_s']:.1f})",
                       f"{row['median_efficiency']:.3f} ({row['min_efficiency']:.3f}-{row['max_efficiency']:.3f})",
                       "-" if row["speedup"] is None else f"{row['speedup']:.2f}x", to_target_cell(row),
                       "-" if row["heldout_accuracy"] is None else f"{row['heldout_accuracy']:.3f}",
                       str(row["commands"]), audit_word(row["audit_clean"]), "ones" if row["ledger"]["ok"] else "FAILED")
-    console.print(table)
+    console.print(table.table)
     if any(row.get("target_loss") is not None for row in figures):
         target = next(row["target_loss"] for row in figures if row.get("target_loss") is not None)
         console.print(f"to target: seconds until the held-out loss first reached {target:g} "

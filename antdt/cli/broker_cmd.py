@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from antdt.broker import DEFAULT_PORT, EmbeddedBroker, parse_user
+from antdt.embedded.broker import DEFAULT_PORT, EmbeddedBroker, parse_user
 from antdt.errors import BrokerError
-from antdt.shutdown import stop_on_signals
+from antdt.runtime.shutdown import stop_on_signals
 
 
 def broker(

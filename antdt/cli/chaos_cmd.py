@@ -14,11 +14,11 @@ from pathlib import Path
 import orjson
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from antdt.cli.demo_cmd import SCENARIO_HELP, default_out, load_scenario
+from antdt.cli.tables import Column, NarrowTable
 from antdt.demo.environment import bus_and_broker, external_bus
-from antdt.shutdown import interrupt_on_sigterm
+from antdt.runtime.shutdown import interrupt_on_sigterm
 
 SERVICES = ("sharder", "monitor", "controller", "grouper")
 CHAOS_CHECKPOINT_S = 2.0
@@ -116,13 +116,17 @@ def chaos_figures(result, the_chaos) -> dict:
     }
 
 
+CHAOS_COLUMNS = [Column("at s"), Column("killed"), Column("kind"), Column("mid-step"), Column("back after s"),
+                 Column("parts back after s", free_text=True)]
+
+
 def show(console: Console, figures: dict) -> None:
-    table = Table("at s", "killed", "kind", "mid-step", "back after s", "parts back after s")
+    table = NarrowTable(CHAOS_COLUMNS, wide=True)
     for kill in figures["killed"]:
         parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in kill.get("parts", {}).items())
-        table.add_row(f"{kill['at_s']:.1f}", kill["target"], kill["kind"], kill.get("mid_step", ""),
-                      "not back" if kill["lost_s"] is None else f"{kill['lost_s']:.1f}", parts)
-    console.print(table)
+        table.add(f"{kill['at_s']:.1f}", kill["target"], kill["kind"], kill.get("mid_step", ""),
+                  "not back" if kill["lost_s"] is None else f"{kill['lost_s']:.1f}", parts)
+    console.print(table.table)
     ledger = figures["ledger"]
     console.print(f"{figures['survived']}/{figures['kills']} kills survived ({figures['worker_kills']} workers, "
                   f"{figures['mid_step_kills']} mid-step); wall {figures['wall_s']:.1f} s (ideal {figures['ideal_s']:.1f} s)")

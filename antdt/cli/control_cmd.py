@@ -15,15 +15,15 @@ from __future__ import annotations
 import getpass
 import uuid
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import orjson
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from antdt.bus.clients import flush_or_raise, make_producer
-from antdt.control import ConfigLayers, ControlFollower, control_topic, parse_assignments
+from antdt.cli.tables import Column, NarrowTable
+from antdt.control.topic import ConfigLayers, ControlFollower, control_topic, parse_assignments
 from antdt.errors import ConfigError
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import ControlComponent, ControlConfig
@@ -86,7 +86,7 @@ def set_(
         if EPOCH_KEY in changes:
             raise ConfigError(f"{EPOCH_KEY} is claimed by controllers at start, not set by hand")
         record = ControlConfig(config_id=f"cfg-{uuid.uuid4().hex[:12]}", job_id=job, component=component_of(changes),
-                               changes=changes, issued_by=_who(), issued_at=datetime.now(timezone.utc))
+                               changes=changes, issued_by=_who(), issued_at=datetime.now(UTC))
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
     settings = load_settings()
@@ -119,10 +119,13 @@ def show(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> Non
         typer.echo(orjson.dumps({"controller_epoch": epoch, "settings": [
             {"job": job, "key": key, "value": value, "default": default} for job, key, value, default in rows]}).decode())
         return
-    table = Table("job", "key", "value", "default", title=f"run-time configuration (controller epoch {epoch})")
+    table = NarrowTable(CONTROL_COLUMNS, wide=True, title=f"run-time configuration (controller epoch {epoch})")
     for job, key, value, default in rows:
-        table.add_row(job, key, str(value), str(default))
-    Console().print(table if rows else f"all defaults (controller epoch {epoch})")
+        table.add(job, key, value, default)
+    Console().print(table.table if rows else f"all defaults (controller epoch {epoch})")
+
+
+CONTROL_COLUMNS = [Column("job"), Column("key"), Column("value", free_text=True), Column("default", free_text=True)]
 
 
 def _who() -> str:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import typer
 
 from antdt.cli.serving import configure_logging, serve
-
-from antdt.control import parse_assignments
+from antdt.control.topic import parse_assignments
 from antdt.errors import ConfigError
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.policy import load_policy

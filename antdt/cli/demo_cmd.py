@@ -18,12 +18,12 @@ from rich.console import Console
 
 from antdt.demo.environment import run_bus
 from antdt.demo.scenario import Scenario
-from antdt.shutdown import interrupt_on_sigterm
+from antdt.runtime.shutdown import interrupt_on_sigterm
 
 SCENARIO_HELP = "A scenario file (YAML or JSON) or a shipped one: standard, fixed-cost, short, contention, bursty."
 
 
-class Policy(str, Enum):
+class PolicyChoice(str, Enum):
     ND = "nd"
     DD = "dd"
     OFF = "off"
@@ -49,7 +49,7 @@ def default_out(kind: str) -> Path:
 
 def demo(
     scenario: str = typer.Option("standard", "--scenario", help=SCENARIO_HELP),
-    policy: Policy | None = typer.Option(None, "--policy", help="nd, dd or off (default: the scenario's cluster mode)."),
+    policy: PolicyChoice | None = typer.Option(None, "--policy", help="nd, dd or off (default: the scenario's cluster mode)."),
     workers: int | None = typer.Option(None, "--workers", min=2, max=64, help="Run this many of the scenario's workers."),
     out: Path | None = typer.Option(None, "--out", file_okay=False, help="Report directory (default reports/demo-<time>)."),
     dashboard: bool = typer.Option(True, "--dashboard/--no-dashboard", help="Live dashboard (off: one line per 5 s)."),

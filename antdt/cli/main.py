@@ -13,12 +13,29 @@ import sys
 
 import typer
 
-from antdt import __version__
-from antdt.cli import bench_cmd, broker_cmd, chaos_cmd, check_cmd, control_cmd, controller_cmd, demo_cmd, grouper_cmd, monitor_cmd, probe_cmd, ps_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd, up_cmd, worker_cmd
-from antdt.errors import AntdtError
-
 # typer >= 0.29 vendors click; its argument errors live here.
 from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+
+from antdt import __version__
+from antdt.cli import (
+    bench_cmd,
+    broker_cmd,
+    chaos_cmd,
+    check_cmd,
+    control_cmd,
+    controller_cmd,
+    demo_cmd,
+    grouper_cmd,
+    monitor_cmd,
+    probe_cmd,
+    ps_cmd,
+    sharder_cmd,
+    sharder_tools_cmd,
+    topics_cmd,
+    up_cmd,
+    worker_cmd,
+)
+from antdt.errors import AntdtError
 
 app = typer.Typer(
     name="antdt",

@@ -11,9 +11,9 @@ from mode import Worker
 
 from antdt.bus.faust_tuning import tune_gc_for_streaming
 from antdt.bus.watch import shared_watch
-from antdt.control import parse_assignments
+from antdt.control.topic import parse_assignments
 from antdt.errors import ConfigError
-from antdt.observability import HealthServer
+from antdt.runtime.observability import HealthServer
 from antdt.services.monitor.detection import DetectorConfig
 from antdt.settings import load_settings
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import typer
 
-from antdt.observability import HealthServer
+from antdt.runtime.observability import HealthServer
+from antdt.runtime.shutdown import stop_on_signals
 from antdt.settings import load_settings
-from antdt.shutdown import stop_on_signals
 
 
 def ps(

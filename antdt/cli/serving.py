@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import typer
 
-from antdt.observability import HealthServer
-from antdt.shutdown import stop_on_signals
+from antdt.runtime.observability import HealthServer
+from antdt.runtime.shutdown import stop_on_signals
 
 
 def configure_logging(level: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import typer
 
 from antdt.cli.serving import configure_logging, serve
-
 from antdt.settings import load_settings
 
 

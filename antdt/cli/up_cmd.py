@@ -17,7 +17,7 @@ from pathlib import Path
 import typer
 
 from antdt.errors import AntdtError
-from antdt.shutdown import stop_on_signals
+from antdt.runtime.shutdown import stop_on_signals
 
 SERVICES = ("monitor", "sharder", "controller")
 #: torchrun otherwise keeps one store across restarts, and a restarted group finds the last one's addresses there.
@@ -49,7 +49,7 @@ def up(
 
 
 def _services(stack: ExitStack, settings, policy: str, logs: Path, ready_within: float) -> dict:
-    from antdt.launch import service_process
+    from antdt.runtime.launch import service_process
 
     arguments = {"controller": ["--set", f"policy={policy}"]}
     running = {name: stack.enter_context(service_process(settings, name, *arguments.get(name, ()), log_dir=logs))

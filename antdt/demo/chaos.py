@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING
 from antdt.demo.phases import Phase, read_phase
 
 if TYPE_CHECKING:
-    from antdt.broker import EmbeddedBroker
     from antdt.demo.pool import WorkerPool
     from antdt.demo.services import Services
     from antdt.demo.timeline import Timeline
+    from antdt.embedded.broker import EmbeddedBroker
 
 #: How long a mid-step kill waits for its victim to enter the exchange before it gives up on that victim.
 MID_STEP_WAIT_S = 5.0

@@ -46,7 +46,7 @@ class Dashboard:
         if timeline is None:
             return Group(workers, commands, self.progress)
         tracks, lines = timeline.snapshot()
-        for rank, spec in enumerate(self.scenario.workers):
+        for spec in self.scenario.workers:
             track = tracks.get(spec.name)
             if track is None:
                 continue

@@ -6,9 +6,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from antdt.broker import EmbeddedBroker
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin
+from antdt.embedded.broker import EmbeddedBroker
 from antdt.settings import BrokerProfile, Settings, load_settings
 
 

@@ -34,8 +34,8 @@ from antdt.demo.placement import Move, Placement
 from antdt.demo.plans import RunPlan
 from antdt.demo.pool import WorkerPool
 from antdt.demo.scenario import Scenario
-from antdt.demo.steptrace import read_trace, trace_path
 from antdt.demo.services import Services, server_addresses, wanted_services
+from antdt.demo.steptrace import read_trace, trace_path
 from antdt.demo.timeline import Timeline
 from antdt.demo.trainer import LR
 from antdt.errors import AntdtError

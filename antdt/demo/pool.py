@@ -31,7 +31,7 @@ from antdt.demo.placement import REPLACED, Placement
 from antdt.demo.plans import RunPlan
 from antdt.demo.scenario import Scenario
 from antdt.errors import AntdtError
-from antdt.launch import settings_env
+from antdt.runtime.launch import settings_env
 from antdt.settings import Settings
 
 

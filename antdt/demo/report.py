@@ -27,7 +27,6 @@ from antdt.demo.harness import RunResult  # noqa: E402
 from antdt.demo.placement import node_at  # noqa: E402
 from antdt.demo.services import service_settings  # noqa: E402
 
-
 MARKER_COLOURS = {"verdict": "red", "command": "green", "placement": "blue"}
 
 
@@ -117,7 +116,7 @@ def plot_throughput(result: RunResult, path: Path) -> Path:
     figure, axes = plt.subplots(len(names), 1, sharex=True, figsize=(10, 1.4 * len(names) + 1), squeeze=False)
     end = max(result.wall_s, 1.0)
     grid = [end * i / 400 for i in range(401)]
-    for rank, (name, axis) in enumerate(zip(names, axes[:, 0])):
+    for name, axis in zip(names, axes[:, 0]):
         track = tracks.get(name)
         if track is not None and track.points:
             axis.plot([p.t for p in track.points], [p.samples_per_s for p in track.points], lw=1, label="measured")

@@ -1,6 +1,6 @@
 """The run's service processes by name: the antdt services a plan needs, and the parameter-server shards.
 
-Each is an ``antdt <command>`` child (:mod:`antdt.launch`), started together
+Each is an ``antdt <command>`` child (:mod:`antdt.runtime.launch`), started together
 and awaited until its ``/readyz`` answers; chaos can kill one and start it
 again with the same arguments (a parameter-server shard keeps its port and
 checkpoint directory, as a StatefulSet pod would).
@@ -13,13 +13,13 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
-from antdt.broker import free_port
 from antdt.demo.launcher import SERVER, WorkerProcess
 from antdt.demo.placement import REPLACED, Placement
 from antdt.demo.plans import RunPlan
 from antdt.demo.scenario import Scenario
+from antdt.embedded.broker import free_port
 from antdt.errors import AntdtError
-from antdt.launch import ServiceProcess, service_process, settings_env
+from antdt.runtime.launch import ServiceProcess, service_process, settings_env
 from antdt.settings import Settings
 
 

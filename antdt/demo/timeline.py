@@ -60,7 +60,7 @@ class Marker:
 
 
 @dataclass
-class WorkerTrack:
+class WorkerLane:
     points: list[Point] = field(default_factory=list)
     samples: int = 0
     batch_size: int = 0
@@ -103,7 +103,7 @@ class Timeline:
 
     def __init__(self, settings: Settings, job_id: str, workers: list[str]):
         self.settings, self.job_id = settings, job_id
-        self.workers = {name: WorkerTrack() for name in workers}
+        self.workers = {name: WorkerLane() for name in workers}
         self.markers: list[Marker] = []
         self.commands: list[CommandLine] = []
         self.verdicts = 0
@@ -165,7 +165,7 @@ class Timeline:
         with self._lock:
             return set(self.degraded_nodes)
 
-    def snapshot(self) -> tuple[dict[str, WorkerTrack], list[CommandLine]]:
+    def snapshot(self) -> tuple[dict[str, WorkerLane], list[CommandLine]]:
         """Copies safe to render while the thread goes on."""
         with self._lock:
             tracks = {name: replace(t, points=list(t.points)) for name, t in self.workers.items()}
@@ -200,8 +200,8 @@ class Timeline:
     def _t(self, moment) -> float:
         return moment.timestamp() - self._start
 
-    def _track(self, worker: str) -> WorkerTrack:
-        return self.workers.setdefault(worker, WorkerTrack())
+    def _track(self, worker: str) -> WorkerLane:
+        return self.workers.setdefault(worker, WorkerLane())
 
     def _take(self, record) -> None:
         if isinstance(record, WorkerMetrics):

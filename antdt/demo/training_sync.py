@@ -33,7 +33,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from antdt.worker.feeds import ShardFeed, StaticFeed
 from antdt.demo.phases import Phase
 from antdt.demo.steptrace import LOSS_SCALE, StepTrace, trace_path
 from antdt.settings import Settings
@@ -41,8 +40,13 @@ from antdt.sizing.inband import InBandSizer
 from antdt.worker.agent import Agent
 from antdt.worker.checkpoint import load_checkpoint, save_atomically, save_checkpoint
 from antdt.worker.ddp import (
-    StepSizedTimeout, WeightedGradientAverager, agreed_checkpoint_version, broke_the_group, end_broken_group,
+    StepSizedTimeout,
+    WeightedGradientAverager,
+    agreed_checkpoint_version,
+    broke_the_group,
+    end_broken_group,
 )
+from antdt.worker.feeds import ShardFeed, StaticFeed
 from antdt.worker.ledger import LedgerSlots, SampleLedger
 
 GROUP_TIMEOUT = timedelta(seconds=45)  # set-up and checkpoint collectives; steps have their own bound

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -46,7 +46,7 @@ class FleetDriver:
         self._producers = [make_producer(settings, client_id=f"{settings.client_id}-loadgen-{i}", **{"linger.ms": 1})
                            for i in range(max(1, -(-spec.workers // workers_per_producer)))]
         self._producer_of: dict[str, object] = {}
-        self.fleet = Fleet(spec, time.monotonic(), datetime.now(timezone.utc))
+        self.fleet = Fleet(spec, time.monotonic(), datetime.now(UTC))
 
     def run(self, seconds: float) -> Observations:
         reader = threading.Thread(target=self._read, name="loadgen-reader", daemon=True)

@@ -25,11 +25,23 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from antdt.topics import worker_key
 from antdt.schemas.models import (
-    AckStatus, AssignmentStatus, CommandAck, CommandAction, DatasetSpec, LifecycleEvent, MitigationCommand,
-    ProgressKind, ResourceSnapshot, ShardAssignment, ShardProgress, WorkerLifecycle, WorkerMetrics, trusted,
+    AckStatus,
+    AssignmentStatus,
+    CommandAck,
+    CommandAction,
+    DatasetSpec,
+    LifecycleEvent,
+    MitigationCommand,
+    ProgressKind,
+    ResourceSnapshot,
+    ShardAssignment,
+    ShardProgress,
+    WorkerLifecycle,
+    WorkerMetrics,
+    trusted,
 )
+from antdt.topics import worker_key
 from antdt.worker.steps import StepRecord, summarize
 
 _RESOURCES = ResourceSnapshot(process_cpu_percent=95, host_cpu_percent=50, cpu_steal_percent=0, load_1m=0.5,

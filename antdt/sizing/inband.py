@@ -28,7 +28,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from antdt.sizing.step_model import EVIDENCE_KEPT, StepModel, balance, fixed_part_between, fixed_parts, worth_moving
+from antdt.sizing.step_model import (
+    EVIDENCE_KEPT,
+    StepModel,
+    balance,
+    fixed_part_between,
+    fixed_parts,
+    worth_moving,
+)
 
 #: Compute times travel as integers of this many seconds (exact in the all-reduce's float32 up to hours).
 TICK_S = 1e-4

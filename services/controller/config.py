@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from antdt.control import refuse_broken, with_text_changes
+from antdt.control.topic import refuse_broken, with_text_changes
 
 PERSISTENT_ACTIONS = ("RESTART", "EVICT")
 BATCH_SIZINGS = ("commands", "in-band")

@@ -15,8 +15,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from antdt.control import ConfigLayers
-from antdt.schemas.models import ControlComponent, ControlConfig, MitigationCommand, StragglerVerdict, WorkerMetrics
+from antdt.control.topic import ConfigLayers
+from antdt.schemas.models import (
+    ControlComponent,
+    ControlConfig,
+    MitigationCommand,
+    StragglerVerdict,
+    WorkerMetrics,
+)
 from antdt.services.controller import dd, nd  # noqa: F401 - registers the built-in policies
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.policy import Decision, load_policy

@@ -42,7 +42,14 @@ from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.policy import NOTHING, Decision, Event, Intent, register
 from antdt.services.controller.state import JobView, WorkerView, group_size
 from antdt.sizing.step_model import (
-    EVIDENCE_KEPT, StepModel, balance, current_model, fixed_part_evidence, fixed_parts, slowest_step_s, worth_moving,
+    EVIDENCE_KEPT,
+    StepModel,
+    balance,
+    current_model,
+    fixed_part_evidence,
+    fixed_parts,
+    slowest_step_s,
+    worth_moving,
 )
 
 #: With the workers' sizes short of the global batch, the job is taken as whole once no new worker came for this long.

@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta
 
-from antdt.schemas.models import WORKER_ROLE, CommandAction as A, StragglerClass, StragglerVerdict, VerdictKind
+from antdt.schemas.models import WORKER_ROLE, StragglerClass, StragglerVerdict, VerdictKind
+from antdt.schemas.models import CommandAction as A
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.policy import NOTHING, Decision, Event, Intent, register
 from antdt.services.controller.state import JobView

@@ -7,7 +7,7 @@
 * **epoch**: every command carries the controller's epoch; agents reject
   epochs older than the highest they have seen, which fences a replaced
   controller.
-* **signature**: HMAC-SHA256 with the shared key (:mod:`antdt.signing`).
+* **signature**: HMAC-SHA256 with the shared key (:mod:`antdt.control.signing`).
 * **dry run**: commands are published flagged; agents acknowledge them as
   IGNORED and do nothing.
 * **rate limit**: a token bucket per job (``max_commands_per_minute``); a
@@ -20,10 +20,10 @@ import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from antdt.control.signing import sign
 from antdt.schemas.models import Evidence, MitigationCommand, StragglerVerdict
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.policy import Intent
-from antdt.signing import sign
 
 
 def command_id(job_id: str, cause: str, intent: Intent) -> str:

@@ -45,7 +45,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
@@ -55,18 +55,18 @@ from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import decode_or_deadletter, poll_batch, resume_or_end
 from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
-from antdt.control import ControlFollower, apply_and_count, control_topic
+from antdt.control.topic import ControlFollower, apply_and_count, control_topic
 from antdt.errors import BusError, ConfigError
+from antdt.runtime.service_loop import LoopService
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import ControlConfig, MitigationCommand, StragglerVerdict, WorkerMetrics
 from antdt.services.controller import metrics
-from antdt.services.controller.audit import read_commands
+from antdt.services.controller.command_log import read_commands
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.core import ControllerCore, Outcome
 from antdt.services.controller.epoch import claimed_epoch, epoch_claim
 from antdt.services.controller.k8s import KubernetesActuator
 from antdt.services.controller.safety import Stamp
-from antdt.service_loop import LoopService
 from antdt.settings import Settings
 from antdt.topics import worker_key
 
@@ -170,7 +170,7 @@ class ControllerService(LoopService):
 
     def _recall_recent_commands(self, partitions: set[int]) -> None:
         """Rebuild the taken-over jobs' budgets, cooldowns and quotas from the audit log."""
-        since = datetime.now(timezone.utc) - RECALL
+        since = datetime.now(UTC) - RECALL
         commands = (c for c in read_commands(self.settings, self.codec, start=since)
                     if partition_for(c.job_id, self._partitions) in partitions)
         recalled = self.core.recall(commands)
@@ -251,7 +251,7 @@ class ControllerService(LoopService):
             return Outcome()
 
     def _decide(self, event: StragglerVerdict | WorkerMetrics) -> Outcome:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         if isinstance(event, StragglerVerdict):
             metrics.VERDICTS.inc()
             return self.core.on_verdict(event, now)

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from antdt.schemas.models import WORKER_ROLE, CommandAction, MitigationCommand, StragglerVerdict, VerdictKind, WorkerMetrics
+from antdt.schemas.models import (
+    WORKER_ROLE,
+    CommandAction,
+    MitigationCommand,
+    StragglerVerdict,
+    VerdictKind,
+    WorkerMetrics,
+)
 from antdt.sizing.step_model import StepWindow
 
 DISRUPTIVE = (CommandAction.RESTART, CommandAction.EVICT)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from antdt.control import refuse_broken
+from antdt.control.topic import refuse_broken
 from antdt.schemas.models import WHOLE_GROUP_REASONS, GroupReady, GroupReason
 
 

@@ -44,14 +44,20 @@ from antdt.bus.clients import make_admin, make_consumer, make_producer
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.markers import send_marker
 from antdt.bus.murmur2 import partition_for
-from antdt.bus.readers import MisroutedRecord, assign_now, check_key, decode_or_deadletter, poll_batch
+from antdt.bus.readers import (
+    MisroutedRecord,
+    assign_now,
+    check_key,
+    decode_or_deadletter,
+    poll_batch,
+)
 from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
+from antdt.runtime.service_loop import LoopService
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import GroupFormed, GroupReady
 from antdt.schemas.types import utc_now
-from antdt.service_loop import LoopService
 from antdt.services.grouper import metrics
-from antdt.services.grouper.core import Formed, GroupFormer, GrouperConfig
+from antdt.services.grouper.core import Formed, GrouperConfig, GroupFormer
 from antdt.settings import Settings
 from antdt.topics import topic_spec, worker_key
 

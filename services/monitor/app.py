@@ -13,11 +13,11 @@ Data flow (one Faust worker process; run several, they split the jobs):
   batch is acknowledged (at-least-once; redelivered reports are dropped by
   the detector's per-worker sequence check).
 * Thresholds and windows change at run time from ``control.config``
-  (:mod:`antdt.control`): the history is folded before the worker starts
+  (:mod:`antdt.control.topic`): the history is folded before the worker starts
   consuming, then followed every ``control_poll_s``.
 
 Liveness, readiness and Prometheus metrics are served by
-:class:`antdt.observability.HealthServer`; ready means the control history is
+:class:`antdt.runtime.observability.HealthServer`; ready means the control history is
 applied and the consumer has its partitions.
 """
 
@@ -34,7 +34,7 @@ from antdt.bus.clients import make_admin
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.faust_app import FaustRecordSink, make_faust_app
 from antdt.bus.readers import check_key
-from antdt.control import ControlFollower, apply_and_count
+from antdt.control.topic import ControlFollower, apply_and_count
 from antdt.errors import AntdtError
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import ControlConfig, StragglerVerdict

@@ -45,15 +45,14 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
-from antdt.control import refuse_broken, with_text_changes
-
+from antdt.control.topic import refuse_broken, with_text_changes
 from antdt.schemas.models import (
     Evidence,
     EvidenceCause,
-    StragglerClass,
     StepTimeStats,
+    StragglerClass,
     StragglerVerdict,
     VerdictKind,
     VerdictWindow,
@@ -104,7 +103,7 @@ class DetectorConfig:
 
 
 @dataclass
-class Episode:
+class VerdictEpisode:
     kind: VerdictKind
     classification: StragglerClass
     started: datetime
@@ -133,7 +132,7 @@ class WorkerTrack:
     over: int = 0
     under: int = 0
     fast: int = 0
-    episode: Episode | None = None
+    episode: VerdictEpisode | None = None
 
     def add(self, report: WorkerMetrics) -> None:
         self.reports.append(report)
@@ -293,7 +292,7 @@ class JobDetector:
             began = now - timedelta(seconds=config.step_s * (config.k - 1))
             joined = track.ticks_seen <= config.k + config.join_grace_ticks or not slowed
             classification = StragglerClass.DETERMINISTIC if joined else StragglerClass.TRANSIENT
-            track.episode = Episode(kind, classification, began)
+            track.episode = VerdictEpisode(kind, classification, began)
             track.under = 0
             return kind, classification
         back = ratio < config.clear_ratio if episode.kind is VerdictKind.STRAGGLER else ratio > 1 / config.clear_ratio
@@ -381,4 +380,4 @@ def evidence_for(track: WorkerTrack, workers: dict[str, WorkerTrack]) -> list[Ev
 
 def utc(seconds: float) -> datetime:
     """Seconds since the epoch as an aware datetime (for traces and tests)."""
-    return datetime.fromtimestamp(seconds, timezone.utc)
+    return datetime.fromtimestamp(seconds, UTC)

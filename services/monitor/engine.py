@@ -24,17 +24,23 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from antdt.control import ConfigLayers
+from antdt.control.topic import ConfigLayers
 from antdt.errors import AntdtError
 from antdt.schemas.codec import Codec
-from antdt.schemas.models import WORKER_ROLE, ControlComponent, ControlConfig, StragglerVerdict, WorkerMetrics
+from antdt.schemas.models import (
+    WORKER_ROLE,
+    ControlComponent,
+    ControlConfig,
+    StragglerVerdict,
+    WorkerMetrics,
+)
 from antdt.services.monitor.detection import DetectorConfig, JobDetector
 
 #: Report dates the monitor accepts (see MonitorEngine._refuse_implausible).
-EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
-LATEST = datetime(2200, 1, 1, tzinfo=timezone.utc)
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST = datetime(2200, 1, 1, tzinfo=UTC)
 #: The most compute or waiting time one report may claim (about 11.6 days).
 MAX_REPORT_S = 1e6
 

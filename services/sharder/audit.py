@@ -51,7 +51,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from antdt.schemas.models import DatasetSpec, ShardLogEvent, ShardSnapshot, ShardState, ShardTransition as T
+from antdt.schemas.models import DatasetSpec, ShardLogEvent, ShardSnapshot, ShardState
+from antdt.schemas.models import ShardTransition as T
 
 _SETTLED = (ShardState.DONE, ShardState.QUARANTINED)
 
@@ -697,7 +698,10 @@ class LedgerCheck:
 
 def check_ledgers(run_dir: Path, report: AuditReport | None) -> LedgerCheck:
     """Every ledger the run wrote (one per parameter-server shard, or rank 0's) all ones and, with a log, agreeing with it."""
-    from antdt.worker.ledger import FILE_PATTERN, read_ledgers  # torch: only when there are ledgers to read
+    from antdt.worker.ledger import (  # torch: only when there are ledgers to read
+        FILE_PATTERN,
+        read_ledgers,
+    )
 
     check = LedgerCheck()
     owners = sorted(p for p in run_dir.glob("ps-*") if p.is_dir()) or [run_dir]

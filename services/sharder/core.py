@@ -63,8 +63,10 @@ from antdt.schemas.models import (
     ShardLogEvent,
     ShardProgress,
     ShardState,
-    ShardTransition as T,
     trusted,
+)
+from antdt.schemas.models import (
+    ShardTransition as T,
 )
 from antdt.services.sharder.state import JobState, from_ms, to_ms
 

@@ -48,14 +48,6 @@ def snapshot_topic(settings: Settings) -> str:
     return topic_spec("shard", "snapshots").full_name(settings.topic_prefix)
 
 
-def writer_epoch_of(message: Message) -> int | None:
-    """The writer epoch header of a log record, if any."""
-    for name, value in message.headers() or ():
-        if name == WRITER_HEADER:
-            return int(value)
-    return None
-
-
 class LogWriter:
     """Appends events to the shard log; remembers the last offset written per job."""
 

@@ -29,7 +29,14 @@ from datetime import datetime
 from os import PathLike
 
 import fastavro
-from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from antdt.bus.clients import consuming, producing
 from antdt.bus.readers import assign_now, poll_batch
@@ -37,7 +44,13 @@ from antdt.schemas.codec import Codec, to_avro_dict
 from antdt.schemas.models import AvroModel, ShardLogEvent
 from antdt.schemas.store import default_store
 from antdt.services.sharder.audit import AuditReport, audit_log
-from antdt.services.sharder.eventlog import earliest_snapshot, job_partition, lacks_beginning, log_topic, read_until_marker
+from antdt.services.sharder.eventlog import (
+    earliest_snapshot,
+    job_partition,
+    lacks_beginning,
+    log_topic,
+    read_until_marker,
+)
 from antdt.services.sharder.state import from_ms, to_ms
 from antdt.settings import Settings
 

@@ -55,15 +55,22 @@ from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import MisroutedRecord, check_key, decode_or_deadletter, poll_batch
 from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
 from antdt.errors import BusError
+from antdt.runtime.service_loop import LoopService
 from antdt.schemas.codec import Codec, make_codec
-from antdt.schemas.models import LifecycleEvent, ProgressKind, ShardAssignment, ShardLogEvent, ShardProgress, WorkerLifecycle
+from antdt.schemas.models import (
+    LifecycleEvent,
+    ProgressKind,
+    ShardAssignment,
+    ShardLogEvent,
+    ShardProgress,
+    WorkerLifecycle,
+)
 from antdt.services.sharder import metrics
 from antdt.services.sharder.core import CoreConfig, ProgressRejected, ShardCore
 from antdt.services.sharder.eventlog import LogWriter, log_topic, read_job_log, snapshot_topic
 from antdt.services.sharder.recovery import take_over
 from antdt.services.sharder.snapshots import SnapshotWriter
 from antdt.services.sharder.state import Captured, JobState
-from antdt.service_loop import LoopService
 from antdt.settings import Settings
 from antdt.topics import topic_spec, worker_key
 
@@ -214,7 +221,7 @@ class SharderService(LoopService):
         kept = {job_id: runtime for job_id, (runtime, _) in self._revoked.items()}
         jobs = {**kept, **self.jobs}
         self._log.append_recent(jobs)  # log followers that were a moment behind find what they missed
-        for job_id, runtime in jobs.items():
+        for runtime in jobs.values():
             if runtime.core.state.dataset is not None:
                 self._write_snapshot(runtime, log_offset=None)
         self._log.flush()

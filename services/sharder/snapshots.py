@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 from confluent_kafka import KafkaException, Producer
@@ -49,7 +49,7 @@ _OK, _FAILED = 0, 1
 
 def build_snapshot(captured: Captured, log_offset: int | None, registry_url: str | None, topic: str) -> bytes:
     """The encoded snapshot of ``captured``."""
-    snapshot = captured.to_snapshot(datetime.now(timezone.utc), log_offset=log_offset)
+    snapshot = captured.to_snapshot(datetime.now(UTC), log_offset=log_offset)
     return _codec(registry_url).encode(snapshot, topic)
 
 
@@ -186,7 +186,7 @@ class SnapshotWriter:
         try:
             value = self._built_elsewhere(captured, log_offset) if elsewhere else None
             if value is None:
-                snapshot = captured.to_snapshot(datetime.now(timezone.utc), log_offset=log_offset)
+                snapshot = captured.to_snapshot(datetime.now(UTC), log_offset=log_offset)
                 value = self._codec.encode(snapshot, self._topic)
             with self._lock:
                 if generation != self._generation:

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import astuple, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from antdt.schemas.models import (
     AppliedSamples,
@@ -54,12 +54,14 @@ from antdt.schemas.models import (
     ShardSnapshot,
     ShardState,
     ShardStateEntry,
-    ShardTransition as T,
     trusted,
 )
-from antdt.services.sharder.dataset import grant_ranks, split
+from antdt.schemas.models import (
+    ShardTransition as T,
+)
+from antdt.services.sharder.shards import grant_ranks, split
 
-_UTC = timezone.utc
+_UTC = UTC
 
 
 def to_ms(value: datetime | None) -> int | None:

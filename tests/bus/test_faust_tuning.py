@@ -19,7 +19,7 @@ def test_the_worker_consumer_uses_antdts_fetch_wait():
         app = app_for(profile)
         assert isinstance(app.consumer, TunedConsumer)
 
-        async def create():  # aiokafka wants a running loop
+        async def create(app=app):  # aiokafka wants a running loop
             return app.consumer._thread._create_worker_consumer(app.transport)
 
         assert asyncio.run(create())._fetch_max_wait_ms == expected

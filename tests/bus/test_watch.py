@@ -9,11 +9,11 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from antdt.broker import EmbeddedBroker
 from antdt.bus.admin import ensure_topics, partition_counts
 from antdt.bus.clients import make_admin, make_consumer, make_producer
 from antdt.bus.readers import BEGINNING, assign_now, poll_batch
 from antdt.bus.watch import BusWatch, Rewinder, shared_watch
+from antdt.embedded.broker import EmbeddedBroker
 from antdt.settings import BrokerProfile, load_settings
 from antdt.topics import TOPICS
 

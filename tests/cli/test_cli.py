@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from antdt import __version__
-from antdt.broker import answers_metadata, free_port
 from antdt.cli.main import run
+from antdt.embedded.broker import answers_metadata, free_port
 
 ANTDT = shutil.which("antdt") or os.path.join(os.path.dirname(sys.executable), "antdt")
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from antdt.bus.clients import producing
 from antdt.cli.main import run
-from antdt.launch import settings_env
+from antdt.runtime.launch import settings_env
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.services.controller.core import ControllerCore
 from antdt.services.controller.epoch import epoch_claim
@@ -61,8 +61,8 @@ def test_the_epoch_is_shown(env, capsys):
 
 def test_replay_lists_the_commands_of_a_job(env, capsys):
     core = ControllerCore()
-    commands = [c for w in ("w1", "w2") for c in core.on_verdict(verdict(w, job="jr"), datetime.now(timezone.utc)).commands]
-    commands += core.on_verdict(verdict("w1", job="other"), datetime.now(timezone.utc)).commands
+    commands = [c for w in ("w1", "w2") for c in core.on_verdict(verdict(w, job="jr"), datetime.now(UTC)).commands]
+    commands += core.on_verdict(verdict("w1", job="other"), datetime.now(UTC)).commands
     codec = SingleObjectCodec()
     with producing(env) as producer:
         for command in commands:

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from antdt.broker import free_port
 from antdt.cli.main import run
-from antdt.observability import HealthServer
+from antdt.embedded.broker import free_port
+from antdt.runtime.observability import HealthServer
 
 ANTDT = shutil.which("antdt") or os.path.join(os.path.dirname(sys.executable), "antdt")
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from antdt.broker import answers_metadata
+from antdt.embedded.broker import answers_metadata
 from tests.cli.test_cli import ANTDT
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]

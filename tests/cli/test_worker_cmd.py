@@ -46,9 +46,8 @@ def test_a_worker_slowed_by_sleep_is_a_straggler_within_5_s_and_stays_one(settin
     the demo's pool does): with two, their OpenMP threads spin for each
     other on a busy machine and the unslowed workers' steps vary 1-4x.
     """
-    from antdt.launch import service_process
-    from antdt.schemas.codec import make_codec
-    from antdt.schemas.models import StragglerVerdict, VerdictKind, WorkerMetrics
+    from antdt.runtime.launch import service_process
+    from antdt.schemas.models import VerdictKind, WorkerMetrics
 
     job = "job-slowed"
     env = {**os.environ, "ANTDT_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "ANTDT_BROKER_PROFILE": "embedded",

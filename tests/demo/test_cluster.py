@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from antdt.demo.cluster import Episode, NodeSpec, best_speeds
 from antdt.demo.scenario import Scenario, WorkerSpec

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from antdt.demo.scenario import ClusterMode, Episode, Noise, Scenario, WorkerSpec
 from antdt.errors import ConfigError

@@ -437,7 +437,7 @@ def parameter_servers(services) -> dict[str, dict[str, Any]]:
 def test_the_parameter_server_shards_are_numbered_from_zero_and_agree_on_their_count(parameter_servers):
     assert parameter_servers, "the example job runs no parameter server"
     assert list(parameter_servers) == list(range(len(parameter_servers))), f"shards {list(parameter_servers)}"
-    for shard, service in parameter_servers.items():
+    for service in parameter_servers.values():
         assert cli_params(service["command"])["shards"] == len(parameter_servers), service["name"]
 
 

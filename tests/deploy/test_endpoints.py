@@ -14,8 +14,8 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from antdt.broker import free_port
-from antdt.launch import service_process
+from antdt.embedded.broker import free_port
+from antdt.runtime.launch import service_process
 from antdt.settings import load_settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -22,7 +22,6 @@ from antdt.settings import Settings, load_settings
 from antdt.topics import TOPICS
 from antdt.worker.agent import EXIT_RESTART
 from antdt.worker.injection import parse_slowdown
-
 from tests.deploy import k8s_objects as k8s
 from tests.deploy.k8s_schemas import REPO, kustomization_errors, schema_errors
 from tests.deploy.kustomize import KUSTOMIZATION_FILE, build, load_documents, read_kustomization

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from antdt.loadgen.fleet import Fleet, FleetSpec
 from antdt.schemas.models import (
-    AckStatus, AssignmentStatus, CommandAction, CommandAck, MitigationCommand, ProgressKind, Shard, ShardAssignment,
-    ShardProgress, WorkerLifecycle, WorkerMetrics,
+    AckStatus,
+    AssignmentStatus,
+    CommandAck,
+    CommandAction,
+    MitigationCommand,
+    ProgressKind,
+    Shard,
+    ShardAssignment,
+    ShardProgress,
+    WorkerLifecycle,
+    WorkerMetrics,
 )
 
 START = 1000.0
-WALL = datetime(2026, 11, 23, tzinfo=timezone.utc)
+WALL = datetime(2026, 11, 23, tzinfo=UTC)
 
 
 def fleet(**overrides) -> Fleet:

@@ -17,12 +17,12 @@ from contextlib import ExitStack
 
 import pytest
 
-from antdt.broker import EmbeddedBroker
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin
-from antdt.launch import service_process
+from antdt.embedded.broker import EmbeddedBroker
 from antdt.loadgen.driver import FleetDriver
 from antdt.loadgen.fleet import FleetSpec
+from antdt.runtime.launch import service_process
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import DatasetSpec
 from antdt.services.sharder.audit import EpochStatus

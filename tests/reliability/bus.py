@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from antdt.bus.clients import consuming, producing
-from antdt.bus.deadletter import HEADER_ERROR, HEADER_OFFSET, HEADER_PARTITION, HEADER_SERVICE, HEADER_TOPIC
+from antdt.bus.deadletter import (
+    HEADER_ERROR,
+    HEADER_OFFSET,
+    HEADER_PARTITION,
+    HEADER_SERVICE,
+    HEADER_TOPIC,
+)
 from antdt.bus.readers import assign_now, poll_batch
 from antdt.settings import Settings
 

@@ -14,7 +14,7 @@ what the models accept the services can process.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -57,7 +57,7 @@ def framed(model: type[AvroModel]) -> st.SearchStrategy[bytes]:
     return st.binary(max_size=300).map(lambda body: header + body)
 
 
-FIXED_TIME = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
+FIXED_TIME = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 
 
 def frozen(example: AvroModel) -> AvroModel:
@@ -113,7 +113,7 @@ small_names = st.sampled_from(["w0", "w1", "w2", "w3"])
 counts32 = st.one_of(st.integers(0, 50), st.integers(0, INT32_MAX))
 counts64 = st.one_of(st.integers(0, 50), st.integers(0, INT64_MAX))
 seconds = st.one_of(st.floats(0, 10, allow_nan=False), st.floats(0, 1e300, allow_nan=False, allow_infinity=False))
-times = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(timezone.utc))
+times = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC))
 
 
 @st.composite
@@ -165,7 +165,7 @@ def step_stats(draw, durations: st.SearchStrategy[float] = seconds) -> StepTimeS
 
 
 #: Window starts a minute apart at most: a job's reports close enough in time for the detector to judge them.
-close_times = st.integers(0, 60_000).map(lambda ms: datetime(2026, 11, 21, tzinfo=timezone.utc) + timedelta(milliseconds=ms))
+close_times = st.integers(0, 60_000).map(lambda ms: datetime(2026, 11, 21, tzinfo=UTC) + timedelta(milliseconds=ms))
 
 
 @st.composite
@@ -209,7 +209,7 @@ def job_traces(draw, job_id: str) -> list[WorkerMetrics]:
     Reports in a realistic rhythm, so that the detector builds baselines
     and judges workers on extreme figures (zero samples, huge times).
     """
-    base = datetime(2026, 11, 21, tzinfo=timezone.utc)
+    base = datetime(2026, 11, 21, tzinfo=UTC)
     reports = []
     for second in range(1, draw(st.integers(3, 12)) + 1):
         for worker in ("w0", "w1", "w2", "w3"):

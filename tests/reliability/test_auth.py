@@ -1,7 +1,7 @@
 """Authentication: SASL/SCRAM logins on the embedded broker, and refused logins that end at once.
 
 A broker of its own (module scope) requires SCRAM logins (``EmbeddedBroker(users=...)``,
-see :mod:`antdt.sasl_front` for why the broker's own ``--authentication``
+see :mod:`antdt.embedded.sasl_front` for why the broker's own ``--authentication``
 cannot be used). Right credentials must work for every client kind, Faust
 and a service process; wrong ones must end in one ``AuthenticationError``
 line, exit code 1 from the CLI, quickly and after a bounded number of
@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from antdt.broker import EmbeddedBroker, accepts_connections, broker_binary, free_port
 from antdt.bus.admin import cluster_metadata, ensure_topics
 from antdt.bus.clients import consuming, make_admin, producing
 from antdt.bus.readers import poll_batch
 from antdt.cli.main import run
+from antdt.embedded.broker import EmbeddedBroker, accepts_connections, broker_binary, free_port
 from antdt.errors import AuthenticationError, BrokerError, BusError
-from antdt.launch import service_process, settings_env
+from antdt.runtime.launch import service_process, settings_env
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.examples import worker_metrics
 from antdt.schemas.models import AckStatus, DatasetSpec

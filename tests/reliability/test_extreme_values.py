@@ -14,8 +14,7 @@ tests of their own below.
 from __future__ import annotations
 
 import math
-
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import HealthCheck, given
@@ -29,7 +28,14 @@ from antdt.services.controller.core import ControllerCore
 from antdt.services.monitor.engine import MonitorEngine
 from antdt.services.sharder.core import CoreConfig, ProgressRejected, ShardCore
 from antdt.services.sharder.state import JobState
-from tests.reliability.fuzz import CODEC, FIXED_TIME, job_traces, shard_reports, verdicts, worker_reports
+from tests.reliability.fuzz import (
+    CODEC,
+    FIXED_TIME,
+    job_traces,
+    shard_reports,
+    verdicts,
+    worker_reports,
+)
 
 PROPERTY = hypothesis_settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -70,7 +76,7 @@ def test_the_sharder_core_refuses_the_impossible_without_changing_anything(first
 @given(events=st.lists(st.one_of(verdicts("job"), worker_reports("job")), max_size=15))
 def test_the_controller_core_decides_on_any_valid_event(events):
     core = ControllerCore()
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for event in events:
         if isinstance(event, WorkerMetrics):
             core.on_metrics(event, now)

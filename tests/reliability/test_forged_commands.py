@@ -17,10 +17,10 @@ from datetime import timedelta
 import pytest
 from confluent_kafka import Producer
 
+from antdt.control.signing import sign
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import AckStatus, CommandAction, MitigationCommand
 from antdt.schemas.types import utc_now
-from antdt.signing import sign
 from antdt.topics import worker_key
 from antdt.worker import Agent
 from tests.reliability.agents import signed_settings, step_until

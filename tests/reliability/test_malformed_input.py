@@ -15,17 +15,25 @@ Valid messages with extreme values are in ``test_extreme_values``.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from antdt.bus.deadletter import HEADER_OFFSET, HEADER_PARTITION, HEADER_SERVICE, HEADER_TOPIC, DeadLetter
+from antdt.bus.deadletter import (
+    HEADER_OFFSET,
+    HEADER_PARTITION,
+    HEADER_SERVICE,
+    HEADER_TOPIC,
+    DeadLetter,
+)
 from antdt.bus.readers import decode_or_deadletter
+from antdt.control.signing import sign
 from antdt.errors import AntdtError
-from antdt.launch import service_process
+from antdt.loadgen.traces import TraceSlowdown, TraceSpec, generate
+from antdt.runtime.launch import service_process
 from antdt.schemas import examples
 from antdt.schemas.models import (
     MESSAGE_TYPES,
@@ -40,14 +48,17 @@ from antdt.schemas.models import (
     WorkerMetrics,
 )
 from antdt.schemas.types import utc_now
-from antdt.services.monitor.traces import Episode, TraceSpec, generate
-from antdt.signing import sign
 from antdt.topics import worker_key
 from antdt.worker import Agent
 from antdt.worker.shard_client import ShardClient
 from tests.reliability.agents import signed_settings, step_until
 from tests.reliability.bus import (
-    Record, assert_dead_lettered_exactly, assert_service_dead_lettered, dead_letters, read_until, send,
+    Record,
+    assert_dead_lettered_exactly,
+    assert_service_dead_lettered,
+    dead_letters,
+    read_until,
+    send,
 )
 from tests.reliability.fuzz import CODEC, damaged, draw_batch, framed, garbage
 from tests.services.controller.helpers import verdict
@@ -159,14 +170,14 @@ def late(report: WorkerMetrics, seconds: float) -> WorkerMetrics:
 
 
 def control_garbage(settings) -> list[Record]:
-    """Fuzzed control records: followed by every service, never dead-lettered (see antdt.control)."""
+    """Fuzzed control records: followed by every service, never dead-lettered (see antdt.control.topic)."""
     topic = settings.topic("control", "config")
     return [Record(topic, b"*", value, None) for value in draw_batch(garbage(examples.control_config()), FUZZED_PER_TOPIC)]
 
 
 def control_change(settings, component: ControlComponent, changes: dict[str, str]) -> Record:
     change = ControlConfig(config_id=f"cfg-{time.time_ns()}", job_id=None, component=component, changes=changes,
-                           issued_by="test", issued_at=datetime.now(timezone.utc))
+                           issued_by="test", issued_at=datetime.now(UTC))
     return Record(settings.topic("control", "config"), b"*", encoded(change), None)
 
 
@@ -237,7 +248,7 @@ def test_the_sharder_dead_letters_bad_reports_and_keeps_granting(settings, topic
 def test_the_monitor_dead_letters_bad_reports_and_keeps_judging(settings, topics, tmp_path):
     metrics_topic, verdicts_topic = settings.topic("worker", "metrics"), settings.topic("monitor", "verdicts")
     job = "job-m"
-    trace = generate(TraceSpec(workers=4, seconds=30, episodes=[Episode("w3", 10, 30, 2.0)], job_id=job), seed=1)
+    trace = generate(TraceSpec(workers=4, seconds=30, episodes=[TraceSlowdown("w3", 10, 30, 2.0)], job_id=job), seed=1)
     before = [r for r in trace if r.window_end <= trace[0].window_end + timedelta(seconds=5)]
     after = trace[len(before):]
     good = examples.worker_metrics().model_copy(update={"job_id": job, "window_start": before[-1].window_start,

@@ -15,7 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from antdt.errors import CodecError, UnknownSchemaError
-from antdt.schemas.codec import SINGLE_OBJECT_MARKER, ConfluentCodec, SingleObjectCodec, make_codec, to_avro_dict, to_json
+from antdt.schemas.codec import (
+    SINGLE_OBJECT_MARKER,
+    ConfluentCodec,
+    SingleObjectCodec,
+    make_codec,
+    to_avro_dict,
+    to_json,
+)
 from antdt.schemas.examples import all_examples, worker_metrics
 from antdt.schemas.models import AvroModel
 from antdt.schemas.store import CURRENT_DIR, crc64_avro, default_store, read_schema_files

@@ -11,7 +11,13 @@ from fastavro import schemaless_writer
 from antdt.schemas.codec import SINGLE_OBJECT_MARKER, SingleObjectCodec, to_avro_dict
 from antdt.schemas.compat import check_all, check_backward
 from antdt.schemas.examples import worker_lifecycle
-from antdt.schemas.store import CURRENT_DIR, RELEASED_DIR, SchemaStore, load_version, read_schema_files
+from antdt.schemas.store import (
+    CURRENT_DIR,
+    RELEASED_DIR,
+    SchemaStore,
+    load_version,
+    read_schema_files,
+)
 
 CURRENT = read_schema_files(CURRENT_DIR)
 RELEASED = read_schema_files(RELEASED_DIR)

@@ -5,10 +5,19 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from antdt.sizing.step_model import (
-    StepModel, StepWindow, balance, current_model, fixed_part_evidence, fixed_parts, slowest_step_s, weighted_median,
+    StepModel,
+    StepWindow,
+    balance,
+    current_model,
+    fixed_part_evidence,
+    fixed_parts,
+    slowest_step_s,
+    weighted_median,
 )
 from tests.services.controller.helpers import at
 

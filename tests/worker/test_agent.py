@@ -11,6 +11,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from antdt.bus.clients import consuming, make_producer
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import assign_now, poll_batch
+from antdt.control.signing import sign
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import (
     AckStatus,
@@ -23,7 +24,6 @@ from antdt.schemas.models import (
 )
 from antdt.schemas.types import utc_now
 from antdt.settings import load_settings
-from antdt.signing import sign
 from antdt.topics import topic_spec, worker_key
 from antdt.worker import EXIT_EVICTED, EXIT_RESTART, Agent, AgentState
 

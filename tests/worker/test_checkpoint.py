@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from antdt.errors import AntdtError
-from antdt.worker.checkpoint import CheckpointError, CheckpointInfo, load_checkpoint, save_checkpoint
+from antdt.worker.checkpoint import (
+    CheckpointError,
+    CheckpointInfo,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 def trained(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from antdt.control.signing import sign, verify
 from antdt.schemas.models import AckStatus, CommandAction, MitigationCommand
-from antdt.signing import sign, verify
 from antdt.worker.commands import ACCEPT, CommandVerifier
 
 KEY = b"k" * 32
-NOW = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 
 
 def command(**changes) -> MitigationCommand:

@@ -21,8 +21,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from antdt.worker.ddp import (
-    BatchSizePlan, CollectiveTimeout, DistributedError, StepSizedTimeout, WeightedGradientAverager,
-    agreed_checkpoint_version, wait_within, world_size,
+    CollectiveTimeout,
+    DistributedError,
+    StepSizedTimeout,
+    WeightedGradientAverager,
+    agreed_checkpoint_version,
+    wait_within,
+    world_size,
 )
 from antdt.worker.ledger import LedgerSlots, SampleLedger
 from antdt.worker.provenance import SampleTag
@@ -66,17 +71,16 @@ def new_model(mixed: bool = False) -> tuple[Net, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
 
 
-def plan_for(world: int, rank: int) -> BatchSizePlan:
+def size_at(world: int, rank: int, step: int) -> int:
+    """The rank's local batch size at ``step``: its initial one, or the latest change at or before it."""
     initial, changes = PLANS[world]
-    plan = BatchSizePlan(initial[rank])
-    for step, sizes in changes.items():
-        plan.schedule(step, sizes[rank])
-    return plan
+    latest = [sizes for at, sizes in sorted(changes.items()) if at <= step]
+    return (latest[-1] if latest else initial)[rank]
 
 
 def batch(world: int, step: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """The global batch of ``step`` (the same in every process) and each rank's local size."""
-    sizes = [plan_for(world, rank).size_for(step) for rank in range(world)]
+    sizes = [size_at(world, rank, step) for rank in range(world)]
     generator = torch.Generator().manual_seed(100 * world + step)
     x = torch.randn(sum(sizes), FEATURES, generator=generator, dtype=torch.float64)
     y = torch.randn(sum(sizes), 1, generator=generator, dtype=torch.float64)
@@ -311,40 +315,3 @@ def test_checkpoint_version_without_distributed_flushes_then_asks():
     assert calls == ["flush", "ask"]
 
 
-# ------------------------------------------------------------------ BatchSizePlan
-
-
-def test_plan_switches_at_the_effective_step():
-    plan = BatchSizePlan(32)
-    plan.schedule(10, 24)
-    plan.schedule(5, 16)
-    assert [plan.size_for(step) for step in (0, 4, 5, 9, 10, 1000)] == [32, 32, 16, 16, 24, 24]
-    assert plan.changes == [(5, 16), (10, 24)]
-
-
-def test_plan_schedule_is_idempotent_and_the_last_word_wins():
-    plan = BatchSizePlan(8)
-    plan.schedule(3, 4)
-    plan.schedule(3, 4)
-    assert plan.changes == [(3, 4)]
-    plan.schedule(3, 0)
-    assert plan.size_for(3) == 0 and plan.changes == [(3, 0)]
-
-
-def test_plan_forget_before_keeps_later_answers():
-    plan = BatchSizePlan(8)
-    for step, size in [(2, 6), (4, 5), (9, 7)]:
-        plan.schedule(step, size)
-    plan.forget_before(5)
-    assert plan.initial == 5 and plan.changes == [(9, 7)]
-    assert [plan.size_for(step) for step in (5, 8, 9)] == [5, 5, 7]
-    plan.forget_before(1)
-    assert plan.changes == [(9, 7)]
-
-
-@pytest.mark.parametrize("step, size", [(-1, 4), (1, -4), (1.0, 4), (1, 4.0), (True, 4)])
-def test_plan_refuses_bad_values(step, size):
-    with pytest.raises(ValueError):
-        BatchSizePlan(8).schedule(step, size)
-    with pytest.raises(ValueError):
-        BatchSizePlan(-1)

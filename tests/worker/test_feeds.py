@@ -92,7 +92,7 @@ def test_an_error_in_the_feed_reaches_the_training_thread():
     class Broken(ScriptedDataset):
         def __iter__(self):
             raise RuntimeError("sharder unreachable")
-            yield  # noqa: unreachable - makes this a generator
+            yield  # unreachable: makes this a generator
 
     feed = ShardFeed(Broken([[0]]), capacity=4).start()
     with pytest.raises(RuntimeError, match="sharder unreachable"):

@@ -7,9 +7,9 @@ import pytest
 
 from antdt.errors import AntdtError
 from antdt.worker.injection import (
-    Episode,
     InjectionSpecError,
     SlowdownSpec,
+    SlowPeriod,
     StragglerInjector,
     parse_slowdown,
 )
@@ -43,7 +43,7 @@ def test_constant_spec():
 
 def test_episode_spec_is_sorted():
     spec = parse_slowdown("60-70:3.0, 10-40:4")
-    assert spec.episodes == (Episode(10, 40, 4.0), Episode(60, 70, 3.0))
+    assert spec.episodes == (SlowPeriod(10, 40, 4.0), SlowPeriod(60, 70, 3.0))
     assert str(spec) == "10-40:4,60-70:3"
 
 
@@ -140,7 +140,7 @@ def test_constant_sleep_mode():
 def test_from_env():
     injector = StragglerInjector.from_env({"ANTDT_SLOWDOWN": "10-40:4", "ANTDT_SLOWDOWN_MODE": "CPU"})
     assert injector.mode == "cpu"
-    assert injector.spec == SlowdownSpec(episodes=(Episode(10, 40, 4.0),))
+    assert injector.spec == SlowdownSpec(episodes=(SlowPeriod(10, 40, 4.0),))
     assert StragglerInjector.from_env({}).spec is None
     assert StragglerInjector.from_env({"ANTDT_SLOWDOWN": "  "}).spec is None
     assert StragglerInjector.from_env({"ANTDT_SLOWDOWN": "2"}).mode == "sleep"

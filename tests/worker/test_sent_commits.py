@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from antdt.schemas.models import AssignmentStatus, Shard, ShardAssignment, ShardCommit
 from antdt.worker.sent_commits import SentCommits
@@ -17,7 +18,7 @@ def answer(in_reply_to: int, held: dict[int, list[int]], status=AssignmentStatus
     if status is not AssignmentStatus.GRANTED:
         shards = []
     return ShardAssignment(job_id="j", worker_id="w0", seq=1, writer_epoch=1, epoch=epoch, status=status,
-                           shards=shards, quota=2, in_reply_to=in_reply_to, timestamp=datetime.now(timezone.utc))
+                           shards=shards, quota=2, in_reply_to=in_reply_to, timestamp=datetime.now(UTC))
 
 
 def commit(shard: int, samples: list[int], attempt: int = 0, holder: str | None = "w0") -> ShardCommit:

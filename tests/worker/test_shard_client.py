@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from antdt.broker import EmbeddedBroker
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin
+from antdt.embedded.broker import EmbeddedBroker
 from antdt.errors import BusError
 from antdt.schemas.models import ShardCommit
 from antdt.settings import BrokerProfile, load_settings

@@ -55,9 +55,14 @@ from antdt.schemas.models import AckStatus, CommandAction, DatasetSpec, Mitigati
 from antdt.worker.agent import Agent
 from antdt.worker.checkpoint import load_checkpoint, save_checkpoint
 from antdt.worker.ddp import (
-    StepSizedTimeout, WeightedGradientAverager, agreed_checkpoint_version, broadcast_int, broke_the_group,
+    StepSizedTimeout,
+    WeightedGradientAverager,
+    agreed_checkpoint_version,
+    broadcast_int,
+    broke_the_group,
     collective_device,
-    end_broken_group, world_size,
+    end_broken_group,
+    world_size,
 )
 from antdt.worker.elastic.resize import AgreedResize
 from antdt.worker.feeds import ShardFeed

@@ -26,9 +26,9 @@ import torch
 from antdt.errors import AntdtError
 from antdt.worker.agent import Agent
 from antdt.worker.commits import PendingUpdate
-from antdt.worker.shard_client import NoAnswer
 from antdt.worker.ps import wire
 from antdt.worker.ps.layout import Layout
+from antdt.worker.shard_client import NoAnswer
 
 log = logging.getLogger(__name__)
 

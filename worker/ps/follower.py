@@ -26,7 +26,8 @@ from antdt.bus.readers import assign_now, key_partition, poll_batch
 from antdt.bus.watch import Rewinder, shared_watch
 from antdt.errors import AntdtError
 from antdt.schemas.codec import Codec
-from antdt.schemas.models import ShardLogEvent, ShardTransition as T
+from antdt.schemas.models import ShardLogEvent
+from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.eventlog import log_topic
 from antdt.settings import Settings
 

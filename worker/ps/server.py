@@ -54,12 +54,13 @@ from antdt.bus.clients import make_producer
 from antdt.bus.watch import shared_watch
 from antdt.errors import AntdtError
 from antdt.schemas.codec import make_codec
-from antdt.schemas.models import ProgressKind, ShardLogEvent, ShardTransition as T
+from antdt.schemas.models import ProgressKind, ShardLogEvent
+from antdt.schemas.models import ShardTransition as T
+from antdt.services.sharder.eventlog import log_topic, read_until_marker
 from antdt.settings import Settings
 from antdt.worker.agent import Agent, WorkerExit
 from antdt.worker.ps import metrics, wire
 from antdt.worker.ps.checkpoints import CheckpointStore
-from antdt.services.sharder.eventlog import log_topic, read_until_marker
 from antdt.worker.ps.follower import LogFollower, Order, Position
 from antdt.worker.ps.model import ShardModel
 from antdt.worker.shard_client import ShardClient

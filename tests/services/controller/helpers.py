@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from antdt.schemas.models import (
-    ResourceSnapshot, StepTimeStats, StragglerClass, StragglerVerdict, VerdictKind, VerdictWindow, WorkerMetrics,
+    ResourceSnapshot,
+    StepTimeStats,
+    StragglerClass,
+    StragglerVerdict,
+    VerdictKind,
+    VerdictWindow,
+    WorkerMetrics,
 )
 
-T0 = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 _IDLE = ResourceSnapshot(process_cpu_percent=90, host_cpu_percent=50, cpu_steal_percent=0, load_1m=1, rss_bytes=1,
                          host_memory_percent=40, io_read_bytes=0, io_write_bytes=0, net_sent_bytes=0, net_recv_bytes=0)
 

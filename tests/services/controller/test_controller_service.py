@@ -5,7 +5,7 @@ a reconfiguration takes effect without a restart."""
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -15,15 +15,22 @@ from antdt.bus.clients import consuming, make_admin, producing
 from antdt.bus.markers import marker_id
 from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import assign_now, poll_batch
+from antdt.control.signing import verify
 from antdt.errors import ConfigError
-from antdt.launch import service_process
+from antdt.runtime.launch import service_process
 from antdt.schemas.codec import SingleObjectCodec
-from antdt.schemas.models import AckStatus, CommandAction, ControlComponent, ControlConfig, StragglerClass, VerdictKind
+from antdt.schemas.models import (
+    AckStatus,
+    CommandAction,
+    ControlComponent,
+    ControlConfig,
+    StragglerClass,
+    VerdictKind,
+)
 from antdt.services.controller.core import ControllerCore
 from antdt.services.controller.safety import Stamp
 from antdt.services.controller.service import ControllerService
 from antdt.settings import load_settings
-from antdt.signing import verify
 from antdt.topics import worker_key
 from antdt.worker import Agent
 from tests.services.controller.helpers import verdict
@@ -108,7 +115,7 @@ def test_two_controllers_split_the_jobs_and_a_survivor_takes_over_with_a_higher_
         commands = {}
         for job, agent in ((low, low_agent), (high, high_agent)):
             the_verdict = send_verdict(signed, "w1", 1, job=job)
-            step_until(agent, lambda: agent.shard_quota == 1)
+            step_until(agent, lambda agent=agent: agent.shard_quota == 1)
             [commands[job]] = commands_for(signed, topics, the_verdict.verdict_id)
         epochs = {c.metric("antdt_controller_epoch"): c for c in both}
         assert commands[low].controller_epoch != commands[high].controller_epoch  # each job answered by its owner
@@ -125,7 +132,7 @@ def test_two_controllers_split_the_jobs_and_a_survivor_takes_over_with_a_higher_
         assert command.controller_epoch == new_epoch == low_agent.verifier.highest_epoch
 
         zombie = ControllerCore(stamp=Stamp(commands[low].controller_epoch, KEY.encode()))  # the dead owner, late
-        stale = zombie.on_verdict(verdict("w1", job=low, t=99), datetime.now(timezone.utc))
+        stale = zombie.on_verdict(verdict("w1", job=low, t=99), datetime.now(UTC))
         with producing(signed) as producer:
             producer.produce(signed.topic("controller", "commands"), key=worker_key(low, "w1").encode(),
                              value=CODEC.encode(stale.commands[0]))
@@ -138,7 +145,7 @@ def test_dry_run_switched_on_at_run_time(signed, topics, tmp_path):
             Agent(JOB, "w1", settings=signed) as agent:
         controller.wait_ready()
         change = ControlConfig(config_id="dry", job_id=None, component=ControlComponent.CONTROLLER,
-                               changes={"controller.dry_run": "true"}, issued_by="test", issued_at=datetime.now(timezone.utc))
+                               changes={"controller.dry_run": "true"}, issued_by="test", issued_at=datetime.now(UTC))
         with producing(signed) as producer:
             producer.produce(signed.topic("control", "config"), key=b"*", value=CODEC.encode(change))
         controller.wait_until(lambda: controller.metric('antdt_controller_config_changes_total{result="applied"}') == 1,

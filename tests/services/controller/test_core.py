@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
+from antdt.control.signing import verify
 from antdt.errors import ConfigError
-from antdt.schemas.models import AckStatus, CommandAction as A, ControlComponent, ControlConfig, StragglerClass as C
+from antdt.schemas.models import AckStatus, ControlComponent, ControlConfig
+from antdt.schemas.models import CommandAction as A
+from antdt.schemas.models import StragglerClass as C
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.core import ControllerCore
 from antdt.services.controller.policy import load_policy, registered
 from antdt.services.controller.safety import Stamp
-from antdt.signing import verify
 from antdt.worker.commands import CommandVerifier
 from tests.services.controller.helpers import at, report, verdict
 
 
 def control(changes, job=None):
     return ControlConfig(config_id="c", job_id=job, component=ControlComponent.CONTROLLER, changes=changes,
-                         issued_by="t", issued_at=datetime.now(timezone.utc))
+                         issued_by="t", issued_at=datetime.now(UTC))
 
 
 def test_dry_run_commands_are_flagged_change_nothing_and_agents_ignore_them():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from antdt.schemas.models import CommandAction as A, StragglerClass as C, VerdictKind as K
+from antdt.schemas.models import CommandAction as A
+from antdt.schemas.models import StragglerClass as C
+from antdt.schemas.models import VerdictKind as K
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.core import ControllerCore
 from tests.services.controller.helpers import at, report, verdict
@@ -105,8 +107,8 @@ def test_a_successor_recalls_the_budget_spent_before_it():
 def test_ten_minutes_of_a_homogeneous_job_with_20_percent_noise_restart_nobody():
     """The monitor and AntDT-ND as the nd plan runs them, on 8 equal workers whose load wanders +-20 %."""
     from antdt.demo.plans import PLANS
+    from antdt.loadgen.traces import TraceSpec, generate
     from antdt.services.monitor.detection import DetectorConfig, JobDetector
-    from antdt.services.monitor.traces import TraceSpec, generate
 
     config = DetectorConfig().with_changes(dict(PLANS["nd"].monitor))
     for seed in range(6):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings as hsettings
+from hypothesis import given
+from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from antdt.errors import ConfigError
 from antdt.schemas.models import GroupReady, GroupReason
 from antdt.schemas.types import utc_now
-from antdt.services.grouper.core import GroupFormer, GrouperConfig
+from antdt.services.grouper.core import GrouperConfig, GroupFormer
 
 JOB = "job-pr"
 

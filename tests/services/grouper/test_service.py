@@ -10,7 +10,7 @@ import pytest
 from antdt.bus.clients import make_producer
 from antdt.bus.deadletter import HEADER_ERROR
 from antdt.cli.main import run
-from antdt.launch import settings_env
+from antdt.runtime.launch import settings_env
 from antdt.schemas.codec import make_codec
 from antdt.schemas.examples import group_ready
 from antdt.schemas.models import GroupReason

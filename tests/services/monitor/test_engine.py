@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from antdt.errors import AntdtError, CodecError, ConfigError
+from antdt.loadgen.traces import TraceSlowdown, TraceSpec, generate
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.examples import control_config, worker_metrics
-from antdt.schemas.models import ControlComponent, ControlConfig, StragglerClass as C, VerdictKind as K
+from antdt.schemas.models import ControlComponent, ControlConfig
+from antdt.schemas.models import StragglerClass as C
+from antdt.schemas.models import VerdictKind as K
 from antdt.services.monitor.detection import DetectorConfig
 from antdt.services.monitor.engine import MonitorEngine
-from antdt.services.monitor.traces import Episode, TraceSpec, generate
 
 CODEC = SingleObjectCodec()
 
 
 def control(changes, job=None, component=ControlComponent.MONITOR):
     return ControlConfig(config_id="c", job_id=job, component=component, changes=changes, issued_by="t",
-                         issued_at=datetime.now(timezone.utc))
+                         issued_at=datetime.now(UTC))
 
 
 def feed(engine, reports):
@@ -40,7 +42,7 @@ def test_decode_accepts_worker_metrics_and_rejects_anything_else():
 
 def test_jobs_are_detected_independently():
     engine = MonitorEngine(CODEC)
-    slow = generate(TraceSpec(seconds=40, episodes=[Episode("w2", 10, 40, 3.0)], job_id="a"), seed=0)
+    slow = generate(TraceSpec(seconds=40, episodes=[TraceSlowdown("w2", 10, 40, 3.0)], job_id="a"), seed=0)
     calm = generate(TraceSpec(seconds=40, job_id="b"), seed=0)
     verdicts = feed(engine, sorted(slow + calm, key=lambda r: r.window_end))
     assert {(v.job_id, v.worker_id) for v in verdicts} == {("a", "w2")}
@@ -50,7 +52,7 @@ def test_jobs_are_detected_independently():
 def test_a_job_override_changes_only_that_job():
     engine = MonitorEngine(CODEC)
     assert engine.apply(control({"monitor.straggler_ratio": "1.1", "monitor.clear_ratio": "1.05"}, job="a"))
-    mild = [Episode("w1", 10, 40, 1.2)]
+    mild = [TraceSlowdown("w1", 10, 40, 1.2)]
     verdicts = feed(engine, generate(TraceSpec(seconds=40, episodes=mild, job_id="a"), seed=1))
     verdicts += feed(engine, generate(TraceSpec(seconds=40, episodes=mild, job_id="b"), seed=1))
     assert {v.job_id for v in verdicts} == {"a"}
@@ -95,7 +97,7 @@ def test_idle_jobs_are_forgotten():
 
 def test_redelivered_reports_are_dropped():
     engine = MonitorEngine(CODEC)
-    reports = generate(TraceSpec(seconds=40, episodes=[Episode("w2", 10, 40, 3.0)]), seed=0)
+    reports = generate(TraceSpec(seconds=40, episodes=[TraceSlowdown("w2", 10, 40, 3.0)]), seed=0)
     once = feed(engine, reports)
     again = feed(engine, reports)  # a whole redelivery, as after a rebalance
     assert once and again == []
@@ -103,7 +105,7 @@ def test_redelivered_reports_are_dropped():
 
 def test_a_restarted_worker_ends_its_episode():
     engine = MonitorEngine(CODEC)
-    reports = generate(TraceSpec(seconds=20, episodes=[Episode("w2", 5, 20, 3.0)]), seed=0)
+    reports = generate(TraceSpec(seconds=20, episodes=[TraceSlowdown("w2", 5, 20, 3.0)]), seed=0)
     assert [v.kind for v in feed(engine, reports)] == [K.STRAGGLER]
     later = generate(TraceSpec(seconds=22, start_s=reports[-1].window_end.timestamp()), seed=1)
     restarted = [r.model_copy(update={"incarnation": "new"}) if r.worker_id == "w2"

@@ -8,9 +8,10 @@ from collections import Counter
 from contextlib import contextmanager
 
 from antdt.bus.clients import make_producer
-from antdt.launch import service_process
+from antdt.runtime.launch import service_process
 from antdt.schemas.codec import SingleObjectCodec
-from antdt.schemas.models import AssignmentStatus, DatasetSpec, ShardTransition as T
+from antdt.schemas.models import AssignmentStatus, DatasetSpec
+from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.audit import audit_log
 from antdt.services.sharder.eventlog import read_job_log
 from antdt.services.sharder.service import SharderConfig, SharderService

@@ -9,11 +9,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from antdt.schemas.models import ProgressKind as K, ShardCommit, ShardLogEvent, ShardState, ShardTransition as T
+from antdt.schemas.models import ProgressKind as K
+from antdt.schemas.models import ShardCommit, ShardLogEvent, ShardState
+from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.audit import EpochStatus, audit_log, shard_ranges
-from antdt.services.sharder.eventlog import lacks_beginning
 from antdt.services.sharder.core import ShardCore
-from antdt.services.sharder.dataset import split
+from antdt.services.sharder.eventlog import lacks_beginning
+from antdt.services.sharder.shards import split
 from antdt.services.sharder.state import fold, from_ms
 from tests.services.sharder.helpers import JOB, dataset, new_core, report
 from tests.services.sharder.test_core_properties import WORKERS, ShardingMachine

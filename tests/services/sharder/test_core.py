@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from antdt.schemas.models import AssignmentStatus, ProgressKind as K, ShardState, ShardTransition as T
+from antdt.schemas.models import AssignmentStatus, ShardState
+from antdt.schemas.models import ProgressKind as K
+from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.core import ProgressRejected, ShardCore
-from antdt.services.sharder.dataset import grant_ranks, split
+from antdt.services.sharder.shards import grant_ranks, split
 from antdt.services.sharder.state import JobState, fold
 from tests.services.sharder.helpers import JOB, dataset, new_core, report
 

@@ -13,17 +13,18 @@ capture must hold every slot as it is.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-import itertools
-
-from antdt.schemas.models import AssignmentStatus, ProgressKind as K, ShardCommit, ShardState, ShardTransition as T
+from antdt.schemas.models import AssignmentStatus, ShardCommit, ShardState
+from antdt.schemas.models import ProgressKind as K
+from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.audit import audit_log
-from antdt.services.sharder.dataset import split
+from antdt.services.sharder.shards import split
 from antdt.services.sharder.state import fold, slot_tuple
 from tests.services.sharder.helpers import JOB, dataset, new_core, report
 

@@ -16,7 +16,8 @@ from antdt.bus.clients import make_producer
 from antdt.bus.murmur2 import partition_for
 from antdt.cli.main import run
 from antdt.schemas.codec import SingleObjectCodec
-from antdt.schemas.models import ShardLogEvent, ShardTransition as T
+from antdt.schemas.models import ShardLogEvent
+from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder import replay
 from antdt.services.sharder.eventlog import LogWriter, log_topic
 from antdt.services.sharder.replay import StartPoint, export_avro, find_start, replay_events

@@ -13,7 +13,9 @@ from antdt.bus.clients import consuming, make_producer
 from antdt.bus.deadletter import HEADER_ERROR
 from antdt.bus.readers import assign_now, poll_batch
 from antdt.schemas.codec import SingleObjectCodec
-from antdt.schemas.models import AssignmentStatus, DatasetSpec, ProgressKind as K, ShardTransition as T
+from antdt.schemas.models import AssignmentStatus, DatasetSpec
+from antdt.schemas.models import ProgressKind as K
+from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.core import CoreConfig
 from antdt.services.sharder.eventlog import LogWriter, log_topic
 from antdt.services.sharder.recovery import recover_job, take_over

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from antdt.bus.clients import make_producer, producing
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import DatasetSpec, ShardState
-from antdt.services.sharder.eventlog import latest_snapshot, snapshot_topic
 from antdt.services.sharder import metrics
+from antdt.services.sharder.eventlog import latest_snapshot, snapshot_topic
 from antdt.services.sharder.snapshots import BuilderProcess, SnapshotWriter
 from antdt.services.sharder.state import JobState
 
@@ -42,7 +42,7 @@ def test_a_submitted_capture_is_written_as_the_snapshot_of_the_state_it_was_take
     job = f"snap-a-{builder}"
     state = a_job(job)
     captured = state.capture()
-    expected = state.to_snapshot(datetime.now(timezone.utc), log_offset=7)
+    expected = state.to_snapshot(datetime.now(UTC), log_offset=7)
     state.slots[60].state = ShardState.DONE  # changed after the capture: not in the snapshot
     producer = make_producer(settings)
     writer = SnapshotWriter(producer, snapshot_topic(settings), CODEC, builder=builder)

@@ -20,7 +20,7 @@ import psutil
 import pytest
 import torch
 
-from antdt.broker import free_port
+from antdt.embedded.broker import free_port
 from antdt.schemas.models import AckStatus, CommandAction, LifecycleEvent
 from antdt.settings import load_settings
 from antdt.worker.ledger import read_ledgers

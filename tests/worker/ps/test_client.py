@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from antdt.schemas.models import AssignmentStatus, DatasetSpec, ShardTransition as T
+from antdt.schemas.models import AssignmentStatus, DatasetSpec
+from antdt.schemas.models import ShardTransition as T
 from antdt.worker import Agent
 from antdt.worker.example import make_model
 from antdt.worker.ps.client import ParameterClient

@@ -16,7 +16,8 @@ from contextlib import ExitStack
 import pytest
 import torch
 
-from antdt.schemas.models import DatasetSpec, ShardState, ShardTransition as T
+from antdt.schemas.models import DatasetSpec, ShardState
+from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.audit import audit_log, compare_with_ledger
 from antdt.services.sharder.state import fold
 from antdt.worker import Agent

@@ -1,7 +1,7 @@
 """An end-to-end check of the bus: every message type through a real broker.
 
-This is what ``antdt demo`` runs until the full straggler demo lands: it
-creates every registry topic, publishes one example of each message type with
+``antdt check`` runs it to prove a deployment's Kafka, credentials and topics
+work before any service relies on them: it creates every registry topic, publishes one example of each message type with
 the production client settings, reads each back by manual assignment, decodes
 it with the codec, and sends one corrupt record through the dead-letter path.
 """

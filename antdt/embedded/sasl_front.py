@@ -26,8 +26,14 @@ import socket
 import threading
 from collections import Counter
 
-from antdt import kafka_wire as wire
-from antdt.scram import MECHANISMS, ScramCredential, ScramFailure, ScramServerExchange, make_credential
+from antdt.embedded import kafka_wire as wire
+from antdt.embedded.scram import (
+    MECHANISMS,
+    ScramCredential,
+    ScramFailure,
+    ScramServerExchange,
+    make_credential,
+)
 
 log = logging.getLogger(__name__)
 

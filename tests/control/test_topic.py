@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from antdt.bus.clients import producing
-from antdt.control import ControlFollower, changes_for, control_topic
+from antdt.control.topic import ControlFollower, changes_for, control_topic
 from antdt.errors import ConfigError
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.examples import worker_metrics
-from antdt.schemas.models import ControlComponent as Component, ControlConfig
+from antdt.schemas.models import ControlComponent as Component
+from antdt.schemas.models import ControlConfig
 
 CODEC = SingleObjectCodec()
 
 
 def change(config_id, changes, component=Component.MONITOR, job=None):
     return ControlConfig(config_id=config_id, job_id=job, component=component, changes=changes, issued_by="t",
-                         issued_at=datetime.now(timezone.utc))
+                         issued_at=datetime.now(UTC))
 
 
 def test_a_component_takes_its_own_prefixed_keys():

@@ -6,8 +6,8 @@ import base64
 
 import pytest
 
-from antdt import scram
-from antdt.scram import ScramFailure, ScramServerExchange, make_credential
+from antdt.embedded import scram
+from antdt.embedded.scram import ScramFailure, ScramServerExchange, make_credential
 
 # RFC 7677 section 3: user "user", password "pencil".
 CLIENT_FIRST = b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO"

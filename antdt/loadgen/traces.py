@@ -21,7 +21,7 @@ _IDLE = ResourceSnapshot(process_cpu_percent=95, host_cpu_percent=50, cpu_steal_
 
 
 @dataclass(frozen=True)
-class Episode:
+class TraceSlowdown:
     """Worker ``worker`` is ``factor`` times slower from ``start_s`` to ``end_s``."""
 
     worker: str
@@ -40,7 +40,7 @@ class TraceSpec:
     noise: float = 0.2
     noise_period_s: float = 0.0  # 0: each step drawn afresh; else one draw per worker held this long (a node's load)
     speeds: dict[str, float] = field(default_factory=dict)  # fixed heterogeneous factors from the start
-    episodes: list[Episode] = field(default_factory=list)
+    episodes: list[TraceSlowdown] = field(default_factory=list)
     barrier_wait: dict[str, float] = field(default_factory=dict)  # worker -> sync seconds per step
     batch_changes: dict[str, tuple[float, int]] = field(default_factory=dict)  # worker -> (at_s, new size)
     start_s: float = 1_800_000_000.0

@@ -26,7 +26,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
-from antdt.broker import free_port
+from antdt.embedded.broker import free_port
 from antdt.errors import AntdtError
 from antdt.settings import ENV_PREFIX, Settings
 

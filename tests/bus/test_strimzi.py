@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from antdt.bus.strimzi import kafka_topics, kafka_topics_yaml, resource_name
 from antdt.cli.main import run
-from antdt.k8s_topics import kafka_topics, kafka_topics_yaml, resource_name
 from antdt.topics import TOPICS
-
 from tests.deploy.k8s_schemas import REPO, schema_errors
 
 COMMITTED = REPO / "deploy" / "k8s" / "components" / "strimzi" / "topics.yaml"

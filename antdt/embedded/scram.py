@@ -1,7 +1,7 @@
 """The server side of SASL/SCRAM (RFC 5802, RFC 7677), as Apache Kafka does it.
 
 The embedded broker cannot check SCRAM credentials itself (see
-:mod:`antdt.sasl_front`), so antdt's front for it does. Credentials are kept
+:mod:`antdt.embedded.sasl_front`), so antdt's front for it does. Credentials are kept
 the way Kafka keeps them: salt, iterations, stored key and server key, never
 the password. An unknown user gets a deterministic fake salt and fails at the
 proof with the same answer as a wrong password, so a client cannot tell which

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from antdt.launch import settings_env
+from antdt.runtime.launch import settings_env
 from antdt.settings import BrokerProfile, load_settings
 
 

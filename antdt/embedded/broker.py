@@ -15,7 +15,7 @@ With ``authentication=True`` clients must log in with SASL/SCRAM
 (``SCRAM-SHA-256`` or ``SCRAM-SHA-512``, over ``SASL_PLAINTEXT``) as a user
 created with :meth:`EmbeddedBroker.create_user` or passed in ``users``. The
 broker's own ``--authentication`` cannot do that (its in-memory storage drops
-SCRAM credentials, see :mod:`antdt.sasl_front`), so a SCRAM front on the
+SCRAM credentials, see :mod:`antdt.embedded.sasl_front`), so a SCRAM front on the
 public port checks credentials and relays to the broker on a private port.
 """
 
@@ -33,15 +33,15 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from antdt.embedded.sasl_front import SaslFront
+from antdt.embedded.scram import DEFAULT_ITERATIONS, MECHANISMS
 from antdt.errors import BrokerError
-from antdt.sasl_front import SaslFront
-from antdt.scram import DEFAULT_ITERATIONS, MECHANISMS
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9092
 LOOPBACK = "127.0.0.1"
-_QUIET = logging.getLogger("antdt.broker.probe")
+_QUIET = logging.getLogger("antdt.embedded.broker.probe")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
 

@@ -1,6 +1,6 @@
 """Just enough of the Kafka wire protocol to authenticate a connection.
 
-:mod:`antdt.sasl_front` answers ``SaslHandshake`` and ``SaslAuthenticate``
+:mod:`antdt.embedded.sasl_front` answers ``SaslHandshake`` and ``SaslAuthenticate``
 itself and passes everything else through as opaque frames, so only those
 two requests are decoded here, in the non-flexible versions every Kafka
 client speaks (``SaslHandshake`` v1, ``SaslAuthenticate`` v0 and v1).
