@@ -26,7 +26,16 @@ def test_every_source_package_is_declared():
 
 
 def test_layout_of_the_design_card():
-    for folder in ("services/monitor", "services/controller", "services/sharder", "worker", "schemas", "deploy", "tests", "bench"):
+    for folder in (
+        "services/monitor",
+        "services/controller",
+        "services/sharder",
+        "worker",
+        "schemas",
+        "deploy",
+        "tests",
+        "bench",
+    ):
         assert (ROOT / folder).is_dir(), folder
 
 

@@ -10,16 +10,27 @@ from antdt.runtime.shutdown import stop_on_signals
 
 
 def broker(
-    port: int = typer.Option(DEFAULT_PORT, "--port", "-p", min=1, max=65535, help="Loopback port to listen on."),
-    authentication: bool = typer.Option(False, "--authentication", help="Require SASL/SCRAM logins (implied by --user)."),
-    users: list[str] = typer.Option([], "--user", metavar="NAME:PASSWORD", help="A SCRAM user (repeatable)."),
+    port: int = typer.Option(
+        DEFAULT_PORT, "--port", "-p", min=1, max=65535, help="Loopback port to listen on."
+    ),
+    authentication: bool = typer.Option(
+        False, "--authentication", help="Require SASL/SCRAM logins (implied by --user)."
+    ),
+    users: list[str] = typer.Option(
+        [], "--user", metavar="NAME:PASSWORD", help="A SCRAM user (repeatable)."
+    ),
 ) -> None:
     """Run the embedded broker (Tansu, in memory) until Ctrl-C or SIGTERM."""
     accounts = _accounts(users)
-    with stop_on_signals() as stop, EmbeddedBroker(port=port, authentication=authentication, users=accounts) as running:
+    with (
+        stop_on_signals() as stop,
+        EmbeddedBroker(port=port, authentication=authentication, users=accounts) as running,
+    ):
         typer.echo(f"embedded broker ready in {running.ready_after_s:.3f} s")
         typer.echo(f"bootstrap servers: {running.bootstrap_servers}")
-        typer.echo(f"export ANTDT_BOOTSTRAP_SERVERS={running.bootstrap_servers} ANTDT_BROKER_PROFILE=embedded")
+        typer.echo(
+            f"export ANTDT_BOOTSTRAP_SERVERS={running.bootstrap_servers} ANTDT_BROKER_PROFILE=embedded"
+        )
         if running.authentication:
             typer.echo(_credentials_hint(next(iter(accounts), "<user>")))
         while not stop.wait(0.2):

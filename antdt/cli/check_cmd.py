@@ -13,7 +13,13 @@ from antdt.bus.selfcheck import run_bus_check
 from antdt.cli.tables import Column, NarrowTable
 from antdt.demo.environment import run_bus
 
-CHECK_COLUMNS = [Column("topic"), Column("message"), Column("bytes"), Column("round trip ms"), Column("decoded equal")]
+CHECK_COLUMNS = [
+    Column("topic"),
+    Column("message"),
+    Column("bytes"),
+    Column("round trip ms"),
+    Column("decoded equal"),
+]
 
 
 def check() -> None:
@@ -22,10 +28,17 @@ def check() -> None:
     with run_bus(create_topics=False) as (settings, where):
         console.print(f"[bold]antdt bus check[/bold] on {where}")
         result = run_bus_check(settings)
-    table = NarrowTable(CHECK_COLUMNS, wide=True, title="each message type through the broker and back")
+    table = NarrowTable(
+        CHECK_COLUMNS, wide=True, title="each message type through the broker and back"
+    )
     for row in result.rows:
-        table.add(row.topic, row.message, row.encoded_bytes, f"{row.round_trip_ms:.1f}",
-                  "yes" if row.decoded_equal else "[red]NO[/red]")
+        table.add(
+            row.topic,
+            row.message,
+            row.encoded_bytes,
+            f"{row.round_trip_ms:.1f}",
+            "yes" if row.decoded_equal else "[red]NO[/red]",
+        )
     console.print(table.table)
     console.print(f"corrupt records dead-lettered: {result.dead_lettered}")
     console.print("[green]bus check passed[/green]" if result.ok else "[red]bus check FAILED[/red]")

@@ -31,13 +31,18 @@ class NarrowTable:
         self.table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
         for column, shown in zip(columns, self._shown):
             if shown:
-                self.table.add_column(column.header, no_wrap=not column.free_text,
-                                      overflow="fold" if column.free_text else "ellipsis")
+                self.table.add_column(
+                    column.header,
+                    no_wrap=not column.free_text,
+                    overflow="fold" if column.free_text else "ellipsis",
+                )
 
     def add(self, *values: object) -> None:
         if len(values) != len(self._shown):
             raise ValueError(f"{len(values)} values for {len(self._shown)} columns")
-        self.table.add_row(*("" if v is None else str(v) for v, shown in zip(values, self._shown) if shown))
+        self.table.add_row(
+            *("" if v is None else str(v) for v, shown in zip(values, self._shown) if shown)
+        )
 
 
 def clock(when: datetime, wide: bool) -> str:
@@ -46,7 +51,8 @@ def clock(when: datetime, wide: bool) -> str:
 
 
 def day_span(times: list[datetime]) -> str:
-    """The day (or first and last day) ``times`` fall on, for a title when the rows show only the clock."""
+    """The day (or first and last day) ``times`` fall on, for a title when the rows show only the
+    clock."""
     if not times:
         return ""
     first, last = min(times).date(), max(times).date()

@@ -14,14 +14,25 @@ from antdt.topics import TOPICS, markdown_table
 
 
 def topics(
-    create: bool = typer.Option(False, "--create", help="Create missing topics on ANTDT_BOOTSTRAP_SERVERS."),
-    markdown: bool = typer.Option(False, "--markdown", help="Print the registry as the README's Markdown table."),
-    kafka_topics: bool = typer.Option(False, "--kafka-topics", help="Print the registry as Strimzi KafkaTopic YAML."),
-    cluster: str = typer.Option(DEFAULT_CLUSTER, "--cluster", help="Strimzi Kafka cluster the KafkaTopics belong to."),
-    replicas: int = typer.Option(DEFAULT_REPLICAS, "--replicas", min=1, help="Replication factor of the KafkaTopics."),
+    create: bool = typer.Option(
+        False, "--create", help="Create missing topics on ANTDT_BOOTSTRAP_SERVERS."
+    ),
+    markdown: bool = typer.Option(
+        False, "--markdown", help="Print the registry as the README's Markdown table."
+    ),
+    kafka_topics: bool = typer.Option(
+        False, "--kafka-topics", help="Print the registry as Strimzi KafkaTopic YAML."
+    ),
+    cluster: str = typer.Option(
+        DEFAULT_CLUSTER, "--cluster", help="Strimzi Kafka cluster the KafkaTopics belong to."
+    ),
+    replicas: int = typer.Option(
+        DEFAULT_REPLICAS, "--replicas", min=1, help="Replication factor of the KafkaTopics."
+    ),
     wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
 ) -> None:
-    """List antdt's topics (from the registry), create them idempotently, or print them as KafkaTopics."""
+    """List antdt's topics (from the registry), create them idempotently, or print them as
+    KafkaTopics."""
     settings = load_settings()
     if markdown:
         typer.echo(markdown_table(settings.topic_prefix))
@@ -44,5 +55,10 @@ def topic_table(prefix: str, wide: bool) -> NarrowTable:
     return table
 
 
-TOPIC_COLUMNS = [Column("topic"), Column("partitions"), Column("key"), Column("value"),
-                 Column("purpose", wide_only=True, free_text=True)]
+TOPIC_COLUMNS = [
+    Column("topic"),
+    Column("partitions"),
+    Column("key"),
+    Column("value"),
+    Column("purpose", wide_only=True, free_text=True),
+]

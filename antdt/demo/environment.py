@@ -25,7 +25,9 @@ def run_bus(create_topics: bool = True) -> Iterator[tuple[Settings, str]]:
 
 
 @contextmanager
-def bus_and_broker(create_topics: bool = True, port: int | None = None) -> Iterator[tuple[Settings, str, EmbeddedBroker | None]]:
+def bus_and_broker(
+    create_topics: bool = True, port: int | None = None
+) -> Iterator[tuple[Settings, str, EmbeddedBroker | None]]:
     """Like :func:`run_bus`, with the embedded broker (None on an external bus), e.g. to restart it.
 
     ``port``: the embedded broker's (default a free one); an external bus keeps its own.
@@ -37,7 +39,13 @@ def bus_and_broker(create_topics: bool = True, port: int | None = None) -> Itera
         yield settings, settings.bootstrap_servers, None
         return
     with EmbeddedBroker(port=port) as broker:
-        settings = load_settings(bootstrap_servers=broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED)
+        settings = load_settings(
+            bootstrap_servers=broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED
+        )
         if create_topics:
             ensure_topics(make_admin(settings), settings)
-        yield settings, f"embedded broker {broker.bootstrap_servers} (ready in {broker.ready_after_s:.3f} s)", broker
+        yield (
+            settings,
+            f"embedded broker {broker.bootstrap_servers} (ready in {broker.ready_after_s:.3f} s)",
+            broker,
+        )

@@ -37,13 +37,20 @@ class ScramCredential:
     server_key: bytes
 
 
-def make_credential(mechanism: str, password: str, iterations: int = DEFAULT_ITERATIONS, salt: bytes | None = None) -> ScramCredential:
+def make_credential(
+    mechanism: str, password: str, iterations: int = DEFAULT_ITERATIONS, salt: bytes | None = None
+) -> ScramCredential:
     """Derive the stored credential for ``password`` (the password itself is not kept)."""
     digest = MECHANISMS[mechanism]
     salt = salt if salt is not None else secrets.token_bytes(32)
     salted = hashlib.pbkdf2_hmac(digest, password.encode(), salt, iterations)
     client_key = _hmac(digest, salted, b"Client Key")
-    return ScramCredential(salt, iterations, hashlib.new(digest, client_key).digest(), _hmac(digest, salted, b"Server Key"))
+    return ScramCredential(
+        salt,
+        iterations,
+        hashlib.new(digest, client_key).digest(),
+        _hmac(digest, salted, b"Server Key"),
+    )
 
 
 def _hmac(digest: str, key: bytes, message: bytes) -> bytes:
@@ -126,7 +133,9 @@ class ScramServerExchange:
         if len(proof) != len(client_signature):
             return False
         client_key = bytes(a ^ b for a, b in zip(proof, client_signature))
-        return hmac.compare_digest(hashlib.new(self._digest, client_key).digest(), self._credential.stored_key)
+        return hmac.compare_digest(
+            hashlib.new(self._digest, client_key).digest(), self._credential.stored_key
+        )
 
     def _fake_credential(self, username: str) -> ScramCredential:
         """A stable salt for an unknown user, so probing twice does not reveal that it is unknown."""

@@ -1,1 +1,2 @@
-"""Simulated agents for scale tests: many workers per process speaking the real protocol, without torch."""
+"""Simulated agents for scale tests: many workers per process speaking the real protocol, without
+torch."""

@@ -1,1 +1,2 @@
-"""What every service process shares: starting services as children, the poll loop, signals, health and metrics."""
+"""What every service process shares: starting services as children, the poll loop, signals, health
+and metrics."""

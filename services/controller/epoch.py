@@ -15,8 +15,14 @@ EPOCH_KEY = "controller.epoch"
 
 def epoch_claim(epoch: int, controller_id: str) -> ControlConfig:
     """The control record by which a controller takes ``epoch``."""
-    return ControlConfig(config_id=f"epoch-{epoch}-{controller_id}", job_id=None, component=ControlComponent.CONTROLLER,
-                         changes={EPOCH_KEY: str(epoch)}, issued_by=controller_id, issued_at=datetime.now(UTC))
+    return ControlConfig(
+        config_id=f"epoch-{epoch}-{controller_id}",
+        job_id=None,
+        component=ControlComponent.CONTROLLER,
+        changes={EPOCH_KEY: str(epoch)},
+        issued_by=controller_id,
+        issued_at=datetime.now(UTC),
+    )
 
 
 def claimed_epoch(change: ControlConfig) -> int | None:

@@ -36,7 +36,11 @@ def test_one_topic_per_registry_entry_with_its_partitions_and_configs():
     topics = kafka_topics("antdt", "c1", 3)
     assert [t["metadata"]["name"] for t in topics] == [spec.full_name("antdt") for spec in TOPICS]
     for topic, spec in zip(topics, TOPICS):
-        assert topic["spec"] == {"partitions": spec.partitions, "replicas": 3, "config": spec.configs}
+        assert topic["spec"] == {
+            "partitions": spec.partitions,
+            "replicas": 3,
+            "config": spec.configs,
+        }
         assert topic["metadata"]["labels"]["strimzi.io/cluster"] == "c1"
         assert not schema_errors(topic), schema_errors(topic)
 

@@ -55,7 +55,10 @@ def test_liveness_and_metrics_answer_200_before_ready(health, path):
 
 def test_not_ready_fails_with_the_status_and_the_reason(health, capsys):
     assert run(["probe", "--port", str(health.port)]) == 1  # /readyz is the default path
-    assert one_error_line(capsys) == f"antdt: error: http://127.0.0.1:{health.port}/readyz answered HTTP 503 (not ready)"
+    assert (
+        one_error_line(capsys)
+        == f"antdt: error: http://127.0.0.1:{health.port}/readyz answered HTTP 503 (not ready)"
+    )
 
 
 def test_unknown_path_fails(health, capsys):
@@ -75,7 +78,10 @@ def test_a_hung_service_fails_after_the_timeout(capsys):
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections, never answers
         port = silent.getsockname()[1]
         assert run(["probe", "--port", str(port), "--timeout", "0.2"]) == 1
-    assert one_error_line(capsys) == f"antdt: error: http://127.0.0.1:{port}/readyz: no answer within 0.2 s"
+    assert (
+        one_error_line(capsys)
+        == f"antdt: error: http://127.0.0.1:{port}/readyz: no answer within 0.2 s"
+    )
 
 
 @pytest.mark.parametrize(

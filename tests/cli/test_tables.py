@@ -37,9 +37,17 @@ def shard_rows():
     first = examples.shard_log_event()
     rows = []
     for i in range(6):
-        event = first.model_copy(update={"seq": 1000 + i, "transition": T.LEASE_EXPIRED, "shard_id": 123456 + i,
-                                         "worker_id": f"trainer-node-17-rank-{i}", "attempt": 2, "reason": REASON,
-                                         "writer_epoch": 12})
+        event = first.model_copy(
+            update={
+                "seq": 1000 + i,
+                "transition": T.LEASE_EXPIRED,
+                "shard_id": 123456 + i,
+                "worker_id": f"trainer-node-17-rank-{i}",
+                "attempt": 2,
+                "reason": REASON,
+                "writer_epoch": 12,
+            }
+        )
         rows.append((i, first.timestamp + timedelta(seconds=i), event))
     return rows
 
@@ -49,7 +57,11 @@ def test_a_job_s_shard_log_fits_80_columns_and_keeps_every_id_whole(wide):
     rows = shard_rows()
     text = rendered(shard_table("job-demo", rows, wide), 80 if not wide else 160)
     whole = [str(e.seq) for _, _, e in rows] + [str(e.shard_id) for _, _, e in rows]
-    whole += [e.worker_id for _, _, e in rows] + [clock(when, wide) for _, when, _ in rows] + ["LEASE_EXPIRED"]
+    whole += (
+        [e.worker_id for _, _, e in rows]
+        + [clock(when, wide) for _, when, _ in rows]
+        + ["LEASE_EXPIRED"]
+    )
     fits(text, 80 if not wide else 160, whole)
     assert ("writer epoch" in text) == wide
 
@@ -62,11 +74,23 @@ def test_the_narrow_view_names_the_day_it_leaves_out():
 
 def test_commands_fit_80_columns():
     first = examples.mitigation_command()
-    commands = [first.model_copy(update={"target_worker": f"trainer-node-17-rank-{i}", "reason": REASON,
-                                         "action": CommandAction.SET_SHARD_QUOTA, "shard_quota": i})
-                for i in range(4)]
+    commands = [
+        first.model_copy(
+            update={
+                "target_worker": f"trainer-node-17-rank-{i}",
+                "reason": REASON,
+                "action": CommandAction.SET_SHARD_QUOTA,
+                "shard_quota": i,
+            }
+        )
+        for i in range(4)
+    ]
     text = rendered(command_table("job-demo", commands, wide=False))
-    fits(text, 80, [c.target_worker for c in commands] + ["SET_SHARD_QUOTA", clock(first.issued_at, False)])
+    fits(
+        text,
+        80,
+        [c.target_worker for c in commands] + ["SET_SHARD_QUOTA", clock(first.issued_at, False)],
+    )
 
 
 def test_groups_fit_80_columns():
@@ -93,4 +117,8 @@ def test_the_topic_registry_fits_80_columns():
     from antdt.topics import TOPICS
 
     text = rendered(topic_table("antdt", wide=False))
-    fits(text, 80, [spec.full_name("antdt") for spec in TOPICS] + [spec.value_name for spec in TOPICS])
+    fits(
+        text,
+        80,
+        [spec.full_name("antdt") for spec in TOPICS] + [spec.value_name for spec in TOPICS],
+    )

@@ -1,4 +1,5 @@
-"""The examples people copy: the antdt script is the plain DDP one plus a few lines, and the plain one runs."""
+"""The examples people copy: the antdt script is the plain DDP one plus a few lines, and the plain
+one runs."""
 
 from __future__ import annotations
 
@@ -16,18 +17,39 @@ EXAMPLES = Path(__file__).parents[2] / "examples"
 def test_the_antdt_example_adds_at_most_ten_lines_to_the_plain_one():
     plain = (EXAMPLES / "ddp_plain.py").read_text().splitlines()
     antdt = (EXAMPLES / "ddp_antdt.py").read_text().splitlines()
-    added = [line for line in difflib.unified_diff(plain, antdt, lineterm="", n=0)
-             if line.startswith("+") and not line.startswith("+++")]
+    added = [
+        line
+        for line in difflib.unified_diff(plain, antdt, lineterm="", n=0)
+        if line.startswith("+") and not line.startswith("+++")
+    ]
     assert 0 < len(added) <= 10, added
 
 
 @pytest.mark.slow
 def test_the_plain_ddp_example_trains_under_torchrun(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTDT_")} | {"OMP_NUM_THREADS": "1"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTDT_")} | {
+        "OMP_NUM_THREADS": "1"
+    }
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(EXAMPLES / "ddp_plain.py"), "--samples", "3000", "--checkpoint", str(tmp_path / "plain.pt")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(EXAMPLES / "ddp_plain.py"),
+            "--samples",
+            "3000",
+            "--checkpoint",
+            str(tmp_path / "plain.pt"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     accuracy = float(done.stdout.split("held-out accuracy")[1].split()[0])
     assert accuracy > 0.5  # ten classes: chance is 0.1

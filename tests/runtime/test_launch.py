@@ -9,8 +9,14 @@ from antdt.settings import BrokerProfile, load_settings
 
 
 def test_settings_survive_the_trip_through_the_environment(monkeypatch: pytest.MonkeyPatch):
-    settings = load_settings(bootstrap_servers="h1:9092,h2:9093", broker_profile=BrokerProfile.EMBEDDED,
-                             topic_prefix="p1", signing_key="s3cret", report_interval_s=0.5, worker_id="w-1")
+    settings = load_settings(
+        bootstrap_servers="h1:9092,h2:9093",
+        broker_profile=BrokerProfile.EMBEDDED,
+        topic_prefix="p1",
+        signing_key="s3cret",
+        report_interval_s=0.5,
+        worker_id="w-1",
+    )
     env = settings_env(settings)
     assert env["ANTDT_SIGNING_KEY"] == "s3cret" and env["ANTDT_BROKER_PROFILE"] == "embedded"
     for name, value in env.items():

@@ -73,7 +73,9 @@ def test_data_written_by_an_older_schema_decodes_with_the_current_one():
     old_version = load_version(old, current=False)
     current_version = load_version(CURRENT["WorkerLifecycle"], current=True)
     codec = SingleObjectCodec(SchemaStore([current_version, old_version]))
-    record = {k: v for k, v in to_avro_dict(worker_lifecycle()).items() if k not in ("node_id", "reason")}
+    record = {
+        k: v for k, v in to_avro_dict(worker_lifecycle()).items() if k not in ("node_id", "reason")
+    }
     buffer = io.BytesIO(SINGLE_OBJECT_MARKER + old_version.fingerprint)
     buffer.seek(0, io.SEEK_END)
     schemaless_writer(buffer, old_version.parsed, record)
