@@ -156,7 +156,8 @@ class Settings(BaseSettings):
             self.sasl_mechanism is None or not self.sasl_username or self.sasl_password is None
         ):
             raise ValueError(
-                f"security_protocol {self.security_protocol.value} needs sasl_mechanism, sasl_username and sasl_password"
+                f"security_protocol {self.security_protocol.value} needs sasl_mechanism, "
+                "sasl_username and sasl_password"
             )
         return self
 

@@ -198,6 +198,7 @@ def markdown_table(prefix: str = "antdt") -> str:
     rows = ["| topic | partitions | key | value | purpose |", "|---|---|---|---|---|"]
     for spec in TOPICS:
         rows.append(
-            f"| `{spec.full_name(prefix)}` | {spec.partitions} | {spec.key} | {spec.value_name} | {spec.purpose} |"
+            f"| `{spec.full_name(prefix)}` | {spec.partitions} | {spec.key} | "
+            f"{spec.value_name} | {spec.purpose} |"
         )
     return "\n".join(rows)

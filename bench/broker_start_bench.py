@@ -51,7 +51,8 @@ def main() -> None:
         return
     r = report["ready_ms"]
     print(
-        f"embedded broker start-to-ready over {args.runs} runs: min {r['min']} ms, median {r['median']} ms, p90 {r['p90']} ms, max {r['max']} ms"
+        f"embedded broker start-to-ready over {args.runs} runs: min {r['min']} ms, "
+        f"median {r['median']} ms, p90 {r['p90']} ms, max {r['max']} ms"
     )
     print(f"stop (SIGTERM, no clients): median {report['stop_ms_median']} ms")
 

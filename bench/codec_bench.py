@@ -95,7 +95,8 @@ def main() -> None:
     print(f"{'operation':34} {'median µs':>10} {'p10':>8} {'p90':>8} {'bytes':>6}")
     for name, row in report["results"].items():
         print(
-            f"{name:34} {row['median_us']:>10.2f} {row['p10_us']:>8.2f} {row['p90_us']:>8.2f} {row.get('bytes', ''):>6}"
+            f"{name:34} {row['median_us']:>10.2f} {row['p10_us']:>8.2f} {row['p90_us']:>8.2f} "
+            f"{row.get('bytes', ''):>6}"
         )
 
 

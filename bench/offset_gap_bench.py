@@ -67,7 +67,8 @@ def tail(consumer, topic: str, total: int, seen: list[int]) -> None:
 
 
 def read_all(settings, topic: str, total: int) -> set[int]:
-    """Every offset the partition holds, read from the start by a plain reader (up to READ_FOR_S)."""
+    """Every offset the partition holds, read from the start by a plain reader (up to
+    READ_FOR_S)."""
     consumer = make_consumer(settings)
     consumer.assign([TopicPartition(topic, 0, 0)])
     offsets, started = set(), time.monotonic()

@@ -405,7 +405,10 @@ def main() -> None:
             runs.append(run_point(count, args.jobs, args.seconds, args.sharder))
             runs[-1]["run_wall_s"] = round(time.monotonic() - began, 1)
             print(
-                f"{count} workers, run {attempt + 1}/{args.repeat}: done in {runs[-1]['run_wall_s']} s",
+                (
+                    f"{count} workers, run {attempt + 1}/{args.repeat}: "
+                    f"done in {runs[-1]['run_wall_s']} s"
+                ),
                 file=sys.stderr,
                 flush=True,
             )

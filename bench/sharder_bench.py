@@ -273,7 +273,8 @@ def bench_latency(settings: Settings, requests: int = 1000) -> dict:
 
 
 def write_log(settings: Settings, job: str, target_events: int, snapshot_every: int) -> int:
-    """A realistic log of ``target_events`` events (with periodic snapshots) straight from the core."""
+    """A realistic log of ``target_events`` events (with periodic snapshots) straight from the
+    core."""
     codec = SingleObjectCodec()
     producer = make_producer(
         settings,

@@ -24,7 +24,8 @@ from images import SmallCNN, SyntheticImages, accuracy, one_gpu_per_rank  # noqa
 
 
 def resume(path: Path, model, optimizer) -> int:
-    """The epoch to start from: torchrun restarts the whole group from the last epoch's checkpoint."""
+    """The epoch to start from: torchrun restarts the whole group from the last epoch's
+    checkpoint."""
     if not path.exists():
         return 0
     state = torch.load(path, map_location="cpu")

@@ -50,7 +50,8 @@ _DEFAULTS: dict[type, dict[str, object]] = {}
 
 
 def _defaults(cls: type[AvroModel]) -> dict[str, object]:
-    """The class's optional fields with their defaults (immutable ones only: lists are made fresh)."""
+    """The class's optional fields with their defaults (immutable ones only: lists are made
+    fresh)."""
     if cls not in _DEFAULTS:
         _DEFAULTS[cls] = {
             name: f.get_default(call_default_factory=True)
@@ -603,7 +604,8 @@ WHOLE_GROUP_REASONS = frozenset({GroupReason.CHECKPOINT, GroupReason.FINAL})
 
 
 class GroupReady(AvroModel):
-    """Partial-reduce: a worker is ready to average its model (``finished``: it has no data left)."""
+    """Partial-reduce: a worker is ready to average its model (``finished``: it has no data
+    left)."""
 
     avro_name: ClassVar[str] = "antdt.GroupReady"
 

@@ -45,7 +45,8 @@ class CheckpointInfo:
 
 
 def _check_plain(value: Any, where: str) -> None:
-    """Refuse at save time what weights_only loading would refuse later (an unloadable checkpoint)."""
+    """Refuse at save time what weights_only loading would refuse later (an unloadable
+    checkpoint)."""
     if isinstance(value, _PLAIN):
         return
     if isinstance(value, (list, tuple)):
@@ -150,7 +151,8 @@ def _read(path: Path, map_location: Any) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not an antdt checkpoint")
     if payload.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
-            f"checkpoint {path} has format version {payload.get('format_version')!r}; this antdt reads {FORMAT_VERSION}"
+            f"checkpoint {path} has format version {payload.get('format_version')!r}; "
+            f"this antdt reads {FORMAT_VERSION}"
         )
     return payload
 
@@ -163,7 +165,8 @@ def _check_fits(path: Path, model: torch.nn.Module, saved: Mapping[str, Any]) ->
     unexpected = sorted(set(saved) - set(current))
     if missing or unexpected:
         raise CheckpointError(
-            f"checkpoint {path} does not fit the model: {len(missing)} missing keys (first: {missing[:1]}), "
+            f"checkpoint {path} does not fit the model: {len(missing)} missing keys "
+            f"(first: {missing[:1]}), "
             f"{len(unexpected)} unexpected (first: {unexpected[:1]})"
         )
     for key, value in current.items():
@@ -174,7 +177,8 @@ def _check_fits(path: Path, model: torch.nn.Module, saved: Mapping[str, Any]) ->
             and value.shape != other.shape
         ):
             raise CheckpointError(
-                f"checkpoint {path} does not fit the model: {key} is {tuple(other.shape)} there, {tuple(value.shape)} here"
+                f"checkpoint {path} does not fit the model: "
+                f"{key} is {tuple(other.shape)} there, {tuple(value.shape)} here"
             )
 
 
@@ -189,7 +193,8 @@ def _check_optimizer_fits(path: Path, optimizer: torch.optim.Optimizer, saved: A
     theirs = [len(group.get("params", ())) for group in groups]
     if ours != theirs:
         raise CheckpointError(
-            f"checkpoint {path} does not fit the optimizer: parameter groups of sizes {theirs} there, {ours} here"
+            f"checkpoint {path} does not fit the optimizer: parameter groups "
+            f"of sizes {theirs} there, {ours} here"
         )
 
 

@@ -72,7 +72,8 @@ class Committer:
             return None
         if len(by_epoch) > 1:
             raise AntdtError(
-                f"update {update_id} mixes samples of epochs {sorted(by_epoch)}; an update trains one epoch"
+                f"update {update_id} mixes samples of epochs {sorted(by_epoch)}; "
+                "an update trains one epoch"
             )
         [(epoch, commits)] = by_epoch.items()
         seq = self.client.commit(epoch, commits, update_id=update_id, step=step)
@@ -91,7 +92,8 @@ class Committer:
         return PendingUpdate(pending.update_id, seq, pending.epoch, pending.commits)
 
     def settle(self, pending: PendingUpdate, answer: ShardAssignment) -> bool:
-        """True if the update was recorded; on a refusal its grants are revoked and False returned."""
+        """True if the update was recorded; on a refusal its grants are revoked and False
+        returned."""
         if answer.status is not AssignmentStatus.REFUSED:
             return True
         self.refused += 1

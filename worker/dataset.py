@@ -242,7 +242,8 @@ class ShardedDataset(IterableDataset):
                 silent_s = time.monotonic() - answered_at
                 if silent_s >= self.sharder_timeout_s:
                     raise NoAnswer(
-                        f"worker {client.worker_id}: no answer from the sharder for {silent_s:.0f} s "
+                        f"worker {client.worker_id}: no answer "
+                        f"from the sharder for {silent_s:.0f} s "
                         f"(is the sharder running and the bus reachable?)"
                     ) from None
                 continue  # the sharder is restarting or taking the job over: ask again

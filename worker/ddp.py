@@ -82,7 +82,8 @@ def end_broken_group(who: str, exc: BaseException) -> NoReturn:
     commits are still on their way), no interpreter teardown under the broken group's threads.
     """
     print(
-        f"{who}: the group broke ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}); "
+        f"{who}: the group broke "
+        f"({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}); "
         f"exiting {EXIT_GROUP_BROKEN}",
         file=sys.stderr,
         flush=True,
@@ -127,7 +128,10 @@ class StepSizedTimeout:
             self._last_done = now
 
     def describe(self) -> str:
-        known = f"{self.factor:g}x the slowest of the last {len(self._periods)} steps, at least {self.floor_s:g} s"
+        known = (
+            f"{self.factor:g}x the slowest of the last {len(self._periods)} steps, "
+            f"at least {self.floor_s:g} s"
+        )
         return known if self._periods else "the first step's bound"
 
 

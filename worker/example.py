@@ -156,7 +156,8 @@ def train(agent: Agent, config: ExampleConfig, report=print) -> dict:
             agent.step(samples=len(labels))
         if losses:
             report(
-                f"{agent.spec.worker_id} epoch {data.epoch}: {len(losses)} steps, mean loss {sum(losses) / len(losses):.3f}"
+                f"{agent.spec.worker_id} epoch {data.epoch}: {len(losses)} steps, "
+                f"mean loss {sum(losses) / len(losses):.3f}"
             )
             losses = []
     if server is not None:

@@ -106,7 +106,8 @@ class LedgerSlots:
     def encode(self, tags) -> list[int]:
         if len(tags) > self.cap:
             raise AntdtError(
-                f"a batch of {len(tags)} samples does not fit the ledger's {self.cap} slots per rank"
+                f"a batch of {len(tags)} samples "
+                f"does not fit the ledger's {self.cap} slots per rank"
             )
         slots = [0] * (self.world * self.cap)
         base, size = self.rank * self.cap, self.ledger.size

@@ -22,7 +22,8 @@ from antdt.schemas.models import ShardCommit
 
 @dataclass(frozen=True, slots=True)
 class SampleTag:
-    """One sample's provenance: its epoch and dataset index, and the shard grant it was read under."""
+    """One sample's provenance: its epoch and dataset index, and the shard grant it was read
+    under."""
 
     epoch: int
     index: int
@@ -40,7 +41,8 @@ class Tagged(NamedTuple):
 
 
 def collate(items: Sequence[Tagged], inner=None) -> Tagged:
-    """DataLoader ``collate_fn``: the batch as torch's default collate makes it, the tags beside it."""
+    """DataLoader ``collate_fn``: the batch as torch's default collate makes it, the tags beside
+    it."""
     if inner is None:
         from torch.utils.data import default_collate as inner
     return Tagged(

@@ -262,12 +262,14 @@ class ShardClient(OwnKeyClient):
             failed, self._failed = self._failed, []
         if remaining or failed:
             raise BusError(
-                f"worker {self.worker_id}: {remaining} report(s) undelivered after {timeout_s:g} s, "
+                f"worker {self.worker_id}: {remaining} report(s) undelivered "
+                f"after {timeout_s:g} s, "
                 f"{len(failed)} dropped ({', '.join(failed[:3]) or 'none'})"
             )
 
     def _delivered(self, error, message) -> None:
-        """Delivery callback: a report the bus dropped is remembered for :meth:`flush` (and logged)."""
+        """Delivery callback: a report the bus dropped is remembered for :meth:`flush` (and
+        logged)."""
         if error is None:
             return
         log.warning("worker %s: a report was not delivered: %s", self.worker_id, error.str())
@@ -300,7 +302,8 @@ class ShardClient(OwnKeyClient):
         finally:
             self._forget(seq)  # answered or not, nobody waits for it any more
         raise NoAnswer(
-            f"no answer from the sharder to {self.worker_id}'s request {seq} within {timeout_s:.0f} s"
+            f"no answer from the sharder to {self.worker_id}'s request {seq} "
+            f"within {timeout_s:.0f} s"
         )
 
     def answer_if_ready(self, seq: int) -> ShardAssignment | None:

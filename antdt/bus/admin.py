@@ -63,7 +63,8 @@ def cluster_metadata(
 
 
 def _unreachable(settings: Settings | None, error: KafkaError, timeout_s: float) -> str:
-    """Why metadata did not come, with a hint when a broker takes connections but answers nothing."""
+    """Why metadata did not come, with a hint when a broker takes connections but answers
+    nothing."""
     where = f" from {settings.bootstrap_servers}" if settings else ""
     message = f"cannot read cluster metadata{where} within {timeout_s:.0f} s: {error.str()}"
     if (
@@ -73,7 +74,8 @@ def _unreachable(settings: Settings | None, error: KafkaError, timeout_s: float)
     ):
         message += (
             " (a broker accepts connections but closes them: if it requires authentication, set"
-            " ANTDT_SECURITY_PROTOCOL=SASL_PLAINTEXT and ANTDT_SASL_MECHANISM, ANTDT_SASL_USERNAME, ANTDT_SASL_PASSWORD)"
+            " ANTDT_SECURITY_PROTOCOL=SASL_PLAINTEXT and ANTDT_SASL_MECHANISM, ANTDT_SASL_USERNAME,"
+            " ANTDT_SASL_PASSWORD)"
         )
     return message
 

@@ -45,7 +45,10 @@ def describe_auth_failure(settings: Settings, error: KafkaError) -> str:
         if settings.sasl_mechanism
         else settings.security_protocol.value
     )
-    return f"authentication failed for user {settings.sasl_username!r} ({mechanism}) on {settings.bootstrap_servers}: {reason}"
+    return (
+        f"authentication failed for user {settings.sasl_username!r} ({mechanism}) on "
+        f"{settings.bootstrap_servers}: {reason}"
+    )
 
 
 class ErrorWatch:

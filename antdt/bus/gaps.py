@@ -48,7 +48,8 @@ class GapGuard:
         self.holes_accepted = 0
 
     def admit(self, messages: list[Message]) -> list[Message]:
-        """The messages in order, less those past a hole (their partitions are sought back to it)."""
+        """The messages in order, less those past a hole (their partitions are sought back to
+        it)."""
         admitted, blocked = [], set()
         for message in messages:
             partition = (message.topic(), message.partition())

@@ -96,7 +96,10 @@ def decode_addressed(
     if value is not None and (value.job_id, value.worker_id) != (job_id, worker_id):
         deadletter.send(
             SourceRecord.from_confluent(message),
-            f"{noun} for {worker_key(value.job_id, value.worker_id)} on key {message.key().decode()}",
+            (
+                f"{noun} for {worker_key(value.job_id, value.worker_id)} on key "
+                f"{message.key().decode()}"
+            ),
         )
         return None
     return value

@@ -76,7 +76,8 @@ def bench(
     console = Console(stderr=json_)
     ideal = chosen.ideal_time_s()
     console.print(
-        f"[bold]antdt bench[/bold]: scenario {chosen.name}, ideal {ideal:.1f} s, {repeat} run(s) per plan"
+        f"[bold]antdt bench[/bold]: scenario {chosen.name}, ideal {ideal:.1f} s, "
+        f"{repeat} run(s) per plan"
     )
     with interrupt_on_sigterm():
         outcomes = {
@@ -168,7 +169,8 @@ def plan_figures(name: str, runs: list, baseline) -> dict:
 
 
 def spread(key: str, values: list[float]) -> dict:
-    """``median_<key>``, ``min_<key>`` and ``max_<key>`` of the values (None for each without one)."""
+    """``median_<key>``, ``min_<key>`` and ``max_<key>`` of the values (None for each without
+    one)."""
     return {
         f"median_{key}": round(statistics.median(values), 4) if values else None,
         f"min_{key}": min(values) if values else None,
@@ -293,7 +295,10 @@ def show(console: Console, figures: list[dict], files, wide: bool = False) -> No
             row["label"],
             str(len(row["runs"])),
             f"{row['median_wall_s']:.1f} ({row['min_wall_s']:.1f}-{row['max_wall_s']:.1f})",
-            f"{row['median_efficiency']:.3f} ({row['min_efficiency']:.3f}-{row['max_efficiency']:.3f})",
+            (
+                f"{row['median_efficiency']:.3f} "
+                f"({row['min_efficiency']:.3f}-{row['max_efficiency']:.3f})"
+            ),
             "-" if row["speedup"] is None else f"{row['speedup']:.2f}x",
             to_target_cell(row),
             "-" if row["heldout_accuracy"] is None else f"{row['heldout_accuracy']:.3f}",

@@ -29,7 +29,8 @@ def broker(
         typer.echo(f"embedded broker ready in {running.ready_after_s:.3f} s")
         typer.echo(f"bootstrap servers: {running.bootstrap_servers}")
         typer.echo(
-            f"export ANTDT_BOOTSTRAP_SERVERS={running.bootstrap_servers} ANTDT_BROKER_PROFILE=embedded"
+            f"export ANTDT_BOOTSTRAP_SERVERS={running.bootstrap_servers}"
+            " ANTDT_BROKER_PROFILE=embedded"
         )
         if running.authentication:
             typer.echo(_credentials_hint(next(iter(accounts), "<user>")))
@@ -53,6 +54,7 @@ def _accounts(users: list[str]) -> dict[str, str]:
 def _credentials_hint(user: str) -> str:
     """The settings a client needs here (the password is never printed)."""
     return (
-        "SASL/SCRAM required: export ANTDT_SECURITY_PROTOCOL=SASL_PLAINTEXT ANTDT_SASL_MECHANISM=SCRAM-SHA-512"
+        "SASL/SCRAM required: export ANTDT_SECURITY_PROTOCOL=SASL_PLAINTEXT"
+        " ANTDT_SASL_MECHANISM=SCRAM-SHA-512"
         f" ANTDT_SASL_USERNAME={user} ANTDT_SASL_PASSWORD=<password>"
     )

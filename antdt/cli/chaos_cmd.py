@@ -126,7 +126,8 @@ def chaos(
 
 
 def parse_service_times(text: str) -> dict[str, float]:
-    """``sharder=6,ps-0=9`` → {"sharder": 6.0, "ps-0": 9.0}; a bad entry is a one-line usage error."""
+    """``sharder=6,ps-0=9`` → {"sharder": 6.0, "ps-0": 9.0}; a bad entry is a one-line usage
+    error."""
     times = {}
     for entry in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = entry.partition("=")
@@ -206,10 +207,15 @@ def show(console: Console, figures: dict) -> None:
     console.print(table.table)
     ledger = figures["ledger"]
     console.print(
-        f"{figures['survived']}/{figures['kills']} kills survived ({figures['worker_kills']} workers, "
-        f"{figures['mid_step_kills']} mid-step); wall {figures['wall_s']:.1f} s (ideal {figures['ideal_s']:.1f} s)"
+        f"{figures['survived']}/{figures['kills']} kills survived "
+        f"({figures['worker_kills']} workers, {figures['mid_step_kills']} mid-step); "
+        f"wall {figures['wall_s']:.1f} s (ideal {figures['ideal_s']:.1f} s)"
+    )
+    ledger_word = (
+        "all ones, agrees with the log"
+        if ledger["ok"]
+        else "FAILED: " + "; ".join(ledger["findings"][:3])
     )
     console.print(
-        f"audit: {'clean' if figures['audit_clean'] else 'NOT CLEAN'}; ledger: "
-        f"{'all ones, agrees with the log' if ledger['ok'] else 'FAILED: ' + '; '.join(ledger['findings'][:3])}"
+        f"audit: {'clean' if figures['audit_clean'] else 'NOT CLEAN'}; ledger: {ledger_word}"
     )

@@ -78,7 +78,8 @@ def component_of(changes: dict[str, str]) -> ControlComponent:
     unknown = sorted(p for p in prefixes if p not in known)
     if unknown or not prefixes:
         raise ConfigError(
-            f"keys must start with monitor. or controller. (got {', '.join(sorted(changes)) or 'none'})"
+            "keys must start with monitor. or controller. "
+            f"(got {', '.join(sorted(changes)) or 'none'})"
         )
     return known[prefixes.pop()] if len(prefixes) == 1 else ControlComponent.ALL
 

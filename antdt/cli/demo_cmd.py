@@ -20,7 +20,10 @@ from antdt.demo.environment import run_bus
 from antdt.demo.scenario import Scenario
 from antdt.runtime.shutdown import interrupt_on_sigterm
 
-SCENARIO_HELP = "A scenario file (YAML or JSON) or a shipped one: standard, fixed-cost, short, contention, bursty."
+SCENARIO_HELP = (
+    "A scenario file (YAML or JSON) or a shipped one: standard, fixed-cost, short, contention,"
+    " bursty."
+)
 
 
 class PolicyChoice(str, Enum):
@@ -75,8 +78,9 @@ def demo(
     console = Console()
     with interrupt_on_sigterm(), run_bus() as (settings, where):
         console.print(
-            f"[bold]antdt demo[/bold]: scenario [cyan]{chosen.name}[/cyan] ({len(chosen.workers)} workers, "
-            f"{chosen.total_samples:,} samples), {plan.label}, on {where}"
+            f"[bold]antdt demo[/bold]: scenario [cyan]{chosen.name}[/cyan] "
+            f"({len(chosen.workers)} workers, {chosen.total_samples:,} samples), {plan.label}, "
+            f"on {where}"
         )
         console.print("starting the services and the workers...")
         if dashboard:
@@ -106,8 +110,8 @@ def _plain_ticker(console: Console, every_s: float = 5.0):
         if elapsed_s >= state["next"]:
             state["next"] = elapsed_s + every_s
             console.print(
-                f"{elapsed_s:6.1f} s: {timeline.samples:,} samples, {len(timeline.commands)} commands, "
-                f"{timeline.verdicts} verdicts"
+                f"{elapsed_s:6.1f} s: {timeline.samples:,} samples, "
+                f"{len(timeline.commands)} commands, {timeline.verdicts} verdicts"
             )
 
     return tick

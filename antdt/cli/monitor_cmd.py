@@ -1,4 +1,5 @@
-"""``antdt monitor``: run the straggler and leader monitor (a Faust worker) until Ctrl-C or SIGTERM."""
+"""``antdt monitor``: run the straggler and leader monitor (a Faust worker) until Ctrl-C or
+SIGTERM."""
 
 from __future__ import annotations
 
@@ -88,7 +89,10 @@ def restart_in_place() -> None:
         os.execv(sys.executable, sys.orig_argv)
     except OSError as exc:
         print(
-            f"antdt monitor: cannot restart after a bus reset ({exc}); exiting for the orchestrator to restart it",
+            (
+                f"antdt monitor: cannot restart after a bus reset ({exc}); "
+                "exiting for the orchestrator to restart it"
+            ),
             file=sys.stderr,
         )
         os._exit(70)

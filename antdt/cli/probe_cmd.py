@@ -30,7 +30,9 @@ def probe(
         ...,
         min=1,
         max=65535,
-        help="The service's --http-port (sharder 9402, monitor 9403, controller 9404, grouper 9406).",
+        help=(
+            "The service's --http-port (sharder 9402, monitor 9403, controller 9404, grouper 9406)."
+        ),
     ),
     path: str = typer.Option(
         "/readyz", help="Endpoint to GET: /healthz (alive), /readyz (ready) or /metrics."

@@ -38,6 +38,7 @@ def sharder(
         service,
         http_port,
         lambda: (
-            f"sharder {service.writer_id} serving on {settings.bootstrap_servers} (prefix {settings.topic_prefix})"
+            f"sharder {service.writer_id} serving on {settings.bootstrap_servers} "
+            f"(prefix {settings.topic_prefix})"
         ),
     )

@@ -374,8 +374,8 @@ def print_report(report: AuditReport, wide: bool = False) -> None:
     console.print(audit_table(report, wide).table)
     if report.from_snapshot_seq is not None:
         console.print(
-            f"the log before seq {report.from_snapshot_seq} is gone (the bus was reset, or retention): "
-            f"audited from the snapshot taken there"
+            f"the log before seq {report.from_snapshot_seq} is gone (the bus was reset, or "
+            f"retention): audited from the snapshot taken there"
         )
     console.print(
         f"events {report.events} (applied {report.applied}, fenced {report.fenced}, duplicate seqs "

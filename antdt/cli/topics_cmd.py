@@ -1,4 +1,5 @@
-"""``antdt topics``: show the topic registry, create the topics, or print them as Strimzi resources."""
+"""``antdt topics``: show the topic registry, create the topics, or print them as Strimzi
+resources."""
 
 from __future__ import annotations
 

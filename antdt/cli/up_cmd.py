@@ -52,7 +52,8 @@ def up(
         typer.echo(f"bus: {where}")
         if broker is not None:
             typer.echo(
-                f"export ANTDT_BOOTSTRAP_SERVERS={settings.bootstrap_servers} ANTDT_BROKER_PROFILE=embedded"
+                f"export ANTDT_BOOTSTRAP_SERVERS={settings.bootstrap_servers}"
+                " ANTDT_BROKER_PROFILE=embedded"
             )
         typer.echo(f"export {TORCHRUN_FIX}  # for torchrun's restarts (docs/torchrun.md)")
         running = _services(stack, settings, policy, logs, ready_within)

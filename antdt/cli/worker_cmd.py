@@ -69,6 +69,7 @@ def worker(
         typer.echo(f"exiting with code {exc.code}: {exc.reason}")
         raise typer.Exit(exc.code) from None
     typer.echo(
-        f"trained {summary['samples']} samples in {summary['seconds']:.1f} s ({summary['samples_per_s']:.0f}/s); "
+        f"trained {summary['samples']} samples in {summary['seconds']:.1f} s "
+        f"({summary['samples_per_s']:.0f}/s); "
         f"held-out loss {summary['heldout_loss']:.3f}, accuracy {summary['heldout_accuracy']:.3f}"
     )

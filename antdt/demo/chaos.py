@@ -66,7 +66,8 @@ class ChaosSpec:
 
 @dataclass
 class Kill:
-    """One SIGKILL: what, when (seconds since the start signal), and when the victim served again."""
+    """One SIGKILL: what, when (seconds since the start signal), and when the victim served
+    again."""
 
     target: str
     kind: str  # "worker", "service" or "broker"

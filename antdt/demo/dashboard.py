@@ -1,4 +1,5 @@
-"""The live view of a demo run: per worker, the commands as they are issued, the epoch's progress."""
+"""The live view of a demo run: per worker, the commands as they are issued, the epoch's
+progress."""
 
 from __future__ import annotations
 

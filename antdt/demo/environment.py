@@ -1,4 +1,5 @@
-"""The bus a demo or benchmark runs on: ``ANTDT_BOOTSTRAP_SERVERS`` if set, else an embedded broker."""
+"""The bus a demo or benchmark runs on: ``ANTDT_BOOTSTRAP_SERVERS`` if set, else an embedded
+broker."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def external_bus() -> bool:
 
 @contextmanager
 def run_bus(create_topics: bool = True) -> Iterator[tuple[Settings, str]]:
-    """(settings, a description of where) for the duration; the embedded broker is stopped on exit."""
+    """(settings, a description of where) for the duration; the embedded broker is stopped on
+    exit."""
     with bus_and_broker(create_topics) as (settings, where, _):
         yield settings, where
 

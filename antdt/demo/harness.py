@@ -100,7 +100,8 @@ def run_plan(
     timeout_s: float | None = None,
     chaos: Chaos | None = None,
 ) -> RunResult:
-    """Run ``scenario`` under ``plan`` on the bus ``settings`` point at; files go under ``run_dir``."""
+    """Run ``scenario`` under ``plan`` on the bus ``settings`` point at; files go under
+    ``run_dir``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     job_id = f"{scenario.name}-{plan.name}-{uuid.uuid4().hex[:6]}"
@@ -251,7 +252,8 @@ def _wait_for_ledgers(
 
 
 def _settle(timeline: Timeline, samples: int, timeout_s: float = 10.0) -> None:
-    """Wait until the timeline has read the workers' last reports (they count every trained sample)."""
+    """Wait until the timeline has read the workers' last reports (they count every trained
+    sample)."""
     deadline = time.monotonic() + timeout_s
     while timeline.samples < samples and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -107,7 +107,8 @@ class WorkerProcess:
 
 
 def warm_up(timeout_s: float = 120.0) -> float:
-    """Start the fork server now (it imports torch): seconds it took. Later workers start at once."""
+    """Start the fork server now (it imports torch): seconds it took. Later workers start at
+    once."""
     started = time.monotonic()
     probe = _context().Process(target=os.getpid)
     probe.start()

@@ -13,7 +13,7 @@
 Every plan trains one shared model: through the parameter server, kept
 identical on every rank by the all-reduce, or (partial reduce) the mean of
 the replicas, which the last group of every rank makes the one model.
-"""
+"""  # noqa: E501 (a markdown table: a row cannot be wrapped)
 
 from __future__ import annotations
 

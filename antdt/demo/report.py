@@ -204,7 +204,9 @@ def plot_progress(results: list[RunResult], path: Path) -> Path:
         axis.plot(
             times,
             totals,
-            label=f"{result.plan.label} ({result.wall_s:.1f} s, efficiency {result.efficiency:.2f})",
+            label=(
+                f"{result.plan.label} ({result.wall_s:.1f} s, efficiency {result.efficiency:.2f})"
+            ),
         )
     axis.axhline(scenario.total_samples, color="grey", lw=0.5)
     axis.set_xlabel("seconds since start")
@@ -279,7 +281,10 @@ def audit_text(result: RunResult) -> str:
     if result.audit_ok:
         epochs = result.audit["epochs"]
         once = sum(e["samples_done_once"] for e in epochs)
-        return f"clean: every sample trained exactly once in each of {len(epochs)} epoch(s) ({once:,} samples in all)"
+        return (
+            f"clean: every sample trained exactly once in each of {len(epochs)} epoch(s) "
+            f"({once:,} samples in all)"
+        )
     if result.audit["violations"]:
         return "VIOLATIONS: " + "; ".join(result.audit["violations"][:5])
     return "job not finished: the log has no end"
@@ -292,8 +297,10 @@ def audit_word(ok: bool | None) -> str:
 
 def results_table(results: list[RunResult], baseline: RunResult | None = None) -> list[str]:
     lines = [
-        "| plan | wall time | ideal | efficiency | speedup over baseline | held-out loss | held-out accuracy "
-        "| commands | restarts | audit | ledger |",
+        (
+            "| plan | wall time | ideal | efficiency | speedup over baseline | held-out loss "
+            "| held-out accuracy | commands | restarts | audit | ledger |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -303,8 +310,9 @@ def results_table(results: list[RunResult], baseline: RunResult | None = None) -
         )
         lines.append(
             f"| {r.plan.label} | {r.wall_s:.1f} s | {r.ideal_s:.1f} s | {r.efficiency:.3f} | "
-            f"{'-' if speedup is None else f'{speedup:.2f}x'} | {loss} | {accuracy} | {r.commands} | "
-            f"{r.restarts} | {audit_word(r.audit_ok)} | {'ones' if r.ledger.ok else 'FAILED'} |"
+            f"{'-' if speedup is None else f'{speedup:.2f}x'} | {loss} | {accuracy} | "
+            f"{r.commands} | {r.restarts} | {audit_word(r.audit_ok)} | "
+            f"{'ones' if r.ledger.ok else 'FAILED'} |"
         )
     return lines
 
@@ -313,11 +321,14 @@ def ideal_definition(scenario) -> str:
     """What the ideal time means for this scenario, in the report's words."""
     if scenario.nodes:
         return (
-            "the total work over the summed speed the cluster's hardware, spares included, could deliver at each "
-            "moment with the best placement (the parameter servers on healthy nodes, the workers on the fastest "
-            "of the rest; integrated over the episodes and noise)"
+            "the total work over the summed speed the cluster's hardware, spares included, could "
+            "deliver at each moment with the best placement (the parameter servers on healthy "
+            "nodes, the workers on the fastest of the rest; integrated over the episodes and noise)"
         )
-    return "the total work over the workers' summed speed (integrated over the scenario's episodes and noise)"
+    return (
+        "the total work over the workers' summed speed (integrated over the scenario's episodes "
+        "and noise)"
+    )
 
 
 def write_summary(
@@ -330,11 +341,13 @@ def write_summary(
         scenario.description,
         "",
         f"{len(scenario.workers)} workers, base rate {scenario.base_rate:g} samples/s, "
-        f"{scenario.dataset_size:,} samples x {scenario.epochs} epoch(s) in shards of {scenario.shard_size}, "
-        f"noise ±{scenario.noise.amplitude:.0%} every {scenario.noise.period_s:g} s. "
+        f"{scenario.dataset_size:,} samples x {scenario.epochs} epoch(s) in shards of "
+        f"{scenario.shard_size}, noise ±{scenario.noise.amplitude:.0%} every "
+        f"{scenario.noise.period_s:g} s. "
         "Each step is real torch work plus a calibrated pause to the scenario's speed "
-        "(see antdt/demo/pacing.py). Every plan trains one shared model: asynchronous plans through "
-        f"{scenario.parameter_servers} parameter-server shard(s), synchronous ones kept identical by the all-reduce.",
+        "(see antdt/demo/pacing.py). Every plan trains one shared model: asynchronous plans "
+        f"through {scenario.parameter_servers} parameter-server shard(s), synchronous ones kept "
+        "identical by the all-reduce.",
         "",
         "| node | starts with | hardware speed | episodes |",
         "|---|---|---|---|",
@@ -385,8 +398,9 @@ def write_summary(
             )
         split = time_split(result)
         lines.append(
-            f"- per worker, on average: {split['compute']:.1f} s computing, {split['data_wait']:.2f} s waiting "
-            f"for data, {split['sync_wait']:.2f} s waiting at the barrier"
+            f"- per worker, on average: {split['compute']:.1f} s computing, "
+            f"{split['data_wait']:.2f} s waiting for data, "
+            f"{split['sync_wait']:.2f} s waiting at the barrier"
         )
         for row in reactions(result):
             verdict = (

@@ -59,7 +59,8 @@ class _Strict(BaseModel):
 
 
 class WorkerSpec(_Strict):
-    """One worker: the node it starts on, or (a scenario without nodes) its own speed and episodes."""
+    """One worker: the node it starts on, or (a scenario without nodes) its own speed and
+    episodes."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
     node: str | None = None
@@ -70,7 +71,8 @@ class WorkerSpec(_Strict):
     def _apart(self) -> WorkerSpec:
         if self.node is not None and (self.speed != 1.0 or self.episodes):
             raise ValueError(
-                f"worker {self.name} runs on node {self.node}: its speed and episodes belong to the node"
+                f"worker {self.name} runs on node {self.node}: "
+                "its speed and episodes belong to the node"
             )
         check_apart(f"worker {self.name}", self.episodes)
         return self
@@ -146,8 +148,8 @@ class Scenario(_Strict):
             raise ValueError("worker names must be unique")
         if self.dataset_size % len(self.workers):
             raise ValueError(
-                f"dataset_size {self.dataset_size} must split evenly over {len(self.workers)} workers "
-                "(static sharding gives each the same slice)"
+                f"dataset_size {self.dataset_size} must split evenly over "
+                f"{len(self.workers)} workers (static sharding gives each the same slice)"
             )
         self._placed_on_nodes()
         return self
@@ -164,7 +166,8 @@ class Scenario(_Strict):
             raise ValueError("node names must be unique")
         if len(self.server_nodes) != self.parameter_servers:
             raise ValueError(
-                f"server_nodes must name a node for each of the {self.parameter_servers} parameter servers"
+                "server_nodes must name a node for each of the "
+                f"{self.parameter_servers} parameter servers"
             )
         homes = [w.node for w in self.workers] + list(self.server_nodes)
         for name, home in zip([w.name for w in self.workers] + self.server_names, homes):

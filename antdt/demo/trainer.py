@@ -84,7 +84,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def dataset_spec(scenario: Scenario, static: bool = False) -> DatasetSpec:
-    """The demo's dataset; ``static``: every worker owns its own shards (the static-async baseline)."""
+    """The demo's dataset; ``static``: every worker owns its own shards (the static-async
+    baseline)."""
     return DatasetSpec(
         name=f"synthetic-{scenario.name}",
         size=scenario.dataset_size,

@@ -31,7 +31,8 @@ def train_async(worker, agent: Agent, addresses: list[str]) -> None:
 
 
 def _steps(worker, agent: Agent, data, server: ParameterClient, pacer) -> int:
-    """Pull, compute, push until the sharder says every epoch is done; returns the samples trained."""
+    """Pull, compute, push until the sharder says every epoch is done; returns the samples
+    trained."""
     trained = 0
     while not data.finished:
         for inputs, labels in batches(agent, iter(data)):

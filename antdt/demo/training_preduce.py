@@ -171,8 +171,8 @@ class PartialReduce:
         if group.reason is not GroupReason.FINAL:
             raise RuntimeError(f"the last group was {group.reason.value}, not FINAL")
         print(
-            f"generation {self.worker.args.generation}: rank {self.worker.rank}: {self.agent.step_count} steps, "
-            f"groups {self.reasons}",
+            f"generation {self.worker.args.generation}: rank {self.worker.rank}: "
+            f"{self.agent.step_count} steps, groups {self.reasons}",
             flush=True,
         )
         if self.worker.rank == 0:

@@ -84,8 +84,9 @@ def run_in_group(
             batch_size=worker.scenario.batch_size,
         ) as agent:
             print(
-                f"generation {args.generation}: rank {worker.rank} set up in {grouped - started:.2f} s "
-                f"(the process group {grouped - joined:.2f} s), its agent {time.monotonic() - grouped:.2f} s",
+                f"generation {args.generation}: rank {worker.rank} set up in "
+                f"{grouped - started:.2f} s (the process group {grouped - joined:.2f} s), "
+                f"its agent {time.monotonic() - grouped:.2f} s",
                 flush=True,
             )
             try:
@@ -141,7 +142,8 @@ class Lockstep:
         feed = self._feed()
         print(
             f"generation {self.worker.args.generation}: rank {self.worker.rank} resumes at step "
-            f"{self.agent.step_count}, batch {self.agent.batch_size} ({time.monotonic() - began:.2f} s to restore)",
+            f"{self.agent.step_count}, batch {self.agent.batch_size} "
+            f"({time.monotonic() - began:.2f} s to restore)",
             flush=True,
         )
         try:
@@ -320,8 +322,9 @@ class Lockstep:
 
     def _final(self, pacer, trained: int) -> None:
         print(
-            f"generation {self.worker.args.generation}: rank {self.worker.rank}: {self.agent.step_count} steps, "
-            f"{self.checkpoints} checkpoints taking {self.checkpoint_s:.2f} s",
+            f"generation {self.worker.args.generation}: rank {self.worker.rank}: "
+            f"{self.agent.step_count} steps, {self.checkpoints} checkpoints taking "
+            f"{self.checkpoint_s:.2f} s",
             flush=True,
         )
         if self.worker.rank == 0:

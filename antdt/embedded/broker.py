@@ -253,14 +253,16 @@ class EmbeddedBroker:
         while time.monotonic() - started < self.start_timeout_s:
             if self._process.poll() is not None:
                 raise BrokerError(
-                    f"embedded broker exited with code {self._process.returncode}: {self._log_tail()}"
+                    f"embedded broker exited with code {self._process.returncode}: "
+                    f"{self._log_tail()}"
                 )
             behind = f"{self.host}:{self._broker_port}"
             if accepts_connections(self.host, self._broker_port) and answers_metadata(behind):
                 return
             time.sleep(0.005)
         raise BrokerError(
-            f"embedded broker did not answer within {self.start_timeout_s:.0f} s on {self.bootstrap_servers}"
+            f"embedded broker did not answer within {self.start_timeout_s:.0f} s "
+            f"on {self.bootstrap_servers}"
         )
 
     def _log_tail(self) -> str:

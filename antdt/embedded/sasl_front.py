@@ -40,7 +40,10 @@ log = logging.getLogger(__name__)
 
 def failure_message(mechanism: str) -> str:
     """Apache Kafka's words for a failed SCRAM login (wrong password and unknown user alike)."""
-    return f"Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
+    return (
+        "Authentication failed during authentication due to invalid credentials with SASL "
+        f"mechanism {mechanism}"
+    )
 
 
 class ScramUsers:

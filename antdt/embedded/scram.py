@@ -24,7 +24,8 @@ DEFAULT_ITERATIONS = 4096
 
 
 class ScramFailure(Exception):
-    """The client's messages are malformed or its proof is wrong; the text is for the broker's log."""
+    """The client's messages are malformed or its proof is wrong; the text is for the broker's
+    log."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ class ScramServerExchange:
         )
 
     def _fake_credential(self, username: str) -> ScramCredential:
-        """A stable salt for an unknown user, so probing twice does not reveal that it is unknown."""
+        """A stable salt for an unknown user, so probing twice does not reveal that it is
+        unknown."""
         salt = _hmac("sha256", self._fake_salt_key, username.encode())
         return ScramCredential(salt, DEFAULT_ITERATIONS, b"", b"")

@@ -301,7 +301,8 @@ class Fleet:
         return out
 
     def _report(self, worker: SimWorker, end: float) -> Outgoing:
-        """The interval's steps, summed up by the agent's own :func:`~antdt.worker.steps.summarize`."""
+        """The interval's steps, summed up by the agent's own
+        :func:`~antdt.worker.steps.summarize`."""
         interval, size = self.spec.report_interval_s, self.spec.batch_size
         step = worker.step_s * worker.slowdown(end)
         steps = [

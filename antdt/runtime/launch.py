@@ -98,7 +98,8 @@ class ServiceProcess:
                 return
             if self.process.poll() is not None:
                 raise AntdtError(
-                    f"{what}: the service exited with {self.process.returncode}; log:\n{self.log_tail()}"
+                    f"{what}: the service exited with {self.process.returncode}; "
+                    f"log:\n{self.log_tail()}"
                 )
             time.sleep(every_s)
         raise AntdtError(f"{what}: not within {timeout_s:.0f} s; log:\n{self.log_tail()}")

@@ -155,7 +155,8 @@ class DedicatedPolicy:
 def _reason(model: StepModel, old: int, new: int, now_s: float, then_s: float, total: int) -> str:
     return (
         f"batch {old} -> {new}: its step {model.step_s(old):.3f} -> {model.step_s(new):.3f} s "
-        f"(fixed part {model.fixed:.1f} samples); the job's {now_s:.3f} -> {then_s:.3f} s, global batch {total}"
+        f"(fixed part {model.fixed:.1f} samples); the job's {now_s:.3f} -> {then_s:.3f} s, "
+        f"global batch {total}"
     )
 
 

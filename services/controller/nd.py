@@ -17,7 +17,7 @@ RESTART/EVICT: at most ``max_restarts_per_hour`` per job; at most ``max_acted_fr
 job's workers restarted-and-not-back at once (always at least one is allowed); no action on a worker
 within ``worker_cooldown_s`` of the last one, nor on a node within ``node_cooldown_s``. A refused
 action is reported in ``Decision.skipped``.
-"""
+"""  # noqa: E501 (a markdown table: a row cannot be wrapped)
 
 from __future__ import annotations
 
@@ -126,7 +126,8 @@ def budget_refusal(
     """Why a RESTART/EVICT of the verdict's worker is not allowed now, or None."""
     if verdict.speed_ratio < config.min_restart_ratio:
         return (
-            f"{verdict.speed_ratio:.2f}x the job median is under min_restart_ratio {config.min_restart_ratio:g}: "
+            f"{verdict.speed_ratio:.2f}x the job median is under "
+            f"min_restart_ratio {config.min_restart_ratio:g}: "
             "moving it would cost more than it can win"
         )
     hour_ago = now - timedelta(hours=1)

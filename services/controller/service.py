@@ -160,7 +160,8 @@ class ControllerService(LoopService):
         if len(found) != 1:
             raise ConfigError(
                 f"{' and '.join(self._inputs)} must have as many partitions (found "
-                f"{', '.join(f'{t}: {counts[t]}' for t in self._inputs)}): add partitions to the smaller"
+                f"{', '.join(f'{t}: {counts[t]}' for t in self._inputs)}): "
+                "add partitions to the smaller"
             )
         return found.pop()
 
@@ -222,7 +223,8 @@ class ControllerService(LoopService):
         )
 
     def _claim_epoch(self, timeout_s: float = 30.0) -> None:
-        """Append ``highest + 1`` and read on until it comes back: the first claim of an epoch wins."""
+        """Append ``highest + 1`` and read on until it comes back: the first claim of an epoch
+        wins."""
         while True:
             claim = epoch_claim(self.highest_epoch + 1, self.controller_id)
             self._producer.produce(

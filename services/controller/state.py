@@ -132,7 +132,8 @@ class JobView:
     # ------------------------------------------------------------ questions policies ask
 
     def present(self, now: datetime, silent_after_s: float) -> list[WorkerView]:
-        """The workers still in the job: all but those whose reports stopped ``silent_after_s`` ago."""
+        """The workers still in the job: all but those whose reports stopped ``silent_after_s``
+        ago."""
         return [
             w
             for w in self.workers.values()
@@ -163,6 +164,7 @@ class JobView:
 
 
 def group_size(workers: list[WorkerView]) -> int | None:
-    """The synchronous group's size as the most recent report says (None if no worker reports one)."""
+    """The synchronous group's size as the most recent report says (None if no worker reports
+    one)."""
     reported = [w for w in workers if w.world_size is not None and w.last_seen is not None]
     return max(reported, key=lambda w: w.last_seen).world_size if reported else None

@@ -165,7 +165,8 @@ class GrouperService(LoopService):
         return formed
 
     def _publish(self, groups: list[Formed]) -> None:
-        """Each member's record, then a marker on each partition written (see the module docstring)."""
+        """Each member's record, then a marker on each partition written (see the module
+        docstring)."""
         touched: dict[int, bytes] = {}
         now = utc_now()
         for group in groups:

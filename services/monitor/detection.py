@@ -104,7 +104,8 @@ class DetectorConfig:
         )
 
     def with_changes(self, changes: dict[str, str]) -> DetectorConfig:
-        """A copy with ``changes`` (field name -> text, as the control topic carries them) applied."""
+        """A copy with ``changes`` (field name -> text, as the control topic carries them)
+        applied."""
         return with_text_changes(self, changes, "detector config")
 
 
@@ -180,7 +181,8 @@ class JobDetector:
     """Detects stragglers and leaders in one job (see the module docstring)."""
 
     def __init__(self, job_id: str, config: DetectorConfig | None = None, pairs: bool = False):
-        """``pairs``: judge a group of two (a two-shard parameter server) against its faster member."""
+        """``pairs``: judge a group of two (a two-shard parameter server) against its faster
+        member."""
         self.job_id = job_id
         self.config = config or DetectorConfig()
         self.pairs = pairs
@@ -356,7 +358,9 @@ class JobDetector:
         episode_start = track.episode.started if track.episode else None
         return trusted(
             StragglerVerdict,
-            verdict_id=f"{self.job_id}:{track.worker_id}:{int(now.timestamp() * 1000)}:{kind.value}",
+            verdict_id=(
+                f"{self.job_id}:{track.worker_id}:{int(now.timestamp() * 1000)}:{kind.value}"
+            ),
             job_id=self.job_id,
             worker_id=track.worker_id,
             node_id=track.node_id,

@@ -136,7 +136,8 @@ class MonitorEngine:
             and (report.window_end - job_clock).total_seconds() > self.max_clock_jump_s
         ):
             raise AntdtError(
-                f"window_end {report.window_end.isoformat()} is more than {self.max_clock_jump_s:g} s "
+                f"window_end {report.window_end.isoformat()} is more than "
+                f"{self.max_clock_jump_s:g} s "
                 f"after job {report.job_id}'s latest report ({job_clock.isoformat()})"
             )
 

@@ -348,7 +348,8 @@ class Auditor:
             self.fenced += 1
             if event.writer_epoch > self.writer_epoch:
                 self._log_violation(
-                    f"seq {event.seq}: {event.transition.value} from writer epoch {event.writer_epoch}, "
+                    f"seq {event.seq}: {event.transition.value} "
+                    f"from writer epoch {event.writer_epoch}, "
                     f"which was never elected (current {self.writer_epoch})"
                 )
             return False
@@ -372,7 +373,8 @@ class Auditor:
         first = self._seen.get((event.writer_epoch, event.seq))
         if first is not None and first.model_dump() != event.model_dump():
             self._log_violation(
-                f"seq {event.seq}: two different events ({first.transition.value}, {event.transition.value}) "
+                f"seq {event.seq}: two different events "
+                f"({first.transition.value}, {event.transition.value}) "
                 f"from writer epoch {event.writer_epoch}"
             )
 
@@ -436,7 +438,8 @@ class Auditor:
         if shard.state is not ShardState.DOING:
             self._violation(
                 event.epoch,
-                f"seq {event.seq}: {event.transition.value} of shard {event.shard_id}, which is {shard.state.value}",
+                f"seq {event.seq}: {event.transition.value} of shard {event.shard_id}, "
+                f"which is {shard.state.value}",
             )
 
     @staticmethod
@@ -467,13 +470,15 @@ class Auditor:
         if current is not None and not current.closed:
             self._violation(
                 current.epoch,
-                f"seq {event.seq}: epoch {event.epoch} opened while epoch {current.epoch} is still open",
+                f"seq {event.seq}: epoch {event.epoch} opened "
+                f"while epoch {current.epoch} is still open",
             )
             self._abandon_open_pass()
         if event.epoch != expected or event.epoch >= self.dataset.epochs:
             self._violation(
                 event.epoch,
-                f"seq {event.seq}: opened out of order (expected epoch {expected} of {self.dataset.epochs})",
+                f"seq {event.seq}: opened out of order "
+                f"(expected epoch {expected} of {self.dataset.epochs})",
             )
         self._open(event.epoch, event.seq)
 
@@ -485,8 +490,8 @@ class Auditor:
         if shard.state is not ShardState.TODO:
             self._violation(
                 event.epoch,
-                f"seq {event.seq}: shard {event.shard_id} granted to {event.worker_id} while {shard.state.value}"
-                + (f" by {shard.holder}" if shard.holder else ""),
+                f"seq {event.seq}: shard {event.shard_id} granted to {event.worker_id} "
+                f"while {shard.state.value}" + (f" by {shard.holder}" if shard.holder else ""),
             )
         shard.state, shard.holder, shard.last_holder = (
             ShardState.DOING,
@@ -526,7 +531,8 @@ class Auditor:
                     current.applied_twice.add(sample)
                     self._violation(
                         event.epoch,
-                        f"sample {sample} applied twice in one pass (seq {seqs[0]} and seq {event.seq})",
+                        f"sample {sample} applied twice in one pass "
+                        f"(seq {seqs[0]} and seq {event.seq})",
                     )
 
     def _done(self, event: ShardLogEvent) -> None:
@@ -564,7 +570,8 @@ class Auditor:
             holder = f"held by {shard.holder}" if shard.holder else shard.state.value.lower()
             self._violation(
                 event.epoch,
-                f"seq {event.seq}: shard {shard_id} DONE credited to {worker}, who did not hold it ({holder})",
+                f"seq {event.seq}: shard {shard_id} DONE credited to {worker}, "
+                f"who did not hold it ({holder})",
             )
         shard.state, shard.holder, shard.done_seq, shard.done_by = (
             ShardState.DONE,
@@ -627,7 +634,8 @@ class Auditor:
             samples = sum(end - start for start, end in gaps)
             self._violation(
                 event.epoch,
-                f"seq {event.seq}: closed with {samples} samples neither DONE nor QUARANTINED: {_ranges_text(gaps)}",
+                f"seq {event.seq}: closed with {samples} samples neither DONE nor QUARANTINED: "
+                f"{_ranges_text(gaps)}",
             )
         current.closed = True
         self._completed[current.epoch] = current
@@ -812,7 +820,8 @@ def compare_with_ledger(report: AuditReport, ledgers: dict[int, Sequence[int]]) 
         ledger = [int(c) for c in ledger]
         if len(ledger) != len(epoch.counts):
             findings.append(
-                f"epoch {epoch.epoch}: the ledger has {len(ledger)} samples, the dataset {len(epoch.counts)}"
+                f"epoch {epoch.epoch}: the ledger has {len(ledger)} samples, "
+                f"the dataset {len(epoch.counts)}"
             )
             continue
         findings += _not_all_ones(f"epoch {epoch.epoch}: the ledger", ledger)
@@ -822,7 +831,8 @@ def compare_with_ledger(report: AuditReport, ledgers: dict[int, Sequence[int]]) 
                 f"sample {i}: log {epoch.counts[i]}, ledger {ledger[i]}" for i in differ[:3]
             )
             findings.append(
-                f"epoch {epoch.epoch}: the log and the ledger disagree on {len(differ)} samples ({first})"
+                f"epoch {epoch.epoch}: the log and the ledger disagree on "
+                f"{len(differ)} samples ({first})"
             )
     return findings
 

@@ -230,7 +230,8 @@ class ShardCore:
         ]:
             if shard_id is not None and shard_id >= dataset.shard_count:
                 raise ProgressRejected(
-                    f"shard {shard_id} does not exist: job {self.state.job_id} has {dataset.shard_count} shards"
+                    f"shard {shard_id} does not exist: "
+                    f"job {self.state.job_id} has {dataset.shard_count} shards"
                 )
         for commit in report.commits:
             start = commit.shard_id * dataset.shard_size
@@ -244,7 +245,8 @@ class ShardCore:
     def _refuse_unmanageable(self, dataset: DatasetSpec) -> None:
         if dataset.shard_count > self.config.max_shards:
             raise ProgressRejected(
-                f"{dataset.shard_count} shards is more than this sharder holds ({self.config.max_shards})"
+                f"{dataset.shard_count} shards is more than "
+                f"this sharder holds ({self.config.max_shards})"
             )
         if dataset.lease_s > self.config.max_lease_s:
             raise ProgressRejected(
@@ -264,7 +266,8 @@ class ShardCore:
             self._emit(out.events, T.EPOCH_OPENED, now_ms, epoch=0)
         elif report.dataset != self.state.dataset:
             raise ProgressRejected(
-                f"job {self.state.job_id} is sharded as {self.state.dataset!r}; {report.worker_id} sent {report.dataset!r}"
+                f"job {self.state.job_id} is sharded as {self.state.dataset!r}; "
+                f"{report.worker_id} sent {report.dataset!r}"
             )
 
     def _requested(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
@@ -402,18 +405,23 @@ class ShardCore:
         return None
 
     def _refusal(self, report: ShardProgress) -> str | None:
-        """Why an update cannot be committed (its samples must then stay out of the model), or None."""
+        """Why an update cannot be committed (its samples must then stay out of the model), or
+        None."""
         for commit in report.commits:
             grant = self._grant_of(report, commit)
             if grant is None:
                 return (
-                    f"shard {commit.shard_id} attempt {commit.attempt} of epoch {report.epoch} is no longer "
+                    f"shard {commit.shard_id} attempt {commit.attempt} "
+                    f"of epoch {report.epoch} is no longer "
                     f"held by {commit.holder or report.worker_id}"
                 )
             applied = self.state.slots[commit.shard_id].applied
             again = [s for s in commit.samples if s in applied]
             if again or len(set(commit.samples)) != len(commit.samples):
-                return f"samples {sorted(set(again))[:5] or commit.samples[:5]} of shard {commit.shard_id} are already in the model"
+                return (
+                    f"samples {sorted(set(again))[:5] or commit.samples[:5]} "
+                    f"of shard {commit.shard_id} are already in the model"
+                )
         return None
 
     def _return_current_grants(

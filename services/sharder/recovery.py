@@ -76,6 +76,7 @@ def take_over(
         recovered.events_replayed += 1
     if recovered.state.writer != election.reason:
         raise BusError(
-            f"lost the election for job {job_id} to {recovered.state.writer} (epoch {recovered.state.writer_epoch})"
+            f"lost the election for job {job_id} to {recovered.state.writer} "
+            f"(epoch {recovered.state.writer_epoch})"
         )
     return core, recovered

@@ -122,7 +122,8 @@ def answer_checks_out(records: list[Message], offset: int, at_ms: int) -> bool:
 def find_start(
     settings: Settings, topic: str, partition: int, at_ms: int, probe_timeout_s: float | None = None
 ) -> StartPoint:
-    """The first offset at or after ``at_ms`` if the broker's answer checks out, else the beginning."""
+    """The first offset at or after ``at_ms`` if the broker's answer checks out, else the
+    beginning."""
     with consuming(settings, client_id=CLIENT_ID) as consumer:
         offset = broker_offset_for_time(consumer, topic, partition, at_ms)
         if offset is not None:
@@ -132,7 +133,8 @@ def find_start(
             if answer_checks_out(records, offset, at_ms):
                 return StartPoint(offset, verified=True)
     log.info(
-        "offsets_for_times(%s[%d], %d) answered %s, which the records do not confirm: scanning from the beginning",
+        "offsets_for_times(%s[%d], %d) answered %s, which the records do not confirm: "
+        "scanning from the beginning",
         topic,
         partition,
         at_ms,

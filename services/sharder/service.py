@@ -237,7 +237,8 @@ class SharderService(LoopService):
     # ------------------------------------------------------------ bus reset
 
     def _after_bus_reset(self) -> None:
-        """If the bus was reset since the last look: input from the beginning, state re-published."""
+        """If the bus was reset since the last look: input from the beginning, state
+        re-published."""
         if self._rewinder is not None and self._rewinder.check():
             self._republish()
 
@@ -264,7 +265,8 @@ class SharderService(LoopService):
         flush_or_raise(self._snapshot_producer)
         metrics.BUS_RESETS.inc()
         log.warning(
-            "the bus was reset: re-published the state of %d job(s); reading the input again from the beginning",
+            "the bus was reset: re-published the state of %d job(s); "
+            "reading the input again from the beginning",
             len(self.jobs) + len(kept),
         )
 

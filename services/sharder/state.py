@@ -177,7 +177,18 @@ class Captured:
                     for seq, samples in _groups(applied)
                 ],
             )
-            for shard_id, state, worker, lease_ms, started, attempt, done_seq, reason, rewound_below, applied in self.slots
+            for (
+                shard_id,
+                state,
+                worker,
+                lease_ms,
+                started,
+                attempt,
+                done_seq,
+                reason,
+                rewound_below,
+                applied,
+            ) in self.slots
         ]
         return ShardSnapshot(
             job_id=self.job_id,
@@ -459,7 +470,8 @@ class JobState:
 
 
 def _writer_elected(state: JobState, event: ShardLogEvent) -> None:
-    """The epoch was taken in _accept; remember who holds it (the first election of an epoch wins)."""
+    """The epoch was taken in _accept; remember who holds it (the first election of an epoch
+    wins)."""
     state.writer = event.reason
 
 

@@ -62,7 +62,8 @@ def test_console_script_errors_are_one_line_without_traceback():
     assert result.returncode == 1
     assert (
         result.stderr.strip()
-        == "antdt: error: ANTDT_REPORT_INTERVAL_S: Input should be a valid number, unable to parse string as a number (got 'never')"
+        == "antdt: error: ANTDT_REPORT_INTERVAL_S: Input should be a valid number, "
+        "unable to parse string as a number (got 'never')"
     )
 
 

@@ -24,8 +24,8 @@ def test_a_short_demo_ends_with_a_clean_audit_and_the_report(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     said = " ".join(result.stdout.split())  # rich folds long lines at 80 columns
     assert (
-        "audit: clean: every sample trained exactly once in each of 1 epoch(s) (6,144 samples in all)"
-        in said
+        "audit: clean: every sample trained exactly once "
+        "in each of 1 epoch(s) (6,144 samples in all)" in said
     )
     assert "ledger: all ones (1 file(s)), agreeing with the log for epoch(s) [0]" in said
     assert "efficiency" in said and "held-out: loss" in said

@@ -70,7 +70,8 @@ def test_nothing_listening_is_one_line(capsys):
     port = free_port()
     assert run(["probe", "--port", str(port), "--timeout", "1"]) == 1
     assert one_error_line(capsys) == (
-        f"antdt: error: http://127.0.0.1:{port}/readyz: connection refused (is the service running, with this --http-port?)"
+        f"antdt: error: http://127.0.0.1:{port}/readyz: connection refused "
+        "(is the service running, with this --http-port?)"
     )
 
 

@@ -1,4 +1,5 @@
-"""The replay and audit tables in an 80-column terminal: every line fits and no identifier is cut."""
+"""The replay and audit tables in an 80-column terminal: every line fits and no identifier is
+cut."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The control-config topic: who a change is for, and following the topic through the real broker."""
+"""The control-config topic: who a change is for, and following the topic through the real
+broker."""
 
 from __future__ import annotations
 

@@ -104,7 +104,8 @@ def test_placements_that_cannot_be_are_refused(change, expected):
 def test_a_worker_on_a_node_cannot_have_a_speed_of_its_own(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(
-        "name: x\nnodes: [{name: n}]\nserver_nodes: [n]\nworkers: [{name: a, node: n, speed: 0.5}]\n"
+        "name: x\nnodes: [{name: n}]\nserver_nodes: [n]\n"
+        "workers: [{name: a, node: n, speed: 0.5}]\n"
         "dataset_size: 10\nshard_size: 1\n"
     )
     with pytest.raises(ConfigError, match="belong to the node"):

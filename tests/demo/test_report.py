@@ -67,7 +67,8 @@ def test_the_report_has_the_plots_and_a_summary_with_the_figures(tmp_path):
         assert png.read_bytes()[:8] == PNG and png.stat().st_size > 10_000
     summary = (tmp_path / "summary.md").read_text()
     assert (
-        f"| antdt, AntDT-ND (PS) | 8.0 s | {nd.ideal_s:.1f} s | {nd.efficiency:.3f} | 3.75x | 0.200 | 0.990 | 1 | 0 "
+        f"| antdt, AntDT-ND (PS) | 8.0 s | {nd.ideal_s:.1f} s | {nd.efficiency:.3f} "
+        "| 3.75x | 0.200 | 0.990 | 1 | 0 "
         "| clean | ones |"
     ) in summary
     assert "- held-out: loss 0.200, accuracy 0.990" in summary

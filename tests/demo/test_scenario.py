@@ -59,16 +59,19 @@ def test_the_target_loss_is_optional_and_positive():
             "must split evenly over 2 workers",
         ),
         (
-            "name: x\nworkers: [{name: a, episodes: [{start_s: 5, end_s: 2, factor: 2}]}]\ndataset_size: 10\nshard_size: 1\n",
+            "name: x\nworkers: [{name: a, episodes: [{start_s: 5, end_s: 2, factor: 2}]}]\n"
+            "dataset_size: 10\nshard_size: 1\n",
             "end must be after start",
         ),
         (
-            "name: x\nworkers: [{name: a, episodes: [{start_s: 0, end_s: 5, factor: 2}, {start_s: 4, end_s: 6, factor: 2}]}]\n"
+            "name: x\nworkers: [{name: a, episodes: [{start_s: 0, end_s: 5, factor: 2}, "
+            "{start_s: 4, end_s: 6, factor: 2}]}]\n"
             "dataset_size: 10\nshard_size: 1\n",
             "overlap",
         ),
         (
-            "name: x\nworkers: [{name: a, episodes: [{start_s: 0, end_s: 5, factor: 2, cause: disk}]}]\n"
+            "name: x\n"
+            "workers: [{name: a, episodes: [{start_s: 0, end_s: 5, factor: 2, cause: disk}]}]\n"
             "dataset_size: 10\nshard_size: 1\n",
             "cause",
         ),

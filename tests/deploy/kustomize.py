@@ -143,7 +143,8 @@ def apply_patch(objects: list[Object], patch: Object, source: Path) -> list[Obje
 
 
 def strategic_merge(base: Any, patch: Any, field: str | None = None) -> Any:
-    """Kubernetes strategic merge for the cases used: maps merge, null deletes, keyed lists merge."""
+    """Kubernetes strategic merge for the cases used: maps merge, null deletes, keyed lists
+    merge."""
     if isinstance(base, dict) and isinstance(patch, dict):
         return _merge_maps(base, patch)
     merge_key = _list_merge_key(field, base, patch)

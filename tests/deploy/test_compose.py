@@ -261,7 +261,8 @@ def cli_command(name: str):
 
 
 def cli_params(command: list[str]) -> dict[str, Any]:
-    """An exec-form command's options as the CLI parses them: values converted, defaults filled in."""
+    """An exec-form command's options as the CLI parses them: values converted, defaults filled
+    in."""
     subcommand, *args = command
     return cli_command(subcommand).make_context(subcommand, list(args)).params
 
@@ -557,7 +558,8 @@ def named_volume_mounts(service: dict[str, Any]) -> dict[PurePosixPath, tuple[st
 def test_the_parameter_servers_checkpoints_and_ledgers_are_on_a_named_volume(
     resolved, parameter_servers
 ):
-    """A restarted shard rebuilds its state from its checkpoints: they must outlive the container."""
+    """A restarted shard rebuilds its state from its checkpoints: they must outlive the
+    container."""
     for service in parameter_servers.values():
         params, mounts = cli_params(service["command"]), named_volume_mounts(service)
         for field in ("checkpoint_dir", "out"):

@@ -116,7 +116,8 @@ def antdt_containers(objects: list[dict]):
 
 @pytest.mark.parametrize("path", manifest_files(), ids=relative)
 def test_every_manifest_document_validates_against_its_vendored_schema(path: Path):
-    """Patches are partial objects, checked without `required`; their rendering gets the full check."""
+    """Patches are partial objects, checked without `required`; their rendering gets the full
+    check."""
     partial = path.resolve() in patch_files()
     documents = load_documents(path)
     assert documents, f"{relative(path)} holds no YAML document"
@@ -126,7 +127,8 @@ def test_every_manifest_document_validates_against_its_vendored_schema(path: Pat
             errors = schema_errors(document, partial=partial)
         except FileNotFoundError as exc:
             pytest.fail(
-                f"{where}: {exc} (vendor it under deploy/schemas/k8s, record it in deploy/schemas/README.md)"
+                f"{where}: {exc} (vendor it under deploy/schemas/k8s, "
+                "record it in deploy/schemas/README.md)"
             )
         assert not errors, f"{where} violates its schema:\n" + "\n".join(errors)
 
@@ -405,7 +407,8 @@ def test_rbac_bindings_refer_to_existing_roles_and_service_accounts(name: str):
         for subject in binding["subjects"]:
             account = k8s.find(objects, subject["kind"], subject["name"])
             assert account, (
-                f"[{name}] {label(binding)}: subject {subject['kind']}/{subject['name']} does not exist"
+                f"[{name}] {label(binding)}: subject "
+                f"{subject['kind']}/{subject['name']} does not exist"
             )
             default = binding["metadata"].get("namespace")
             actual, wanted = subject.get("namespace", default), account["metadata"]["namespace"]

@@ -152,7 +152,7 @@ def test_a_straggler_slows_at_its_onset_and_its_first_command_is_timed_from_ther
     )
 
 
-def test_an_unanswered_request_is_asked_again_after_the_request_timeout_and_only_its_answer_counts():
+def test_an_unanswered_request_is_asked_again_and_only_its_answer_counts():
     f = fleet(stragglers=0.0, workers_per_job=1, request_timeout_s=3.0)
     first = requests(sent_between(f, START, START + 2.9))
     again = requests(sent_between(f, START + 3.0, START + 5.0))

@@ -1,4 +1,5 @@
-"""Running a real agent in a test: settings with a signing key, stepping until something happened."""
+"""Running a real agent in a test: settings with a signing key, stepping until something
+happened."""
 
 from __future__ import annotations
 

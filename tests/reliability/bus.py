@@ -1,4 +1,5 @@
-"""Sending test records through the embedded broker and checking what reached the dead-letter topic."""
+"""Sending test records through the embedded broker and checking what reached the dead-letter
+topic."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def send(settings: Settings, records: list[Record]) -> list[Sent]:
 def read_until(
     settings: Settings, topic: str, partitions: int, done, timeout_s: float = 30.0
 ) -> list:
-    """Records of ``topic`` from its start until ``done(records)``; fails with how many were read."""
+    """Records of ``topic`` from its start until ``done(records)``; fails with how many were
+    read."""
     found = []
     with consuming(settings) as consumer:
         assign_now(

@@ -150,7 +150,8 @@ def dataset_specs(draw) -> DatasetSpec:
 
 @st.composite
 def shard_reports(draw, job_id: str) -> ShardProgress:
-    """Any report the model accepts: shard ids, epochs, attempts, versions anywhere in their range."""
+    """Any report the model accepts: shard ids, epochs, attempts, versions anywhere in their
+    range."""
     kind = draw(st.sampled_from(ProgressKind))
     return ShardProgress(
         job_id=job_id,

@@ -39,7 +39,10 @@ from antdt.topics import topic_spec
 
 USER, PASSWORD = "alice", "correct horse"
 ONLY_512 = "bob"  # has a SCRAM-SHA-512 credential only
-REFUSED = r"^antdt: error: authentication failed for user '{user}' \(SCRAM-SHA-512\) on 127\.0\.0\.1:\d+: Authentication failed"
+REFUSED = (
+    r"^antdt: error: authentication failed for user '{user}' \(SCRAM-SHA-512\) "
+    r"on 127\.0\.0\.1:\d+: Authentication failed"
+)
 #: A refused service must be gone within this, after at most this many attempts (a librdkafka
 #: consumer alone makes ~20 a second).
 EXIT_WITHIN_S, MAX_ATTEMPTS = 10.0, 40
@@ -263,7 +266,8 @@ def test_a_refused_login_is_one_authentication_error_at_once(
         ensure_topics(make_admin(settings), settings)
     message = str(refused.value)
     assert message.startswith(
-        f"authentication failed for user '{user}' ({mechanism}) on {auth_broker.bootstrap_servers}: "
+        f"authentication failed for user '{user}' ({mechanism}) "
+        f"on {auth_broker.bootstrap_servers}: "
     )
     assert (
         message.endswith(f"invalid credentials with SASL mechanism {mechanism}")
@@ -446,7 +450,8 @@ def test_a_faust_app_round_trip_with_credentials(auth_broker, alice, tmp_path):
 def test_a_faust_app_with_a_wrong_password_stops_after_one_attempt(
     auth_broker, topic_prefix, tmp_path
 ):
-    """aiokafka does not retry a refused login: the Faust worker exits non-zero, naming the refusal."""
+    """aiokafka does not retry a refused login: the Faust worker exits non-zero, naming the
+    refusal."""
     settings = sasl_settings(auth_broker, topic_prefix, password="wrong password")
     with Attempts(auth_broker) as seen:
         process = faust_echo(settings, tmp_path / "faust.log")

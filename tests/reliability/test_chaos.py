@@ -34,10 +34,12 @@ def run_chaos(out, *args: str) -> dict:
     found = json.loads(run.stdout)
     print(
         f"\nchaos ({found['training']}): {found['survived']}/{found['kills']} kills survived "
-        f"({found['worker_kills']} workers, {found['mid_step_kills']} mid-step) in {found['wall_s']} s "
+        f"({found['worker_kills']} workers, {found['mid_step_kills']} mid-step) "
+        f"in {found['wall_s']} s "
         f"(ideal {found['ideal_s']} s): "
         + ", ".join(
-            f"{k['target']}@{k['at_s']}s{'/' + k['mid_step'] if 'mid_step' in k else ''} back in {k['lost_s']}s"
+            f"{k['target']}@{k['at_s']}s{'/' + k['mid_step'] if 'mid_step' in k else ''} "
+            f"back in {k['lost_s']}s"
             for k in found["killed"]
         )
     )

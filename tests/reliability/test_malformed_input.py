@@ -406,7 +406,8 @@ def test_the_sharder_dead_letters_bad_reports_and_keeps_granting(settings, topic
         assert_dead_lettered_exactly(dead_letters(settings, bad), sent, "sharder")
         assert sharder.metric("antdt_sharder_deadlettered_total") == bad
     print(
-        f"sharder: {2 * FUZZED_PER_TOPIC} fuzzed + {bad - 2 * FUZZED_PER_TOPIC} meaningless records dead-lettered"
+        f"sharder: {2 * FUZZED_PER_TOPIC} fuzzed + "
+        f"{bad - 2 * FUZZED_PER_TOPIC} meaningless records dead-lettered"
     )
 
 
@@ -500,7 +501,8 @@ def test_the_monitor_dead_letters_bad_reports_and_keeps_judging(settings, topics
         bad = len(records)
         assert_service_dead_lettered(monitor, "monitor", settings, sent, bad)
     print(
-        f"monitor: {FUZZED_PER_TOPIC} fuzzed + {bad - FUZZED_PER_TOPIC} meaningless metrics dead-lettered, "
+        f"monitor: {FUZZED_PER_TOPIC} fuzzed + "
+        f"{bad - FUZZED_PER_TOPIC} meaningless metrics dead-lettered, "
         f"{FUZZED_PER_TOPIC} fuzzed control records ignored"
     )
 
@@ -601,7 +603,8 @@ def test_the_controller_dead_letters_bad_verdicts_and_reports_and_keeps_deciding
         bad = sum(r.because is not None for r in records)
         assert_service_dead_lettered(controller, "controller", settings, sent, bad)
     print(
-        f"controller: {2 * FUZZED_PER_TOPIC} fuzzed + {bad - 2 * FUZZED_PER_TOPIC} meaningless records dead-lettered, "
+        f"controller: {2 * FUZZED_PER_TOPIC} fuzzed + "
+        f"{bad - 2 * FUZZED_PER_TOPIC} meaningless records dead-lettered, "
         f"{FUZZED_PER_TOPIC} fuzzed control records ignored"
     )
 
@@ -639,7 +642,8 @@ def test_the_agent_dead_letters_what_is_no_command_and_keeps_obeying(settings, t
         assert agent.verifier.rejected["wrong target"] == 2
     assert_dead_lettered_exactly(dead_letters(signed, bad), sent, "agent")
     print(
-        f"agent commands: {FUZZED_PER_TOPIC} fuzzed + {bad - FUZZED_PER_TOPIC} meaningless records dead-lettered"
+        f"agent commands: {FUZZED_PER_TOPIC} fuzzed + "
+        f"{bad - FUZZED_PER_TOPIC} meaningless records dead-lettered"
     )
 
 
@@ -680,5 +684,6 @@ def test_the_shard_client_dead_letters_what_is_no_answer_and_takes_the_real_one(
         assert client.deadlettered == bad
     assert_dead_lettered_exactly(dead_letters(settings, bad), sent, "agent")
     print(
-        f"agent assignments: {FUZZED_PER_TOPIC} fuzzed + {bad - FUZZED_PER_TOPIC} meaningless records dead-lettered"
+        f"agent assignments: {FUZZED_PER_TOPIC} fuzzed + "
+        f"{bad - FUZZED_PER_TOPIC} meaningless records dead-lettered"
     )

@@ -9,7 +9,6 @@ import pytest
 from fastavro import schemaless_writer
 
 from antdt.schemas.codec import SINGLE_OBJECT_MARKER, SingleObjectCodec, to_avro_dict
-from antdt.schemas.compat import check_all, check_backward
 from antdt.schemas.examples import worker_lifecycle
 from antdt.schemas.store import (
     CURRENT_DIR,
@@ -18,6 +17,7 @@ from antdt.schemas.store import (
     load_version,
     read_schema_files,
 )
+from tests.schemas.compat import check_all, check_backward
 
 CURRENT = read_schema_files(CURRENT_DIR)
 RELEASED = read_schema_files(RELEASED_DIR)

@@ -96,7 +96,7 @@ def test_a_checkpoints_sizes_are_restored_only_if_they_fit_the_group():
         sizer.restore([50, 50])  # not the global batch
 
 
-def test_a_rank_whose_fixed_part_outlasts_the_others_step_sits_out_and_is_timed_again_now_and_then():
+def test_a_rank_whose_fixed_part_outlasts_the_step_sits_out_and_is_retimed_now_and_then():
     sizers = ranks(world=4)
     # 15 samples' worth of fixed cost; rank 3 4x slower at both
     fast, slow = linear(0.15, 0.01), linear(0.60, 0.04)

@@ -232,7 +232,8 @@ def test_weighted_average_equals_single_process_on_the_whole_batch(
 
 
 def stuck_rank_main(rank: int, init_file: str, out_dir: str) -> None:
-    """Rank 1 stops taking part after three steps (stuck, not dead); rank 0 must give up on its own."""
+    """Rank 1 stops taking part after three steps (stuck, not dead); rank 0 must give up on its
+    own."""
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
@@ -293,7 +294,8 @@ def test_a_stuck_rank_is_noticed_within_the_step_sized_bound(tmp_path: Path):
 
 
 class Unfinished:
-    """A collective that never finishes: its wait raises what the backend raises past the timeout."""
+    """A collective that never finishes: its wait raises what the backend raises past the
+    timeout."""
 
     def __init__(self, text: str):
         self.text = text
@@ -305,8 +307,10 @@ class Unfinished:
 @pytest.mark.parametrize(
     "text",
     [
-        "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 1000ms for recv operation to complete",
-        "[PG ID 0 PG GUID 0(default_pg) Rank 0] WorkNCCL(SeqNum=7, OpType=ALLREDUCE, Timeout(ms)=1000) "
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+        "Timed out waiting 1000ms for recv operation to complete",
+        "[PG ID 0 PG GUID 0(default_pg) Rank 0] "
+        "WorkNCCL(SeqNum=7, OpType=ALLREDUCE, Timeout(ms)=1000) "
         "ran for 1003 milliseconds before timing out.",
     ],
 )
@@ -322,7 +326,8 @@ def test_another_failure_of_a_collective_is_not_called_a_timeout():
         wait_within(
             [
                 Unfinished(
-                    "[gloo/transport/tcp/pair.cc:598] Connection closed by peer: Connection reset by peer"
+                    "[gloo/transport/tcp/pair.cc:598] Connection closed by peer: "
+                    "Connection reset by peer"
                 )
             ],
             1.0,

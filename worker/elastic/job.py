@@ -193,7 +193,8 @@ class ElasticJob:
                 yield inputs, labels
                 if self._synced is None:
                     raise AntdtError(
-                        "call job.sync() in every step, after backward() and before optimizer.step()"
+                        "call job.sync() in every step, "
+                        "after backward() and before optimizer.step()"
                     )
                 self.samples += self._pending
             self._end_step()

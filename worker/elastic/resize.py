@@ -25,7 +25,8 @@ from antdt.schemas.models import RANKS_CHANGED, MitigationCommand
 
 @dataclass
 class AgreedResize:
-    """One rank's pending batch-size command and the in-band agreement on when it switches (pure)."""
+    """One rank's pending batch-size command and the in-band agreement on when it switches
+    (pure)."""
 
     pending: MitigationCommand | None = None
     _offered: MitigationCommand | None = None

@@ -43,7 +43,8 @@ class GroupAverager:
         kinds = {(t.device, t.dtype) for t in self.tensors}
         if len(kinds) != 1:
             raise AntdtError(
-                f"partial reduce averages a model on one device with one dtype, not {sorted(map(str, kinds))}"
+                "partial reduce averages a model on one device with one dtype, "
+                f"not {sorted(map(str, kinds))}"
             )
         self.timeout_s = timeout_s
 

@@ -217,9 +217,9 @@ class ParameterClient:
             except NoAnswer:
                 if time.monotonic() >= deadline:
                     raise NoAnswer(
-                        f"worker {self.agent.spec.worker_id}: no answer from the sharder to the commit of "
-                        f"update {pending.update_id} for {self.timeout_s:.0f} s (is the sharder running "
-                        f"and the bus reachable?)"
+                        f"worker {self.agent.spec.worker_id}: no answer from the sharder "
+                        f"to the commit of update {pending.update_id} for {self.timeout_s:.0f} s "
+                        "(is the sharder running and the bus reachable?)"
                     ) from None
                 log.warning(
                     "update %s: no answer to its commit yet, asking again", pending.update_id

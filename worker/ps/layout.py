@@ -30,7 +30,8 @@ class Layout:
         for name, param in params:
             if param.dtype is not torch.float32:
                 raise AntdtError(
-                    f"parameter {name} is {param.dtype}; the parameter server holds float32 parameters"
+                    f"parameter {name} is {param.dtype}; "
+                    "the parameter server holds float32 parameters"
                 )
         names = tuple(name for name, _ in params)
         shapes = tuple(tuple(p.shape) for _, p in params)

@@ -418,7 +418,8 @@ class ParameterServer:
         update = self.pending.pop(event.update_id, None)
         if update is None:
             self._roll_back(
-                f"update {event.update_id} is committed but its gradient never reached {self.spec.name}"
+                f"update {event.update_id} is committed "
+                f"but its gradient never reached {self.spec.name}"
             )
             return
         samples = [s for commit in event.commits for s in commit.samples]
@@ -522,7 +523,8 @@ class ParameterServer:
         self.exit = self._leaving
 
     def _enter_recovery(self, version: int, why: str) -> None:
-        """Ask the sharder to rewind to ``version``; until the REWOUND is read, nothing is applied."""
+        """Ask the sharder to rewind to ``version``; until the REWOUND is read, nothing is
+        applied."""
         log.warning("%s: %s; rolling back to version %d", self.spec.name, why, version)
         self._become(ServerState.RECOVERING)
         self._recovering_since = time.monotonic()
@@ -542,7 +544,8 @@ class ParameterServer:
         now = time.monotonic()
         if self._leaving is not None and self.exit is None and now > self._leave_by:
             self._leave(
-                f"no checkpoint within {LEAVE_WITHIN_S:.0f} s: its replacement rolls the job back further"
+                f"no checkpoint within {LEAVE_WITHIN_S:.0f} s: "
+                "its replacement rolls the job back further"
             )
         if (
             self.state is ServerState.RECOVERING

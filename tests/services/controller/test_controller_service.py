@@ -218,7 +218,8 @@ def test_dry_run_switched_on_at_run_time(signed, topics, tmp_path):
 
 
 def test_remediation_on_kubernetes_deletes_the_pod_and_labels_the_node(signed, topics, tmp_path):
-    """With ANTDT_K8S_REMEDIATION on, a persistent straggler's node is labelled and its pod deleted."""
+    """With ANTDT_K8S_REMEDIATION on, a persistent straggler's node is labelled and its pod
+    deleted."""
     api = RecordingApiServer()
     env = {
         "ANTDT_K8S_REMEDIATION": "true",

@@ -1,4 +1,5 @@
-"""The grouper's decisions: first come first served, deadlines, the whole-group points, generations."""
+"""The grouper's decisions: first come first served, deadlines, the whole-group points,
+generations."""
 
 from __future__ import annotations
 

@@ -102,7 +102,8 @@ def test_quality_report_over_all_seeds():
     recall = true_positive / (true_positive + missed)
     delays.sort()
     print(
-        f"precision {precision:.3f} recall {recall:.3f} delay p50 {delays[len(delays) // 2]:.2f}s max {delays[-1]:.2f}s"
+        f"precision {precision:.3f} recall {recall:.3f} "
+        f"delay p50 {delays[len(delays) // 2]:.2f}s max {delays[-1]:.2f}s"
     )
     assert precision == 1.0 and recall == 1.0
     assert delays[-1] <= 3.0

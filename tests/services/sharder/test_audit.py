@@ -1,4 +1,5 @@
-"""The independent audit of a shard log (no Kafka): logs are made by ShardCore, then tampered with."""
+"""The independent audit of a shard log (no Kafka): logs are made by ShardCore, then tampered
+with."""
 
 from __future__ import annotations
 

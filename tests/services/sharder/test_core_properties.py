@@ -100,7 +100,8 @@ class ShardingMachine(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(WORKERS), data=st.data(), via_update=st.booleans())
     def commit_some(self, worker, data, via_update):
-        """A step trains some of a held shard's unapplied samples (in any order) and commits them."""
+        """A step trains some of a held shard's unapplied samples (in any order) and commits
+        them."""
         held = [s for s in self.held(worker) if s.remaining()]
         if not held:
             return
@@ -212,7 +213,8 @@ class ShardingMachine(RuleBasedStateMachine):
         with_attempt=st.booleans(),
     )
     def report_on_an_old_grant(self, data, kind, with_attempt):
-        """A slow worker reports on a grant it may since have lost (expired, released, re-granted)."""
+        """A slow worker reports on a grant it may since have lost (expired, released,
+        re-granted)."""
         grant = data.draw(st.sampled_from([e for e in self.log if e.transition is T.GRANTED]))
         self.deliver(
             report(

@@ -242,7 +242,8 @@ def test_a_worker_that_leaves_releases_its_shards_at_once(settings, topics):
 def test_the_farewell_of_a_replaced_process_does_not_release_its_successors_shards(
     settings, topics
 ):
-    """A late LEFT from an old incarnation (lifecycle and progress are different topics) is ignored."""
+    """A late LEFT from an old incarnation (lifecycle and progress are different topics) is
+    ignored."""
     from antdt.schemas.models import LifecycleEvent, WorkerLifecycle
     from antdt.schemas.types import utc_now
 

@@ -1,4 +1,5 @@
-"""Batch sizes switch at one step on every rank they change, however late a command arrives (pure)."""
+"""Batch sizes switch at one step on every rank they change, however late a command arrives
+(pure)."""
 
 from __future__ import annotations
 

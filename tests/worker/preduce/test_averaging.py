@@ -1,4 +1,5 @@
-"""Averaging replicas in partial-reduce groups: real gloo process groups, point to point, bounded."""
+"""Averaging replicas in partial-reduce groups: real gloo process groups, point to point,
+bounded."""
 
 from __future__ import annotations
 

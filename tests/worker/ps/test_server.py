@@ -115,11 +115,15 @@ def unfinished(settings) -> str:
     """The job's shards that are not DONE, as the shard log folds them (for a failure message)."""
     state = fold(settings.job_id, job_log(settings, settings.job_id))
     open_slots = [
-        f"{s.shard_id}:{s.state.value}@{s.attempt} by {s.worker} ({len(s.applied)}/{s.length} applied)"
+        f"{s.shard_id}:{s.state.value}@{s.attempt} by {s.worker} "
+        f"({len(s.applied)}/{s.length} applied)"
         for s in state.slots
         if s.state is not ShardState.DONE
     ]
-    return f"epoch {state.epoch} seq {state.last_seq} finished={state.finished}; open: {open_slots[:20]}"
+    return (
+        f"epoch {state.epoch} seq {state.last_seq} finished={state.finished}; "
+        f"open: {open_slots[:20]}"
+    )
 
 
 def wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
