@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
+from antdt.loadgen.traces import IDLE_RESOURCES
 from antdt.schemas.models import (
     AckStatus,
     AssignmentStatus,
@@ -34,7 +35,6 @@ from antdt.schemas.models import (
     LifecycleEvent,
     MitigationCommand,
     ProgressKind,
-    ResourceSnapshot,
     ShardAssignment,
     ShardProgress,
     WorkerLifecycle,
@@ -43,19 +43,6 @@ from antdt.schemas.models import (
 )
 from antdt.topics import worker_key
 from antdt.worker.steps import StepRecord, summarize
-
-_RESOURCES = ResourceSnapshot(
-    process_cpu_percent=95,
-    host_cpu_percent=50,
-    cpu_steal_percent=0,
-    load_1m=0.5,
-    rss_bytes=10**9,
-    host_memory_percent=40,
-    io_read_bytes=0,
-    io_write_bytes=0,
-    net_sent_bytes=10**6,
-    net_recv_bytes=10**6,
-)
 
 
 @dataclass(frozen=True)
@@ -337,7 +324,7 @@ class Fleet:
             sync_wait_s=summary.sync_wait_s,
             samples=summary.samples,
             local_batch_size=size,
-            resources=_RESOURCES,
+            resources=IDLE_RESOURCES,
             world_size=self.spec.workers_per_job,
         )
         return Outgoing("worker", "metrics", worker.job_id, report, worker.key)

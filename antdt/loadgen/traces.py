@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from antdt.schemas.models import ResourceSnapshot, StepTimeStats, WorkerMetrics, trusted
 from antdt.services.monitor.detection import utc
 
-_IDLE = ResourceSnapshot(
+#: A busy, healthy worker's resources: nothing in them points to a cause.
+IDLE_RESOURCES = ResourceSnapshot(
     process_cpu_percent=95,
     host_cpu_percent=50,
     cpu_steal_percent=0,
@@ -141,5 +142,5 @@ def _report(spec: TraceSpec, worker: str, seq: int, end_s: float, steps) -> Work
         sync_wait_s=sum(s for _, _, s, _ in steps),
         samples=sum(n for _, _, _, n in steps),
         local_batch_size=steps[-1][3] if steps else spec.batch_size,
-        resources=_IDLE,
+        resources=IDLE_RESOURCES,
     )
