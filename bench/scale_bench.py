@@ -48,6 +48,7 @@ from benchlib import distribution, embedded_broker, emit, fresh_settings, number
 from confluent_kafka import Consumer, TopicPartition
 
 from antdt.bus.clients import make_consumer
+from antdt.errors import AntdtError
 from antdt.loadgen.driver import FleetDriver
 from antdt.loadgen.fleet import FleetSpec
 from antdt.runtime.launch import service_process, settings_env
@@ -156,6 +157,10 @@ class EchoSharder:
     def __init__(self, process: subprocess.Popen):
         self.process = process
 
+    def raise_if_exited(self, what: str) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"{what}: grant_echo exited with {self.process.returncode}")
+
     def wait_ready(self, timeout_s: float) -> None:
         readable, _, _ = select.select([self.process.stdout], [], [], timeout_s)
         if not readable or self.process.stdout.readline().strip() != b"ready":
@@ -202,6 +207,8 @@ def run_point(workers: int, jobs: int, seconds: float, sharder: str = "antdt") -
         driver = FleetDriver(settings, spec)
         with Probe(settings, processes) as probe:
             seen = driver.run(seconds)
+        for name, service in running.items():
+            service.raise_if_exited(f"{name} during the run")  # its figures would be a dead one's
         rates = {
             "monitor": workers / spec.report_interval_s,
             "controller": workers / spec.report_interval_s,
@@ -402,7 +409,10 @@ def main() -> None:
         runs = []
         for attempt in range(args.repeat):
             began = time.monotonic()
-            runs.append(run_point(count, args.jobs, args.seconds, args.sharder))
+            try:
+                runs.append(run_point(count, args.jobs, args.seconds, args.sharder))
+            except (AntdtError, RuntimeError) as exc:
+                sys.exit(f"scale bench FAILED: {count} workers, run {attempt + 1}: {exc}")
             runs[-1]["run_wall_s"] = round(time.monotonic() - began, 1)
             print(
                 (

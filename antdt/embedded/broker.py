@@ -60,11 +60,21 @@ def broker_binary() -> str:
         raise BrokerError(f"embedded broker binary not found: {str(exc).splitlines()[0]}") from None
 
 
+#: Ports :func:`free_port` handed out in this process. A child is given its port before it binds
+#: it, so the kernel may offer the same free port again to the next child started meanwhile.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A TCP port nobody listens on right now, and never one this process handed out before."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise BrokerError(f"no free port on {host} that this process has not handed out already")
 
 
 def ensure_port_free(host: str, port: int) -> None:

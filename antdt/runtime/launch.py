@@ -94,15 +94,20 @@ class ServiceProcess:
         otherwise."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            # Exited first: another process on our port must not answer for a dead child.
+            self.raise_if_exited(what)
             if condition():
                 return
-            if self.process.poll() is not None:
-                raise AntdtError(
-                    f"{what}: the service exited with {self.process.returncode}; "
-                    f"log:\n{self.log_tail()}"
-                )
             time.sleep(every_s)
         raise AntdtError(f"{what}: not within {timeout_s:.0f} s; log:\n{self.log_tail()}")
+
+    def raise_if_exited(self, what: str) -> None:
+        """AntdtError with the child's log if it is no longer running."""
+        if self.process.poll() is not None:
+            raise AntdtError(
+                f"{what}: the service exited with {self.process.returncode}; "
+                f"log:\n{self.log_tail()}"
+            )
 
     def wait_ready(self, timeout_s: float = 60.0) -> ServiceProcess:
         self.wait_until(self.is_ready, "service ready", timeout_s)

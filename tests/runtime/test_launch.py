@@ -1,10 +1,17 @@
-"""Child-process settings: what a service is started with is what the parent had."""
+"""Child services: started with the parent's settings, on a port of their own, never taken for
+ready when dead."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from antdt.runtime.launch import settings_env
+from antdt.embedded.broker import free_port
+from antdt.errors import AntdtError
+from antdt.runtime.launch import ServiceProcess, settings_env
+from antdt.runtime.observability import HealthServer
 from antdt.settings import BrokerProfile, load_settings
 
 
@@ -26,3 +33,22 @@ def test_settings_survive_the_trip_through_the_environment(monkeypatch: pytest.M
 
 def test_defaults_are_not_written():
     assert settings_env(load_settings()) == {}
+
+
+def test_a_port_is_handed_out_once():
+    """Two children started in a row once got the same port: the second to bind it died."""
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+
+
+def test_a_dead_child_is_not_ready_though_another_service_answers_on_its_port(tmp_path):
+    other = HealthServer(0, ready=lambda: True, host="127.0.0.1").start()
+    try:
+        child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+        child.wait(30)
+        service = ServiceProcess(child, other.port, tmp_path / "child.log")
+        assert service.is_ready()  # the other one answers...
+        with pytest.raises(AntdtError, match="exited with 3"):
+            service.wait_ready(timeout_s=5)  # ...but this child is dead
+    finally:
+        other.stop()
