@@ -5,13 +5,22 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.antdt-installed
 
-.PHONY: demo test bench bench-e2e venv clean
+.PHONY: demo test lint format bench bench-e2e venv clean
 
 demo: $(STAMP)
 	$(BIN)/antdt demo
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest
+
+# ruff's lint rules and formatting (pyproject.toml); `make format` applies them.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
 
 # The end-to-end benchmark (about 7 minutes): antdt bench on the standard scenario.
 bench-e2e: $(STAMP)

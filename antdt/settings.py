@@ -57,32 +57,62 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
-    bootstrap_servers: str = Field("localhost:9092", min_length=1, description="Kafka bootstrap servers, host:port[,host:port]")
-    broker_profile: BrokerProfile = Field(BrokerProfile.KAFKA, description="client tuning: kafka or embedded")
+    bootstrap_servers: str = Field(
+        "localhost:9092", min_length=1, description="Kafka bootstrap servers, host:port[,host:port]"
+    )
+    broker_profile: BrokerProfile = Field(
+        BrokerProfile.KAFKA, description="client tuning: kafka or embedded"
+    )
     security_protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
     sasl_mechanism: SaslMechanism | None = None
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
-    tls_ca_path: Path | None = Field(None, description="CA bundle to verify the brokers' certificates")
-    schema_registry_url: str | None = Field(None, description="Confluent schema registry; unset = Avro single-object encoding")
+    tls_ca_path: Path | None = Field(
+        None, description="CA bundle to verify the brokers' certificates"
+    )
+    schema_registry_url: str | None = Field(
+        None, description="Confluent schema registry; unset = Avro single-object encoding"
+    )
     job_id: str = Field("default", pattern=_NAME_PATTERN, max_length=128)
     topic_prefix: str = Field("antdt", pattern=_NAME_PATTERN, max_length=64)
     report_interval_s: float = Field(1.0, gt=0, le=3600)
-    signing_key: SecretStr | None = Field(None, description="HMAC-SHA256 key for command signatures")
+    signing_key: SecretStr | None = Field(
+        None, description="HMAC-SHA256 key for command signatures"
+    )
     client_id: str = Field("antdt", pattern=_NAME_PATTERN, max_length=128)
-    worker_id: str | None = Field(None, pattern=_NAME_PATTERN, max_length=128, description="agent identity; default rank-<RANK>")
-    node_id: str | None = Field(None, max_length=256, description="node the agent runs on; default the host name")
+    worker_id: str | None = Field(
+        None,
+        pattern=_NAME_PATTERN,
+        max_length=128,
+        description="agent identity; default rank-<RANK>",
+    )
+    node_id: str | None = Field(
+        None, max_length=256, description="node the agent runs on; default the host name"
+    )
     heartbeat_interval_s: float = Field(5.0, gt=0, le=3600)
-    checkpoint_every_s: float = Field(30.0, gt=0, description="how often a synchronous job (ElasticJob) checkpoints")
-    slowdown: str | None = Field(None, description="straggler injection: a factor, or episodes start-end:factor,...")
-    slowdown_mode: str = Field("sleep", pattern=r"^(sleep|cpu)$", description="sleep, or cpu (busy competitor processes)")
-    slowdown_ranks: str | None = Field(None, pattern=r"^\d+(,\d+)*$",
-                                       description="the ranks (RANK) the slowdown applies to, e.g. 2 or 0,3; default all")
+    checkpoint_every_s: float = Field(
+        30.0, gt=0, description="how often a synchronous job (ElasticJob) checkpoints"
+    )
+    slowdown: str | None = Field(
+        None, description="straggler injection: a factor, or episodes start-end:factor,..."
+    )
+    slowdown_mode: str = Field(
+        "sleep", pattern=r"^(sleep|cpu)$", description="sleep, or cpu (busy competitor processes)"
+    )
+    slowdown_ranks: str | None = Field(
+        None,
+        pattern=r"^\d+(,\d+)*$",
+        description="the ranks (RANK) the slowdown applies to, e.g. 2 or 0,3; default all",
+    )
 
     @property
     def slowed_ranks(self) -> frozenset[int] | None:
         """The ranks ``slowdown`` applies to; None: every process given it."""
-        return frozenset(int(r) for r in self.slowdown_ranks.split(",")) if self.slowdown_ranks else None
+        return (
+            frozenset(int(r) for r in self.slowdown_ranks.split(","))
+            if self.slowdown_ranks
+            else None
+        )
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -118,10 +148,16 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_sasl(self) -> Settings:
-        uses_sasl = self.security_protocol in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL)
-        if uses_sasl and (self.sasl_mechanism is None or not self.sasl_username or self.sasl_password is None):
+        uses_sasl = self.security_protocol in (
+            SecurityProtocol.SASL_PLAINTEXT,
+            SecurityProtocol.SASL_SSL,
+        )
+        if uses_sasl and (
+            self.sasl_mechanism is None or not self.sasl_username or self.sasl_password is None
+        ):
             raise ValueError(
-                f"security_protocol {self.security_protocol.value} needs sasl_mechanism, sasl_username and sasl_password"
+                f"security_protocol {self.security_protocol.value} needs sasl_mechanism, "
+                "sasl_username and sasl_password"
             )
         return self
 
@@ -145,7 +181,9 @@ def describe_validation_error(exc: ValidationError, prefix: str = ENV_PREFIX) ->
     variable = f"{prefix}{field.upper()}" if field else "ANTDT settings"
     message = error["msg"].removeprefix("Value error, ")
     shown = error.get("input")
-    suffix = "" if not field or isinstance(shown, dict) or _is_secret(field) else f" (got {shown!r})"
+    suffix = (
+        "" if not field or isinstance(shown, dict) or _is_secret(field) else f" (got {shown!r})"
+    )
     more = len(exc.errors()) - 1
     tail = f" [and {more} more]" if more else ""
     return f"{variable}: {message}{suffix}{tail}"

@@ -69,11 +69,18 @@ def bench_overhead(settings: Settings, steps: int) -> dict:
     overhead = [max(0, s - base) for s in with_step]
     return {
         "steps": steps,
-        "step_call_overhead_us": {"median": round(statistics.median(overhead) / 1000, 3),
-                                  "p99": round(percentile(overhead, 0.99) / 1000, 3),
-                                  "mean": round(statistics.fmean(overhead) / 1000, 3)},
-        "loop_us_per_step": {"bare": round(bare_loop / steps * 1e6, 3), "with_agent": round(agent_loop / steps * 1e6, 3)},
-        "sync_wait_overhead_us": {"median": round(max(0, statistics.median(with_sync) - base) / 1000, 3)},
+        "step_call_overhead_us": {
+            "median": round(statistics.median(overhead) / 1000, 3),
+            "p99": round(percentile(overhead, 0.99) / 1000, 3),
+            "mean": round(statistics.fmean(overhead) / 1000, 3),
+        },
+        "loop_us_per_step": {
+            "bare": round(bare_loop / steps * 1e6, 3),
+            "with_agent": round(agent_loop / steps * 1e6, 3),
+        },
+        "sync_wait_overhead_us": {
+            "median": round(max(0, statistics.median(with_sync) - base) / 1000, 3)
+        },
     }
 
 
@@ -81,16 +88,22 @@ def bench_commit(settings: Settings, steps: int) -> dict:
     tags = tuple(SampleTag(0, i, i // 16, 0, "w0") for i in range(32))
     batch = Tagged(None, tags)
     with Agent("bench-commit", "w0", settings=settings, listen_for_commands=False) as agent:
-        agent.committer  # the sharder client (readers positioned) is made once, before the clock
+        # the sharder client (readers positioned) is made once, before the clock
+        _ = agent.committer
         nothing = timed_calls(lambda: agent.untag(batch), steps)
         with_commit = timed_calls(lambda: (agent.untag(batch), agent.step()), steps)
         agent.shard_client.flush(30)
     base = statistics.median(nothing)
     cost = [max(0, s - base) for s in with_commit]
-    return {"steps": steps, "samples_per_step": len(tags),
-            "step_with_commit_us": {"median": round(statistics.median(cost) / 1000, 3),
-                                    "p99": round(percentile(cost, 0.99) / 1000, 3),
-                                    "mean": round(statistics.fmean(cost) / 1000, 3)}}
+    return {
+        "steps": steps,
+        "samples_per_step": len(tags),
+        "step_with_commit_us": {
+            "median": round(statistics.median(cost) / 1000, 3),
+            "p99": round(percentile(cost, 0.99) / 1000, 3),
+            "mean": round(statistics.fmean(cost) / 1000, 3),
+        },
+    }
 
 
 def count_events(settings: Settings, component: str, name: str, job: str) -> int:
@@ -98,9 +111,15 @@ def count_events(settings: Settings, component: str, name: str, job: str) -> int
     partitions = topic_spec(component, name).partitions
     count, idle = 0, 0
     with consuming(settings) as consumer:
-        assign_now(consumer, [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        assign_now(
+            consumer, [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
+        )
         while idle < 10:
-            batch = [m for m in poll_batch(consumer, 10_000, 0.1) if marker_id(m) is None and m.key() == job.encode()]
+            batch = [
+                m
+                for m in poll_batch(consumer, 10_000, 0.1)
+                if marker_id(m) is None and m.key() == job.encode()
+            ]
             count += len(batch)
             idle = 0 if batch else idle + 1
     return count
@@ -119,9 +138,15 @@ def bench_events(settings: Settings, seconds: float) -> dict:
         dropped = agent.dropped_events
     metrics = count_events(settings, "worker", "metrics", job)
     lifecycle = count_events(settings, "worker", "lifecycle", job)
-    return {"seconds": round(elapsed, 2), "steps": steps, "metrics_events": metrics,
-            "metrics_events_per_s": round(metrics / elapsed, 2), "lifecycle_events": lifecycle,
-            "all_events_per_s": round((metrics + lifecycle) / elapsed, 2), "dropped": dropped}
+    return {
+        "seconds": round(elapsed, 2),
+        "steps": steps,
+        "metrics_events": metrics,
+        "metrics_events_per_s": round(metrics / elapsed, 2),
+        "lifecycle_events": lifecycle,
+        "all_events_per_s": round((metrics + lifecycle) / elapsed, 2),
+        "dropped": dropped,
+    }
 
 
 def main() -> None:
@@ -129,18 +154,28 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--steps", type=int, default=200_000)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--repeat", type=int, default=3, help="overhead runs (median, min and max of their medians)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="overhead runs (median, min and max of their medians)"
+    )
     args = parser.parse_args()
     with embedded_broker() as broker:
         settings = fresh_settings(broker)
         runs = [bench_overhead(settings, args.steps) for _ in range(args.repeat)]
-        report = {"overhead": {"runs": runs,
-                               "step_median_us": spread([r["step_call_overhead_us"]["median"] for r in runs]),
-                               "step_p99_us": spread([r["step_call_overhead_us"]["p99"] for r in runs]),
-                               "sync_wait_median_us": spread([r["sync_wait_overhead_us"]["median"] for r in runs])},
-                  "commit": bench_commit(settings, min(args.steps, 20_000)),
-                  "events": bench_events(settings, args.seconds)}
-    print(json.dumps(report, indent=2) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
+        report = {
+            "overhead": {
+                "runs": runs,
+                "step_median_us": spread([r["step_call_overhead_us"]["median"] for r in runs]),
+                "step_p99_us": spread([r["step_call_overhead_us"]["p99"] for r in runs]),
+                "sync_wait_median_us": spread([r["sync_wait_overhead_us"]["median"] for r in runs]),
+            },
+            "commit": bench_commit(settings, min(args.steps, 20_000)),
+            "events": bench_events(settings, args.seconds),
+        }
+    print(
+        json.dumps(report, indent=2)
+        if args.json
+        else "\n".join(f"{k}: {v}" for k, v in report.items())
+    )
 
 
 if __name__ == "__main__":

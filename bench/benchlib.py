@@ -9,9 +9,9 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from antdt.broker import EmbeddedBroker
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin
+from antdt.embedded.broker import EmbeddedBroker
 from antdt.settings import BrokerProfile, Settings, load_settings
 
 
@@ -25,21 +25,33 @@ def distribution(values: list[float], digits: int = 3) -> dict[str, float]:
     """n, min, p50, p90, p99 and max of ``values``."""
     if not values:
         return {"n": 0}
-    summary = {name: percentile(values, q) for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))}
-    return {"n": len(values), "min": round(min(values), digits),
-            **{k: round(v, digits) for k, v in summary.items()}, "max": round(max(values), digits)}
+    summary = {
+        name: percentile(values, q) for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+    }
+    return {
+        "n": len(values),
+        "min": round(min(values), digits),
+        **{k: round(v, digits) for k, v in summary.items()},
+        "max": round(max(values), digits),
+    }
 
 
 def spread(values: list[float], digits: int = 3) -> dict[str, float]:
     """Median, min and max of repeated runs' figures (the house rule for anything timed)."""
-    return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
-            "max": round(max(values), digits)}
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+    }
 
 
 def fresh_settings(broker: EmbeddedBroker, create_topics: bool = True) -> Settings:
     """Settings for ``broker`` under a prefix of their own (topics created)."""
-    settings = load_settings(bootstrap_servers=broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED,
-                             topic_prefix=f"bench{uuid.uuid4().hex[:8]}")
+    settings = load_settings(
+        bootstrap_servers=broker.bootstrap_servers,
+        broker_profile=BrokerProfile.EMBEDDED,
+        topic_prefix=f"bench{uuid.uuid4().hex[:8]}",
+    )
     if create_topics:
         ensure_topics(make_admin(settings), settings)
     return settings

@@ -1,6 +1,8 @@
-"""The embedded broker's fetch wait: what each consumer's polling costs the broker, and what a record waits.
+"""The embedded broker's fetch wait: what each consumer's polling costs the broker, and what a
+record waits.
 
-    .venv/bin/python bench/broker_fetch_bench.py [--waits 5,10,50,100,500] [--consumers 5] [--records 40] [--json]
+    .venv/bin/python bench/broker_fetch_bench.py [--waits 5,10,50,100,500] [--consumers 5]
+    [--records 40] [--json]
 
 For each ``fetch.wait.max.ms``: ``--consumers`` consumers with nothing to
 read poll every partition of one topic; the broker's CPU over 4 s is the
@@ -34,14 +36,33 @@ def poll_until(reader: Consumer, stop: threading.Event) -> None:
         reader.poll(0.05)
 
 
-def measure(bootstrap: str, topic: str, partitions: int, broker: psutil.Process, wait_ms: int, consumers: int,
-            records: int) -> dict:
-    readers = [Consumer({"bootstrap.servers": bootstrap, "group.id": f"fetch-bench-{wait_ms}-{i}",
-                         "fetch.wait.max.ms": wait_ms, "enable.auto.commit": False}) for i in range(consumers)]
+def measure(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    broker: psutil.Process,
+    wait_ms: int,
+    consumers: int,
+    records: int,
+) -> dict:
+    readers = [
+        Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"fetch-bench-{wait_ms}-{i}",
+                "fetch.wait.max.ms": wait_ms,
+                "enable.auto.commit": False,
+            }
+        )
+        for i in range(consumers)
+    ]
     for reader in readers:
         reader.assign([TopicPartition(topic, p, OFFSET_END) for p in range(partitions)])
     stop = threading.Event()
-    pollers = [threading.Thread(target=poll_until, args=(reader, stop), daemon=True) for reader in readers[1:]]
+    pollers = [
+        threading.Thread(target=poll_until, args=(reader, stop), daemon=True)
+        for reader in readers[1:]
+    ]
     for poller in pollers:
         poller.start()
     try:
@@ -68,15 +89,22 @@ def measure(bootstrap: str, topic: str, partitions: int, broker: psutil.Process,
             poller.join(timeout=5)
         for reader in readers:
             reader.close()
-    return {"fetch_wait_ms": wait_ms, "idle_consumers": consumers, "broker_cpu_percent_idle_polling": round(idle_cpu, 1),
-            "produce_to_consume_ms": distribution(latencies, 1), "lost": records - len(latencies)}
+    return {
+        "fetch_wait_ms": wait_ms,
+        "idle_consumers": consumers,
+        "broker_cpu_percent_idle_polling": round(idle_cpu, 1),
+        "produce_to_consume_ms": distribution(latencies, 1),
+        "lost": records - len(latencies),
+    }
 
 
 def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--waits", default="5,10,50,100,500", help="comma-separated fetch.wait.max.ms values")
+    parser.add_argument(
+        "--waits", default="5,10,50,100,500", help="comma-separated fetch.wait.max.ms values"
+    )
     parser.add_argument("--consumers", type=int, default=5)
     parser.add_argument("--records", type=int, default=40)
     parser.add_argument("--json", action="store_true", help="print JSON")
@@ -88,8 +116,18 @@ def main() -> None:
         settings = fresh_settings(broker)
         topic = settings.topic("worker", "metrics")
         process = psutil.Process(broker.pid)
-        points = [measure(broker.bootstrap_servers, topic, topic_spec("worker", "metrics").partitions, process, wait,
-                          args.consumers, args.records) for wait in waits]
+        points = [
+            measure(
+                broker.bootstrap_servers,
+                topic,
+                topic_spec("worker", "metrics").partitions,
+                process,
+                wait,
+                args.consumers,
+                args.records,
+            )
+            for wait in waits
+        ]
     emit({"points": points}, args.json)
     if any(point["lost"] for point in points):
         raise SystemExit("broker fetch bench FAILED: a record was not read back within 10 s")

@@ -15,7 +15,7 @@ import json
 import statistics
 import time
 
-from antdt.broker import EmbeddedBroker, broker_binary
+from antdt.embedded.broker import EmbeddedBroker, broker_binary
 
 
 def measure(runs: int) -> dict:
@@ -50,7 +50,10 @@ def main() -> None:
         print(json.dumps(report, indent=2))
         return
     r = report["ready_ms"]
-    print(f"embedded broker start-to-ready over {args.runs} runs: min {r['min']} ms, median {r['median']} ms, p90 {r['p90']} ms, max {r['max']} ms")
+    print(
+        f"embedded broker start-to-ready over {args.runs} runs: min {r['min']} ms, "
+        f"median {r['median']} ms, p90 {r['p90']} ms, max {r['max']} ms"
+    )
     print(f"stop (SIGTERM, no clients): median {report['stop_ms_median']} ms")
 
 

@@ -22,7 +22,9 @@ from antdt.schemas.codec import ConfluentCodec, SingleObjectCodec, to_json
 from antdt.schemas.examples import worker_metrics
 
 
-def per_message_us(operation: Callable[[], object], batches: int, batch_size: int) -> dict[str, float]:
+def per_message_us(
+    operation: Callable[[], object], batches: int, batch_size: int
+) -> dict[str, float]:
     """Median, p10 and p90 over batches of the mean time per call, in µs."""
     for _ in range(batch_size):  # warm caches and lazy imports
         operation()
@@ -53,11 +55,26 @@ def measure(batches: int, batch_size: int) -> dict:
         "batches": batches,
         "batch_size": batch_size,
         "results": {
-            "single_object.encode": {**per_message_us(lambda: single.encode(message), batches, batch_size), "bytes": len(single_bytes)},
-            "single_object.decode": per_message_us(lambda: single.decode(single_bytes), batches, batch_size),
-            "confluent.encode": {**per_message_us(lambda: confluent.encode(message, "antdt.worker.metrics"), batches, batch_size), "bytes": len(confluent_bytes)},
-            "confluent.decode": per_message_us(lambda: confluent.decode(confluent_bytes), batches, batch_size),
-            "json.encode (orjson, reference)": {**per_message_us(lambda: to_json(message), batches, batch_size), "bytes": len(to_json(message))},
+            "single_object.encode": {
+                **per_message_us(lambda: single.encode(message), batches, batch_size),
+                "bytes": len(single_bytes),
+            },
+            "single_object.decode": per_message_us(
+                lambda: single.decode(single_bytes), batches, batch_size
+            ),
+            "confluent.encode": {
+                **per_message_us(
+                    lambda: confluent.encode(message, "antdt.worker.metrics"), batches, batch_size
+                ),
+                "bytes": len(confluent_bytes),
+            },
+            "confluent.decode": per_message_us(
+                lambda: confluent.decode(confluent_bytes), batches, batch_size
+            ),
+            "json.encode (orjson, reference)": {
+                **per_message_us(lambda: to_json(message), batches, batch_size),
+                "bytes": len(to_json(message)),
+            },
         },
     }
 
@@ -72,10 +89,15 @@ def main() -> None:
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    print(f"{report['message']}, Python {report['python']}, {args.batches} x {args.batch_size} calls")
+    print(
+        f"{report['message']}, Python {report['python']}, {args.batches} x {args.batch_size} calls"
+    )
     print(f"{'operation':34} {'median µs':>10} {'p10':>8} {'p90':>8} {'bytes':>6}")
     for name, row in report["results"].items():
-        print(f"{name:34} {row['median_us']:>10.2f} {row['p10_us']:>8.2f} {row['p90_us']:>8.2f} {row.get('bytes', ''):>6}")
+        print(
+            f"{name:34} {row['median_us']:>10.2f} {row['p10_us']:>8.2f} {row['p90_us']:>8.2f} "
+            f"{row.get('bytes', ''):>6}"
+        )
 
 
 if __name__ == "__main__":

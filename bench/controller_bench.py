@@ -13,14 +13,14 @@ client settings of the embedded profile.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from benchlib import bench_parser, distribution, embedded_broker, emit, fresh_settings
 from confluent_kafka import OFFSET_END, TopicPartition
 
 from antdt.bus.clients import make_consumer, make_producer
 from antdt.bus.readers import assign_now, poll_batch
-from antdt.launch import service_process
+from antdt.runtime.launch import service_process
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import StragglerClass, StragglerVerdict, VerdictKind, VerdictWindow
 from antdt.settings import load_settings
@@ -30,29 +30,58 @@ CODEC = SingleObjectCodec()
 
 
 def a_verdict(i: int) -> StragglerVerdict:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return StragglerVerdict(
-        verdict_id=f"bench-{i}-{time.time_ns()}", job_id=f"job-{i % 50}", worker_id=f"w{i}", node_id=f"node-{i}",
-        kind=VerdictKind.STRAGGLER, classification=StragglerClass.TRANSIENT, relative_score=5.0, individual_score=2.0,
-        speed_ratio=2.0, window=VerdictWindow(start=now, end=now, reports=10), episode_start=now, evidence=[], issued_at=now,
+        verdict_id=f"bench-{i}-{time.time_ns()}",
+        job_id=f"job-{i % 50}",
+        worker_id=f"w{i}",
+        node_id=f"node-{i}",
+        kind=VerdictKind.STRAGGLER,
+        classification=StragglerClass.TRANSIENT,
+        relative_score=5.0,
+        individual_score=2.0,
+        speed_ratio=2.0,
+        window=VerdictWindow(start=now, end=now, reports=10),
+        episode_start=now,
+        evidence=[],
+        issued_at=now,
     )
 
 
 def bench_latency(count: int, policy: str) -> dict:
     with embedded_broker() as broker:
         settings = fresh_settings(broker)
-        settings = load_settings(**{**settings.model_dump(), "signing_key": "bench-signing-key-0123456789abcdef"})
-        with service_process(settings, "controller", "--set", f"policy={policy}", "--set", "max_commands_per_minute=100000") as controller:
+        settings = load_settings(
+            **{**settings.model_dump(), "signing_key": "bench-signing-key-0123456789abcdef"}
+        )
+        with service_process(
+            settings,
+            "controller",
+            "--set",
+            f"policy={policy}",
+            "--set",
+            "max_commands_per_minute=100000",
+        ) as controller:
             controller.wait_ready()
             topic = settings.topic("controller", "commands")
             consumer = make_consumer(settings, low_latency=True)
-            assign_now(consumer, [TopicPartition(topic, p, OFFSET_END) for p in range(topic_spec("controller", "commands").partitions)])
+            assign_now(
+                consumer,
+                [
+                    TopicPartition(topic, p, OFFSET_END)
+                    for p in range(topic_spec("controller", "commands").partitions)
+                ],
+            )
             producer = make_producer(settings, **{"linger.ms": 0})
             samples, unanswered = [], 0
             for i in range(count):
                 verdict = a_verdict(i)
                 began = time.perf_counter()
-                producer.produce(settings.topic("monitor", "verdicts"), key=verdict.job_id.encode(), value=CODEC.encode(verdict))
+                producer.produce(
+                    settings.topic("monitor", "verdicts"),
+                    key=verdict.job_id.encode(),
+                    value=CODEC.encode(verdict),
+                )
                 producer.poll(0)
                 if _await_command(consumer, verdict.verdict_id, timeout_s=5.0):
                     samples.append((time.perf_counter() - began) * 1000)
@@ -60,9 +89,16 @@ def bench_latency(count: int, policy: str) -> dict:
                     unanswered += 1
             producer.flush(5)
             consumer.close()
-            commands = controller.metric('antdt_controller_commands_total{action="SET_SHARD_QUOTA",dry_run="false"}')
-    return {"verdicts": count, "answered": len(samples), "unanswered": unanswered, "commands": int(commands),
-            "latency_ms": distribution(samples, digits=2)}
+            commands = controller.metric(
+                'antdt_controller_commands_total{action="SET_SHARD_QUOTA",dry_run="false"}'
+            )
+    return {
+        "verdicts": count,
+        "answered": len(samples),
+        "unanswered": unanswered,
+        "commands": int(commands),
+        "latency_ms": distribution(samples, digits=2),
+    }
 
 
 def _await_command(consumer, verdict_id: str, timeout_s: float) -> bool:

@@ -32,11 +32,11 @@ from confluent_kafka import OFFSET_END, TopicPartition
 
 from antdt.bus.clients import consuming, producing
 from antdt.bus.readers import assign_now, poll_batch
-from antdt.launch import service_process
+from antdt.loadgen.traces import TraceSlowdown, TraceSpec, generate
+from antdt.runtime.launch import service_process
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import VerdictKind
 from antdt.services.monitor.detection import JobDetector
-from antdt.services.monitor.traces import Episode, TraceSpec, generate
 from antdt.topics import topic_spec
 
 CODEC = SingleObjectCodec()
@@ -52,8 +52,11 @@ def throughput_reports(events: int) -> list:
     jobs = max(1, events // (workers * seconds) + 1)
     reports = []
     for j in range(jobs):
-        episodes = [Episode("w3", 30, 120, 2.0)] if j % 4 == 0 else []
-        reports += generate(TraceSpec(workers=workers, seconds=seconds, episodes=episodes, job_id=f"job-{j}"), seed=j)
+        episodes = [TraceSlowdown("w3", 30, 120, 2.0)] if j % 4 == 0 else []
+        reports += generate(
+            TraceSpec(workers=workers, seconds=seconds, episodes=episodes, job_id=f"job-{j}"),
+            seed=j,
+        )
     reports.sort(key=lambda r: r.window_end)
     return reports[:events]
 
@@ -64,7 +67,11 @@ def bench_throughput(events: int) -> dict:
         settings = fresh_settings(broker)
         with producing(settings) as producer:
             for report in reports:
-                producer.produce(settings.topic("worker", "metrics"), key=report.job_id.encode(), value=CODEC.encode(report))
+                producer.produce(
+                    settings.topic("worker", "metrics"),
+                    key=report.job_id.encode(),
+                    value=CODEC.encode(report),
+                )
                 producer.poll(0)
         with service_process(settings, "monitor") as monitor:
             monitor.wait_ready()
@@ -81,17 +88,26 @@ def bench_throughput(events: int) -> dict:
                 time.sleep(0.25)
             metrics = monitor.metrics()
     if first is None or last is None:
-        raise SystemExit(f"the monitor processed {metrics.get(REPORTS, 0):.0f} of {len(reports)} reports")
+        raise SystemExit(
+            f"the monitor processed {metrics.get(REPORTS, 0):.0f} of {len(reports)} reports"
+        )
     seconds = last[0] - first[0]
     verdicts = sum(v for k, v in metrics.items() if k.startswith("antdt_monitor_verdicts_total{"))
-    return {"events": len(reports), "seconds": round(seconds, 3), "events_per_s": round((last[1] - first[1]) / seconds),
-            "verdicts": int(verdicts), "deadlettered": int(metrics.get("antdt_monitor_deadlettered_total", 0))}
+    return {
+        "events": len(reports),
+        "seconds": round(seconds, 3),
+        "events_per_s": round((last[1] - first[1]) / seconds),
+        "verdicts": int(verdicts),
+        "deadlettered": int(metrics.get("antdt_monitor_deadlettered_total", 0)),
+    }
 
 
 # ---------------------------------------------------------------- latency
 
 
-def latency_specs(jobs: int, seconds: float, start_s: float, rng: random.Random) -> tuple[list[TraceSpec], dict]:
+def latency_specs(
+    jobs: int, seconds: float, start_s: float, rng: random.Random
+) -> tuple[list[TraceSpec], dict]:
     """Two episodes per job at random phases; {(job, worker, onset wall time): factor}."""
     specs, onsets = [], {}
     for j in range(jobs):
@@ -99,8 +115,13 @@ def latency_specs(jobs: int, seconds: float, start_s: float, rng: random.Random)
         factor = (1.5, 2.0, 4.0)[j % 3]
         first = rng.uniform(15, seconds / 2 - 12)
         second = rng.uniform(seconds / 2 + 3, seconds - 12)
-        episodes = [Episode(worker, first, first + 10, factor), Episode(worker, second, seconds, factor)]
-        specs.append(TraceSpec(workers=8, seconds=seconds, episodes=episodes, job_id=job, start_s=start_s))
+        episodes = [
+            TraceSlowdown(worker, first, first + 10, factor),
+            TraceSlowdown(worker, second, seconds, factor),
+        ]
+        specs.append(
+            TraceSpec(workers=8, seconds=seconds, episodes=episodes, job_id=job, start_s=start_s)
+        )
         for onset in (first, second):
             onsets[(job, worker, start_s + onset)] = factor
     return specs, onsets
@@ -134,7 +155,11 @@ def score(onsets: dict, seen: list) -> dict:
     delays, detection, pipeline, by_factor, missed = [], [], [], {}, 0
     stragglers = [(t, v) for t, v in seen if v.kind is VerdictKind.STRAGGLER]
     for (job, worker, onset), factor in onsets.items():
-        hits = [(t, v) for t, v in stragglers if v.job_id == job and v.worker_id == worker and onset <= v.issued_at.timestamp()]
+        hits = [
+            (t, v)
+            for t, v in stragglers
+            if v.job_id == job and v.worker_id == worker and onset <= v.issued_at.timestamp()
+        ]
         if not hits:
             missed += 1
             continue
@@ -144,11 +169,20 @@ def score(onsets: dict, seen: list) -> dict:
         pipeline.append(read_at - verdict.issued_at.timestamp())
         by_factor.setdefault(f"{factor}x", []).append(read_at - onset)
     slow_workers = {(job, worker) for job, worker, _ in onsets}
-    false_positive = sum(1 for _, v in seen if v.kind is not VerdictKind.CLEARED and (v.job_id, v.worker_id) not in slow_workers)
-    return {"onsets": len(onsets), "missed": missed, "false_positives": false_positive,
-            "latency_s": distribution(delays),
-            "of_which_detection_s": distribution(detection), "of_which_pipeline_s": distribution(pipeline),
-            "latency_s_by_factor": {k: distribution(v) for k, v in sorted(by_factor.items())}}
+    false_positive = sum(
+        1
+        for _, v in seen
+        if v.kind is not VerdictKind.CLEARED and (v.job_id, v.worker_id) not in slow_workers
+    )
+    return {
+        "onsets": len(onsets),
+        "missed": missed,
+        "false_positives": false_positive,
+        "latency_s": distribution(delays),
+        "of_which_detection_s": distribution(detection),
+        "of_which_pipeline_s": distribution(pipeline),
+        "latency_s_by_factor": {k: distribution(v) for k, v in sorted(by_factor.items())},
+    }
 
 
 def bench_latency(jobs: int, seconds: float) -> dict:
@@ -159,29 +193,52 @@ def bench_latency(jobs: int, seconds: float) -> dict:
             monitor.wait_ready()
             start_s = float(int(time.time()) + 3)
             specs, onsets = latency_specs(jobs, seconds, start_s, rng)
-            reports = sorted((r for i, spec in enumerate(specs) for r in generate(spec, seed=i)), key=lambda r: r.window_end)
+            reports = sorted(
+                (r for i, spec in enumerate(specs) for r in generate(spec, seed=i)),
+                key=lambda r: r.window_end,
+            )
             stop = threading.Event()
-            sender = threading.Thread(target=replay_in_real_time, args=(settings, reports, stop), daemon=True)
+            sender = threading.Thread(
+                target=replay_in_real_time, args=(settings, reports, stop), daemon=True
+            )
             sender.start()
             try:
-                seen = collect_verdicts(settings, topic_spec("monitor", "verdicts").partitions, until=start_s + seconds + 5)
+                seen = collect_verdicts(
+                    settings,
+                    topic_spec("monitor", "verdicts").partitions,
+                    until=start_s + seconds + 5,
+                )
             finally:
                 stop.set()
                 sender.join()
-    return {"jobs": jobs, "workers_per_job": 8, "report_interval_s": 1.0, "reports": len(reports), **score(onsets, seen)}
+    return {
+        "jobs": jobs,
+        "workers_per_job": 8,
+        "report_interval_s": 1.0,
+        "reports": len(reports),
+        **score(onsets, seen),
+    }
 
 
 # ---------------------------------------------------------------- pure detector
 
 
 def bench_detector(workers: int = 64, seconds: float = 300) -> dict:
-    reports = generate(TraceSpec(workers=workers, seconds=seconds, episodes=[Episode("w1", 60, 200, 2.0)]), seed=0)
+    reports = generate(
+        TraceSpec(workers=workers, seconds=seconds, episodes=[TraceSlowdown("w1", 60, 200, 2.0)]),
+        seed=0,
+    )
     detector = JobDetector("trace")
     started = time.perf_counter()
     verdicts = sum(len(detector.observe(r)) for r in reports)
     elapsed = time.perf_counter() - started
-    return {"events": len(reports), "workers": workers, "seconds": round(elapsed, 3),
-            "events_per_s": round(len(reports) / elapsed), "verdicts": verdicts}
+    return {
+        "events": len(reports),
+        "workers": workers,
+        "seconds": round(elapsed, 3),
+        "events_per_s": round(len(reports) / elapsed),
+        "verdicts": verdicts,
+    }
 
 
 def main() -> None:

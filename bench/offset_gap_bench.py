@@ -55,7 +55,8 @@ def produce_in_bursts(settings, topic: str, producers: int, rounds: int) -> None
 
 
 def tail(consumer, topic: str, total: int, seen: list[int]) -> None:
-    """Tail the partition until its last offset (``total - 1``) came, or READ_FOR_S after the first record."""
+    """Tail the partition until its last offset (``total - 1``) came, or READ_FOR_S after the first
+    record."""
     consumer.subscribe([topic])
     deadline = None
     while not seen or (seen[-1] < total - 1 and time.monotonic() < deadline):
@@ -66,7 +67,8 @@ def tail(consumer, topic: str, total: int, seen: list[int]) -> None:
 
 
 def read_all(settings, topic: str, total: int) -> set[int]:
-    """Every offset the partition holds, read from the start by a plain reader (up to READ_FOR_S)."""
+    """Every offset the partition holds, read from the start by a plain reader (up to
+    READ_FOR_S)."""
     consumer = make_consumer(settings)
     consumer.assign([TopicPartition(topic, 0, 0)])
     offsets, started = set(), time.monotonic()
@@ -81,9 +83,13 @@ def one_run(guarded: bool, producers: int, rounds: int) -> dict:
         settings = fresh_settings(broker)
         topic = topic_spec("shard", "progress").full_name(settings.topic_prefix)
         if guarded:
-            consumer = make_consumer(settings, group_id=f"{settings.topic_prefix}.tail", low_latency=True)
+            consumer = make_consumer(
+                settings, group_id=f"{settings.topic_prefix}.tail", low_latency=True
+            )
         else:
-            consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}.tail", low_latency=True))
+            consumer = Consumer(
+                consumer_config(settings, f"{settings.topic_prefix}.tail", low_latency=True)
+            )
         seen: list[int] = []
         total = producers * rounds
         reader = threading.Thread(target=tail, args=(consumer, topic, total, seen))
@@ -96,8 +102,13 @@ def one_run(guarded: bool, producers: int, rounds: int) -> dict:
         consumer.close()
         got = set(seen)
         last = max(got) if got else -1
-        result = {"reader": "guarded" if guarded else "plain", "records": total, "read_back": len(held),
-                  "tail_read": len(got), "skipped": sorted(o for o in held if o < last and o not in got)}
+        result = {
+            "reader": "guarded" if guarded else "plain",
+            "records": total,
+            "read_back": len(held),
+            "tail_read": len(got),
+            "skipped": sorted(o for o in held if o < last and o not in got),
+        }
         if gaps is not None:
             result |= {"refilled": gaps.holes_refilled, "accepted": gaps.holes_accepted}
         return result
@@ -111,7 +122,9 @@ def main() -> int:
     parser.add_argument("--busy", type=int, default=3, help="spinning processes beside the run")
     args = parser.parse_args()
     stop = multiprocessing.Event()
-    spinners = [multiprocessing.Process(target=spin, args=(stop,), daemon=True) for _ in range(args.busy)]
+    spinners = [
+        multiprocessing.Process(target=spin, args=(stop,), daemon=True) for _ in range(args.busy)
+    ]
     for process in spinners:
         process.start()
     try:

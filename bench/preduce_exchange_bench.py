@@ -1,4 +1,5 @@
-"""How partial-reduce groups exchange their models: point to point, pre-created subgroups, or a group per step.
+"""How partial-reduce groups exchange their models: point to point, pre-created subgroups, or a
+group per step.
 
 Spawns WORLD gloo ranks on this machine. Every round, the ranks split into
 disjoint groups of P (a fresh random split, as first-come-first-served
@@ -46,7 +47,7 @@ def splits(world: int, size: int, rounds: int, seed: int) -> list[list[list[int]
     for _ in range(rounds):
         ranks = list(range(world))
         rng.shuffle(ranks)
-        result.append([sorted(ranks[i:i + size]) for i in range(0, world, size)])
+        result.append([sorted(ranks[i : i + size]) for i in range(0, world, size)])
     return result
 
 
@@ -56,15 +57,33 @@ def mine(groups: list[list[int]], rank: int) -> list[int]:
 
 def p2p_round(averager: GroupAverager, groups: list[list[int]], rank: int, round_id: int) -> None:
     members = mine(groups, rank)
-    averager.average(GroupFormed(job_id="bench", worker_id=f"w{rank}", group_id=round_id, generation=0,
-                                 reason=GroupReason.QUORUM, members=[f"w{r}" for r in members], ranks=members,
-                                 in_reply_to=1, waited_ms=0, timestamp=utc_now()))
+    averager.average(
+        GroupFormed(
+            job_id="bench",
+            worker_id=f"w{rank}",
+            group_id=round_id,
+            generation=0,
+            reason=GroupReason.QUORUM,
+            members=[f"w{r}" for r in members],
+            ranks=members,
+            in_reply_to=1,
+            waited_ms=0,
+            timestamp=utc_now(),
+        )
+    )
 
 
-def rank_main(rank: int, world: int, size: int, floats: int, rounds: int, init: str, out: str) -> None:
+def rank_main(
+    rank: int, world: int, size: int, floats: int, rounds: int, init: str, out: str
+) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=300),
+    )
     model = torch.nn.Linear(floats, 1, bias=False)
     plan = splits(world, size, rounds, seed=7)
     times: dict[str, list[float]] = {}
@@ -75,14 +94,20 @@ def rank_main(rank: int, world: int, size: int, floats: int, rounds: int, init: 
     times["p2p"] = timed(lambda i: p2p_round(averager, plan[i], rank, i), rounds)
 
     began = time.perf_counter()
-    everyone = {tuple(g): dist.new_group(list(g)) for n in {size, world % size} - {0}
-                for g in itertools.combinations(range(world), n)}
+    everyone = {
+        tuple(g): dist.new_group(list(g))
+        for n in {size, world % size} - {0}
+        for g in itertools.combinations(range(world), n)
+    }
     setup["subgroups"] = time.perf_counter() - began
     flat = torch.zeros(floats)
-    times["subgroups"] = timed(lambda i: dist.all_reduce(flat, group=everyone[tuple(mine(plan[i], rank))]), rounds)
+    times["subgroups"] = timed(
+        lambda i: dist.all_reduce(flat, group=everyone[tuple(mine(plan[i], rank))]), rounds
+    )
 
     def fresh(i: int) -> None:
-        handles = {tuple(g): dist.new_group(g) for g in plan[i]}  # every rank must create every group
+        # every rank must create every group
+        handles = {tuple(g): dist.new_group(g) for g in plan[i]}
         dist.all_reduce(flat, group=handles[tuple(mine(plan[i], rank))])
 
     times["new_group"] = timed(fresh, rounds)
@@ -105,19 +130,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=2)
-    parser.add_argument("--floats", type=int, default=2762, help="model size (the demo's MLP has 2,762 parameters)")
+    parser.add_argument(
+        "--floats", type=int, default=2762, help="model size (the demo's MLP has 2,762 parameters)"
+    )
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rank0.json"
-        mp.spawn(rank_main, args=(args.world, args.group_size, args.floats, args.rounds, str(Path(tmp) / "init"),
-                                  str(out)), nprocs=args.world, join=True)
+        mp.spawn(
+            rank_main,
+            args=(
+                args.world,
+                args.group_size,
+                args.floats,
+                args.rounds,
+                str(Path(tmp) / "init"),
+                str(out),
+            ),
+            nprocs=args.world,
+            join=True,
+        )
         measured = json.loads(out.read_text())
-    report = {"world": args.world, "group_size": args.group_size, "floats": args.floats, "rounds": args.rounds,
-              "seconds_per_round": {name: {"median": round(statistics.median(v), 5), "min": round(min(v), 5),
-                                           "max": round(max(v), 5)} for name, v in measured["times"].items()},
-              "setup_s": {name: round(v, 3) for name, v in measured["setup"].items()}}
+    report = {
+        "world": args.world,
+        "group_size": args.group_size,
+        "floats": args.floats,
+        "rounds": args.rounds,
+        "seconds_per_round": {
+            name: {
+                "median": round(statistics.median(v), 5),
+                "min": round(min(v), 5),
+                "max": round(max(v), 5),
+            }
+            for name, v in measured["times"].items()
+        },
+        "setup_s": {name: round(v, 3) for name, v in measured["setup"].items()},
+    }
     print(json.dumps(report, indent=2) if args.json else report, flush=True)
 
 

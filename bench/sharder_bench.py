@@ -27,6 +27,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from antdt.bus.clients import make_consumer, make_producer
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import assign_now, poll_batch
+from antdt.runtime.launch import service_process
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import AssignmentStatus, DatasetSpec, ProgressKind, ShardProgress, trusted
 from antdt.schemas.types import utc_now
@@ -34,16 +35,20 @@ from antdt.services.sharder.core import CoreConfig, ShardCore
 from antdt.services.sharder.eventlog import LogWriter, log_topic, read_job_log, snapshot_topic
 from antdt.services.sharder.recovery import recover_job
 from antdt.services.sharder.state import JobState
-from antdt.launch import service_process
 from antdt.settings import Settings
 from antdt.topics import topic_spec
 from antdt.worker.shard_client import ShardClient
 
-
 # ---------------------------------------------------------------- core
 
 
-def simulate(core: ShardCore, workers: int, now_ms: int = 0, stop_after_events: int | None = None, on_events=None) -> int:
+def simulate(
+    core: ShardCore,
+    workers: int,
+    now_ms: int = 0,
+    stop_after_events: int | None = None,
+    on_events=None,
+) -> int:
     """Workers cycle request -> done until the job finishes (or enough events); returns events."""
     total, seq = 0, 0
     names = [f"w{i}" for i in range(workers)]
@@ -52,10 +57,21 @@ def simulate(core: ShardCore, workers: int, now_ms: int = 0, stop_after_events: 
         nonlocal seq
         seq += 1
         return trusted(
-            ShardProgress, job_id=core.state.job_id, worker_id=worker, incarnation="bench", seq=seq, kind=kind,
-            epoch=fields.pop("epoch", core.state.epoch), shard_id=fields.pop("shard_id", None), step=None, error=None,
-            attempt=fields.pop("attempt", None), quota=fields.pop("quota", None), dataset=fields.pop("dataset", None),
-            version=None, timestamp=None,
+            ShardProgress,
+            job_id=core.state.job_id,
+            worker_id=worker,
+            incarnation="bench",
+            seq=seq,
+            kind=kind,
+            epoch=fields.pop("epoch", core.state.epoch),
+            shard_id=fields.pop("shard_id", None),
+            step=None,
+            error=None,
+            attempt=fields.pop("attempt", None),
+            quota=fields.pop("quota", None),
+            dataset=fields.pop("dataset", None),
+            version=None,
+            timestamp=None,
         )
 
     while not core.state.finished:
@@ -63,8 +79,18 @@ def simulate(core: ShardCore, workers: int, now_ms: int = 0, stop_after_events: 
             outcome = core.on_progress(report(ProgressKind.REQUESTED, worker), now_ms)
             events = list(outcome.events)
             for shard in outcome.assignment.shards:
-                started = core.on_progress(report(ProgressKind.STARTED, worker, shard_id=shard.shard_id, attempt=shard.attempt), now_ms)
-                done = core.on_progress(report(ProgressKind.DONE, worker, shard_id=shard.shard_id, attempt=shard.attempt), now_ms)
+                started = core.on_progress(
+                    report(
+                        ProgressKind.STARTED, worker, shard_id=shard.shard_id, attempt=shard.attempt
+                    ),
+                    now_ms,
+                )
+                done = core.on_progress(
+                    report(
+                        ProgressKind.DONE, worker, shard_id=shard.shard_id, attempt=shard.attempt
+                    ),
+                    now_ms,
+                )
                 events += started.events + done.events
             total += len(events)
             if on_events is not None:
@@ -76,16 +102,40 @@ def simulate(core: ShardCore, workers: int, now_ms: int = 0, stop_after_events: 
 
 
 def bench_core() -> dict:
-    spec = DatasetSpec(name="bench", size=2_000_000, shard_size=10, epochs=1, shuffle_seed=1, max_attempts=3, lease_s=60)
+    spec = DatasetSpec(
+        name="bench",
+        size=2_000_000,
+        shard_size=10,
+        epochs=1,
+        shuffle_seed=1,
+        max_attempts=3,
+        lease_s=60,
+    )
     core = ShardCore(JobState("bench"), CoreConfig(default_quota=4))
     core.elect(1, 0, "bench")
-    core.on_progress(ShardProgress(job_id="bench", worker_id="w0", incarnation="b", seq=0, kind=ProgressKind.REQUESTED,
-                                   epoch=0, dataset=spec, timestamp=utc_now()), 0)
+    core.on_progress(
+        ShardProgress(
+            job_id="bench",
+            worker_id="w0",
+            incarnation="b",
+            seq=0,
+            kind=ProgressKind.REQUESTED,
+            epoch=0,
+            dataset=spec,
+            timestamp=utc_now(),
+        ),
+        0,
+    )
     started = time.perf_counter()
     events = simulate(core, workers=64)
     seconds = time.perf_counter() - started
-    return {"transitions": events, "seconds": round(seconds, 3), "transitions_per_s": round(events / seconds),
-            "shards": spec.shard_count, "workers": 64}
+    return {
+        "transitions": events,
+        "seconds": round(seconds, 3),
+        "transitions_per_s": round(events / seconds),
+        "shards": spec.shard_count,
+        "workers": 64,
+    }
 
 
 # ---------------------------------------------------------------- service
@@ -94,7 +144,15 @@ def bench_core() -> dict:
 def bench_service(settings: Settings, seconds: float, workers: int = 200, quota: int = 16) -> dict:
     """Closed-loop load: every answer is turned at once into DONEs and a new request."""
     job = "svc-bench"
-    spec = DatasetSpec(name="bench", size=200_000, shard_size=10, epochs=100, shuffle_seed=1, max_attempts=3, lease_s=600)
+    spec = DatasetSpec(
+        name="bench",
+        size=200_000,
+        shard_size=10,
+        epochs=100,
+        shuffle_seed=1,
+        max_attempts=3,
+        lease_s=600,
+    )
     codec = SingleObjectCodec()
     progress = topic_spec("shard", "progress").full_name(settings.topic_prefix)
     assignments = topic_spec("shard", "assignments").full_name(settings.topic_prefix)
@@ -102,17 +160,36 @@ def bench_service(settings: Settings, seconds: float, workers: int = 200, quota:
     sharder.enter_context(service_process(settings, "sharder"))
     producer = make_producer(settings, **{"linger.ms": 2})
     consumer = make_consumer(settings, low_latency=True)
-    assign_now(consumer, [TopicPartition(assignments, p, OFFSET_BEGINNING) for p in range(topic_spec("shard", "assignments").partitions)])
+    assign_now(
+        consumer,
+        [
+            TopicPartition(assignments, p, OFFSET_BEGINNING)
+            for p in range(topic_spec("shard", "assignments").partitions)
+        ],
+    )
     seq = 0
     now = utc_now()
 
     def send(kind, worker, **fields):
         nonlocal seq
         seq += 1
-        report = trusted(ShardProgress, job_id=job, worker_id=worker, incarnation="bench", seq=seq, kind=kind,
-                         epoch=fields.pop("epoch", 0), shard_id=fields.pop("shard_id", None), step=None, error=None,
-                         attempt=fields.pop("attempt", None), quota=fields.pop("quota", None),
-                         dataset=fields.pop("dataset", None), version=None, timestamp=now)
+        report = trusted(
+            ShardProgress,
+            job_id=job,
+            worker_id=worker,
+            incarnation="bench",
+            seq=seq,
+            kind=kind,
+            epoch=fields.pop("epoch", 0),
+            shard_id=fields.pop("shard_id", None),
+            step=None,
+            error=None,
+            attempt=fields.pop("attempt", None),
+            quota=fields.pop("quota", None),
+            dataset=fields.pop("dataset", None),
+            version=None,
+            timestamp=now,
+        )
         producer.produce(progress, key=job.encode(), value=codec.encode(report, progress))
 
     try:
@@ -121,8 +198,11 @@ def bench_service(settings: Settings, seconds: float, workers: int = 200, quota:
         producer.flush(10)
         answered = 0
         started = None
-        give_up = time.monotonic() + 60  # the sharder process starts, joins its group, takes the job over
-        while time.monotonic() < give_up and (started is None or time.monotonic() - started < seconds):
+        # the sharder process starts, joins its group, takes the job over
+        give_up = time.monotonic() + 60
+        while time.monotonic() < give_up and (
+            started is None or time.monotonic() - started < seconds
+        ):
             for message in poll_batch(consumer, 5000, 0.05):
                 if marker_id(message) is not None:
                     continue
@@ -131,8 +211,20 @@ def bench_service(settings: Settings, seconds: float, workers: int = 200, quota:
                 if answer.status is AssignmentStatus.FINISHED:
                     continue
                 for shard in answer.shards:
-                    send(ProgressKind.DONE, answer.worker_id, shard_id=shard.shard_id, attempt=shard.attempt, epoch=answer.epoch)
-                send(ProgressKind.REQUESTED, answer.worker_id, epoch=answer.epoch if answer.status is not AssignmentStatus.EPOCH_END else answer.epoch + 1)
+                    send(
+                        ProgressKind.DONE,
+                        answer.worker_id,
+                        shard_id=shard.shard_id,
+                        attempt=shard.attempt,
+                        epoch=answer.epoch,
+                    )
+                send(
+                    ProgressKind.REQUESTED,
+                    answer.worker_id,
+                    epoch=answer.epoch
+                    if answer.status is not AssignmentStatus.EPOCH_END
+                    else answer.epoch + 1,
+                )
                 answered += 1
             producer.poll(0)
     finally:
@@ -140,19 +232,34 @@ def bench_service(settings: Settings, seconds: float, workers: int = 200, quota:
         sharder.close()
     events = [e for _, e in read_job_log(settings, job, codec, producer)]
     window = (events[-1].timestamp - events[0].timestamp).total_seconds()
-    return {"transitions": len(events), "seconds": round(window, 3), "transitions_per_s": round(len(events) / window),
-            "simulated_workers": workers, "quota": quota, "answers": answered}
+    return {
+        "transitions": len(events),
+        "seconds": round(window, 3),
+        "transitions_per_s": round(len(events) / window),
+        "simulated_workers": workers,
+        "quota": quota,
+        "answers": answered,
+    }
 
 
 # ---------------------------------------------------------------- latency
 
 
 def bench_latency(settings: Settings, requests: int = 1000) -> dict:
-    spec = DatasetSpec(name="lat", size=1_000_000, shard_size=10, epochs=1, shuffle_seed=1, max_attempts=3, lease_s=600)
+    spec = DatasetSpec(
+        name="lat",
+        size=1_000_000,
+        shard_size=10,
+        epochs=1,
+        shuffle_seed=1,
+        max_attempts=3,
+        lease_s=600,
+    )
     samples = []
     with service_process(settings, "sharder"):
         with ShardClient(settings, "lat-bench", "w0", spec) as client:
-            client.request(0, quota=1, timeout_s=30)  # the sharder takes the job over on first sight
+            # the sharder takes the job over on first sight
+            client.request(0, quota=1, timeout_s=30)
             for _ in range(requests):
                 began = time.perf_counter()
                 answer = client.request(0, quota=1)
@@ -166,15 +273,39 @@ def bench_latency(settings: Settings, requests: int = 1000) -> dict:
 
 
 def write_log(settings: Settings, job: str, target_events: int, snapshot_every: int) -> int:
-    """A realistic log of ``target_events`` events (with periodic snapshots) straight from the core."""
+    """A realistic log of ``target_events`` events (with periodic snapshots) straight from the
+    core."""
     codec = SingleObjectCodec()
-    producer = make_producer(settings, **{"linger.ms": 20, "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
+    producer = make_producer(
+        settings,
+        **{"linger.ms": 20, "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000},
+    )
     writer = LogWriter(producer, log_topic(settings), codec)
-    spec = DatasetSpec(name="recovery", size=200_000, shard_size=10, epochs=1000, shuffle_seed=1, max_attempts=3, lease_s=600)
+    spec = DatasetSpec(
+        name="recovery",
+        size=200_000,
+        shard_size=10,
+        epochs=1000,
+        shuffle_seed=1,
+        max_attempts=3,
+        lease_s=600,
+    )
     core = ShardCore(JobState(job), CoreConfig(default_quota=4))
     writer.append([core.elect(1, 0, "bench")])
-    defined = core.on_progress(ShardProgress(job_id=job, worker_id="w0", incarnation="b", seq=0, kind=ProgressKind.REQUESTED,
-                                             epoch=0, dataset=spec, quota=0, timestamp=utc_now()), 0)
+    defined = core.on_progress(
+        ShardProgress(
+            job_id=job,
+            worker_id="w0",
+            incarnation="b",
+            seq=0,
+            kind=ProgressKind.REQUESTED,
+            epoch=0,
+            dataset=spec,
+            quota=0,
+            timestamp=utc_now(),
+        ),
+        0,
+    )
     writer.append(defined.events)
     pending = {"since_snapshot": 0}
 
@@ -184,10 +315,14 @@ def write_log(settings: Settings, job: str, target_events: int, snapshot_every: 
         if pending["since_snapshot"] >= snapshot_every:
             writer.flush(60)
             snapshot = core.state.to_snapshot(utc_now(), log_offset=writer.last_offset[job])
-            producer.produce(snapshot_topic(settings), key=job.encode(), value=codec.encode(snapshot))
+            producer.produce(
+                snapshot_topic(settings), key=job.encode(), value=codec.encode(snapshot)
+            )
             pending["since_snapshot"] = 0
 
-    total = simulate(core, workers=32, now_ms=1, stop_after_events=target_events, on_events=on_events)
+    total = simulate(
+        core, workers=32, now_ms=1, stop_after_events=target_events, on_events=on_events
+    )
     writer.flush(120)
     return total + 1 + len(defined.events)
 
@@ -203,8 +338,11 @@ def bench_recovery(settings: Settings, events: int) -> dict:
     for use_snapshots in (True, False):
         recovered = recover_job(settings, job, codec, producer, use_snapshots)
         key = "with_snapshots" if use_snapshots else "without_snapshots"
-        result[key] = {"seconds": round(recovered.seconds, 3), "events_replayed": recovered.events_replayed,
-                       "from_snapshot": recovered.from_snapshot}
+        result[key] = {
+            "seconds": round(recovered.seconds, 3),
+            "events_replayed": recovered.events_replayed,
+            "from_snapshot": recovered.from_snapshot,
+        }
     return result
 
 

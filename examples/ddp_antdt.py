@@ -1,4 +1,5 @@
-"""A small CNN on synthetic images under torchrun: plain DDP (ddp_plain.py), or with antdt (ddp_antdt.py).
+"""A small CNN on synthetic images under torchrun: plain DDP (ddp_plain.py), or with antdt
+(ddp_antdt.py).
 
     torchrun --nproc-per-node 3 examples/ddp_plain.py
     antdt up      # in another terminal, then export what it prints, and:
@@ -38,8 +39,14 @@ def main() -> None:
     model = SmallCNN().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     dataset = SyntheticImages(args.samples)
-    with ElasticJob(model, optimizer, dataset, batch_size=args.batch_size, epochs=args.epochs,
-                    checkpoint=args.checkpoint) as job:
+    with ElasticJob(
+        model,
+        optimizer,
+        dataset,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        checkpoint=args.checkpoint,
+    ) as job:
         for inputs, labels in job.batches():
             loss = F.cross_entropy(model(inputs.to(device)), labels.to(device))
             optimizer.zero_grad()

@@ -1,4 +1,5 @@
-"""A small CNN on synthetic images under torchrun: plain DDP (ddp_plain.py), or with antdt (ddp_antdt.py).
+"""A small CNN on synthetic images under torchrun: plain DDP (ddp_plain.py), or with antdt
+(ddp_antdt.py).
 
     torchrun --nproc-per-node 3 examples/ddp_plain.py
     antdt up      # in another terminal, then export what it prints, and:
@@ -23,7 +24,8 @@ from images import SmallCNN, SyntheticImages, accuracy, one_gpu_per_rank  # noqa
 
 
 def resume(path: Path, model, optimizer) -> int:
-    """The epoch to start from: torchrun restarts the whole group from the last epoch's checkpoint."""
+    """The epoch to start from: torchrun restarts the whole group from the last epoch's
+    checkpoint."""
     if not path.exists():
         return 0
     state = torch.load(path, map_location="cpu")
@@ -61,8 +63,14 @@ def main() -> None:
             optimizer.step()
         if dist.get_rank() == 0:
             args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1},
-                       args.checkpoint)
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "epoch": epoch + 1,
+                },
+                args.checkpoint,
+            )
     if dist.get_rank() == 0:
         print(f"held-out accuracy {accuracy(model, dataset.heldout(), device):.3f}", flush=True)
     dist.destroy_process_group()

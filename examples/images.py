@@ -18,10 +18,14 @@ class SyntheticImages(torch.utils.data.Dataset):
     """``size`` (image, label) pairs: one channel, ``SIDE`` x ``SIDE``, ``CLASSES`` classes."""
 
     def __init__(self, size: int, seed: int = 0, draw: int = 1, noise: float = 1.5):
-        patterns = torch.randn(CLASSES, 1, SIDE, SIDE, generator=torch.Generator().manual_seed(seed))
+        patterns = torch.randn(
+            CLASSES, 1, SIDE, SIDE, generator=torch.Generator().manual_seed(seed)
+        )
         generator = torch.Generator().manual_seed(seed * 7919 + draw)
         self.labels = torch.randint(0, CLASSES, (size,), generator=generator)
-        self.images = patterns[self.labels] + noise * torch.randn(size, 1, SIDE, SIDE, generator=generator)
+        self.images = patterns[self.labels] + noise * torch.randn(
+            size, 1, SIDE, SIDE, generator=generator
+        )
         self.seed, self.noise = seed, noise
 
     def heldout(self, size: int = 2000) -> "SyntheticImages":
@@ -38,8 +42,12 @@ class SmallCNN(nn.Module):
     def __init__(self):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         self.classify = nn.Linear(32 * (SIDE // 4) ** 2, CLASSES)
 
@@ -61,4 +69,6 @@ def one_gpu_per_rank() -> bool:
     With fewer GPUs than ranks (a laptop, a CPU-only CI) the examples train on
     the CPU over gloo instead of failing at start-up.
     """
-    return torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return torch.cuda.is_available() and torch.cuda.device_count() >= int(
+        os.environ.get("LOCAL_WORLD_SIZE", "1")
+    )

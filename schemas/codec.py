@@ -144,14 +144,18 @@ class ConfluentCodec:
         if client is None and registry_url is None:
             raise SchemaError("ConfluentCodec needs a registry URL or a registry client")
         self._store = store or default_store()
-        self.client = client or SchemaRegistryClient.new_client({"url": registry_url, **(registry_conf or {})})
+        self.client = client or SchemaRegistryClient.new_client(
+            {"url": registry_url, **(registry_conf or {})}
+        )
         self._serializers: dict[str, Any] = {}
         self._writers: dict[int, SchemaVersion] = {}
 
     def encode(self, message: AvroModel, topic: str | None = None) -> bytes:
         from confluent_kafka.serialization import MessageField, SerializationContext
 
-        serializer = self._serializers.get(message.avro_name) or self._serializer_for(message.avro_name)
+        serializer = self._serializers.get(message.avro_name) or self._serializer_for(
+            message.avro_name
+        )
         try:
             return serializer(message, SerializationContext(topic or "", MessageField.VALUE))
         except Exception as exc:  # the serializer wraps every failure in its own types
@@ -174,7 +178,10 @@ class ConfluentCodec:
             self.client,
             json.dumps(version.raw),
             to_dict=lambda message, _ctx: to_avro_dict(message),
-            conf={"auto.register.schemas": True, "subject.name.strategy": record_subject_name_strategy},
+            conf={
+                "auto.register.schemas": True,
+                "subject.name.strategy": record_subject_name_strategy,
+            },
         )
         self._serializers[name] = serializer
         return serializer

@@ -50,12 +50,24 @@ _DEFAULTS: dict[type, dict[str, object]] = {}
 
 
 def _defaults(cls: type[AvroModel]) -> dict[str, object]:
-    """The class's optional fields with their defaults (immutable ones only: lists are made fresh)."""
+    """The class's optional fields with their defaults (immutable ones only: lists are made
+    fresh)."""
     if cls not in _DEFAULTS:
-        _DEFAULTS[cls] = {name: f.get_default(call_default_factory=True)
-                          for name, f in cls.model_fields.items() if not f.is_required()}
-    return {name: (list(value) if isinstance(value, list) else dict(value) if isinstance(value, dict) else value)
-            for name, value in _DEFAULTS[cls].items()}
+        _DEFAULTS[cls] = {
+            name: f.get_default(call_default_factory=True)
+            for name, f in cls.model_fields.items()
+            if not f.is_required()
+        }
+    return {
+        name: (
+            list(value)
+            if isinstance(value, list)
+            else dict(value)
+            if isinstance(value, dict)
+            else value
+        )
+        for name, value in _DEFAULTS[cls].items()
+    }
 
 
 def trusted(cls: type[AvroModel], **values: object):
@@ -298,13 +310,17 @@ class DatasetSpec(AvroRecord):
 
     @classmethod
     def with_shard_count(cls, name: str, size: int, shards: int, **fields) -> DatasetSpec:
-        """A spec given the number of shards instead of their size (as close to ``shards`` as sizes allow)."""
+        """A spec given the number of shards instead of their size (as close to ``shards`` as sizes
+        allow)."""
         if not 1 <= shards <= size:
-            raise ValueError(f"shards must be between 1 and the dataset size ({size}), got {shards}")
+            raise ValueError(
+                f"shards must be between 1 and the dataset size ({size}), got {shards}"
+            )
         return cls(name=name, size=size, shard_size=-(-size // shards), **fields)
 
     def owner_of(self, shard_id: int) -> str | None:
-        """The worker a shard belongs to under static assignment (``owners``), or None: any worker may take it."""
+        """The worker a shard belongs to under static assignment (``owners``), or None: any worker
+        may take it."""
         return self.owners[shard_id % len(self.owners)] if self.owners else None
 
 
@@ -508,8 +524,8 @@ class StragglerVerdict(AvroModel):
     issued_at: Timestamp
 
 
-#: An ADJUST_BATCH_SIZE parameter: how many workers its decision resizes, so synchronous ranks can agree to
-#: switch together however late one command arrives (antdt.worker.elastic.resize).
+#: An ADJUST_BATCH_SIZE parameter: how many workers its decision resizes, so synchronous ranks can
+#: agree to switch together however late one command arrives (antdt.worker.elastic.resize).
 RANKS_CHANGED = "ranks_changed"
 
 
@@ -588,7 +604,8 @@ WHOLE_GROUP_REASONS = frozenset({GroupReason.CHECKPOINT, GroupReason.FINAL})
 
 
 class GroupReady(AvroModel):
-    """Partial-reduce: a worker is ready to average its model (``finished``: it has no data left)."""
+    """Partial-reduce: a worker is ready to average its model (``finished``: it has no data
+    left)."""
 
     avro_name: ClassVar[str] = "antdt.GroupReady"
 
@@ -628,7 +645,11 @@ class GroupFormed(AvroModel):
 
     @model_validator(mode="after")
     def _members_match(self) -> GroupFormed:
-        if len(self.members) != len(self.ranks) or sorted(self.ranks) != self.ranks or len(set(self.ranks)) != len(self.ranks):
+        if (
+            len(self.members) != len(self.ranks)
+            or sorted(self.ranks) != self.ranks
+            or len(set(self.ranks)) != len(self.ranks)
+        ):
             raise ValueError("ranks must be distinct, ascending and one per member")
         if self.worker_id not in self.members:
             raise ValueError(f"{self.worker_id} is not a member of the group it was sent")

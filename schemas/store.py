@@ -77,7 +77,9 @@ class SchemaStore:
         try:
             return self._by_fingerprint[fingerprint]
         except KeyError:
-            raise UnknownSchemaError(f"unknown writer schema fingerprint {fingerprint.hex()}") from None
+            raise UnknownSchemaError(
+                f"unknown writer schema fingerprint {fingerprint.hex()}"
+            ) from None
 
     def names(self) -> list[str]:
         return sorted(self._current)

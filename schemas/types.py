@@ -9,7 +9,7 @@ every model field against its ``.avsc`` declaration, and they validate the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
@@ -28,8 +28,8 @@ class AvroType:
 def _as_utc(value: datetime) -> datetime:
     """Naive datetimes are taken as UTC; aware ones are converted to UTC."""
     if value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc)
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
 
 
 Int32 = Annotated[int, AvroType("int"), Field(ge=INT32_MIN, le=INT32_MAX)]
@@ -47,5 +47,5 @@ Name = Annotated[str, AvroType("string"), Field(min_length=1, max_length=256)]
 
 def utc_now() -> datetime:
     """Current time in UTC, truncated to what timestamp-millis keeps."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return now.replace(microsecond=now.microsecond // 1000 * 1000)

@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 
-from antdt.broker import EmbeddedBroker
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin
+from antdt.embedded.broker import EmbeddedBroker
 from antdt.settings import BrokerProfile, Settings, load_settings
 
 

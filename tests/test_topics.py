@@ -50,6 +50,9 @@ def test_readme_table_is_generated_from_the_registry():
 
 
 def test_the_controller_s_inputs_are_co_partitioned():
-    """Its group's range assignment gives a job's verdicts and reports to one controller only if both counts agree."""
-    assert topic_spec("monitor", "verdicts").partitions == topic_spec("worker", "metrics").partitions
+    """Its group's range assignment gives a job's verdicts and reports to one controller only if
+    both counts agree."""
+    assert (
+        topic_spec("monitor", "verdicts").partitions == topic_spec("worker", "metrics").partitions
+    )
     assert topic_spec("monitor", "verdicts").key == topic_spec("worker", "metrics").key == "job id"

@@ -2,15 +2,13 @@
 
 A training script adds about ten lines::
 
-    with Agent(job_id="resnet", worker_id=f"rank-{rank}") as agent:
-        data = agent.shards(train_set, DatasetSpec(...))        # dynamic sharding
-        batches = loader(data, batch_size=agent.batch_size)      # antdt.worker.dataset.loader
-        while not data.finished:
-            for batch in agent.iterate(batches):                 # times data waits, keeps provenance
-                loss = model(batch).mean(); loss.backward()
-                averager.sync(model, len(batch), agent.sync_wait)    # DDP: times barriers
-                optimizer.step(); optimizer.zero_grad()
-                agent.step(samples=len(batch))                   # commits the batch; commands apply here
+    with Agent(job_id="resnet", worker_id=f"rank-{rank}") as agent: data = agent.shards(train_set,
+    DatasetSpec(...))        # dynamic sharding batches = loader(data, batch_size=agent.batch_size)
+    # antdt.worker.dataset.loader while not data.finished: for batch in agent.iterate(batches):
+    # times data waits, keeps provenance loss = model(batch).mean(); loss.backward()
+    averager.sync(model, len(batch), agent.sync_wait)    # DDP: times barriers optimizer.step();
+    optimizer.zero_grad() agent.step(samples=len(batch))                   # commits the batch;
+    commands apply here
 
 What the agent does meanwhile, off the training thread: aggregates step
 timings into one ``WorkerMetrics`` per report interval, samples resources,
@@ -127,8 +125,16 @@ class AgentSpec:
     world_size: int | None = None  # ranks in the synchronous group, when known
 
     @classmethod
-    def from_settings(cls, settings: Settings, job_id=None, worker_id=None, rank=None, node_id=None, device=None,
-                      world_size=None) -> AgentSpec:
+    def from_settings(
+        cls,
+        settings: Settings,
+        job_id=None,
+        worker_id=None,
+        rank=None,
+        node_id=None,
+        device=None,
+        world_size=None,
+    ) -> AgentSpec:
         """Fill what the script did not say from settings and the launcher's variables.
 
         Under torchrun: the rank is ``RANK``, the worker ``<node>-<LOCAL_RANK>``
@@ -151,8 +157,18 @@ class AgentSpec:
             world_size = launch.world_size
         elif world_size is None and os.environ.get("WORLD_SIZE", "").isdigit():
             world_size = int(os.environ["WORLD_SIZE"])
-        return cls(job, worker, rank, socket.gethostname(), node, settings.report_interval_s,
-                   settings.heartbeat_interval_s, device, launch, world_size)
+        return cls(
+            job,
+            worker,
+            rank,
+            socket.gethostname(),
+            node,
+            settings.report_interval_s,
+            settings.heartbeat_interval_s,
+            device,
+            launch,
+            world_size,
+        )
 
 
 def _default_worker_id(launch: TorchrunEnv | None, node: str, rank: int | None) -> str:
@@ -169,7 +185,8 @@ def _default_job_id(settings: Settings, launch: TorchrunEnv | None) -> str:
 
 
 def _has_cuda_device(index: int) -> bool:
-    """Whether this process's torch (if imported at all) has CUDA device ``index``: never imports torch itself.
+    """Whether this process's torch (if imported at all) has CUDA device ``index``: never imports
+    torch itself.
 
     A host with fewer GPUs than local ranks trains some ranks on the CPU: they report no GPU.
     """
@@ -180,12 +197,25 @@ def _has_cuda_device(index: int) -> bool:
 class Agent:
     """Instruments training, pulls shards, obeys commands. Use it as a context manager."""
 
-    def __init__(self, job_id: str | None = None, worker_id: str | None = None, rank: int | None = None,
-                 node_id: str | None = None, *, settings: Settings | None = None, batch_size: int = 32,
-                 shard_quota: int = 2, device: int | None = None, listen_for_commands: bool = True,
-                 role: str = WORKER_ROLE, world_size: int | None = None):
+    def __init__(
+        self,
+        job_id: str | None = None,
+        worker_id: str | None = None,
+        rank: int | None = None,
+        node_id: str | None = None,
+        *,
+        settings: Settings | None = None,
+        batch_size: int = 32,
+        shard_quota: int = 2,
+        device: int | None = None,
+        listen_for_commands: bool = True,
+        role: str = WORKER_ROLE,
+        world_size: int | None = None,
+    ):
         self.settings = settings or load_settings()
-        self.spec = AgentSpec.from_settings(self.settings, job_id, worker_id, rank, node_id, device, world_size)
+        self.spec = AgentSpec.from_settings(
+            self.settings, job_id, worker_id, rank, node_id, device, world_size
+        )
         self.incarnation = uuid.uuid4().hex
         self.state = AgentState.CREATED
         self.step_count = 0
@@ -215,17 +245,32 @@ class Agent:
         self._window_start = None
         codec = make_codec(self.settings.schema_registry_url)
         self._codec = codec
-        self._emitter = EventEmitter(self.settings, client_id=f"antdt-agent-{self.spec.worker_id}", codec=codec)
-        key = self.settings.signing_key.get_secret_value().encode() if self.settings.signing_key else None
+        self._emitter = EventEmitter(
+            self.settings, client_id=f"antdt-agent-{self.spec.worker_id}", codec=codec
+        )
+        key = (
+            self.settings.signing_key.get_secret_value().encode()
+            if self.settings.signing_key
+            else None
+        )
         self.verifier = CommandVerifier(self.spec.job_id, self.spec.worker_id, key)
         self._listener: CommandListener | None = None
-        self._datasets: list[ShardedDataset] = []  # made by shards(): their shard clients' dead letters count as ours
-        self._reporter = threading.Thread(target=self._report_loop, name="antdt-reporter", daemon=True)
+        # made by shards(): their shard clients' dead letters count as ours
+        self._datasets: list[ShardedDataset] = []
+        self._reporter = threading.Thread(
+            target=self._report_loop, name="antdt-reporter", daemon=True
+        )
         self._sampler = None
         self._injector = None
         prefix = self.settings.topic_prefix
-        self._topics = {name: topic_spec(c, n).full_name(prefix) for name, (c, n) in {
-            "metrics": ("worker", "metrics"), "lifecycle": ("worker", "lifecycle"), "acks": ("worker", "acks")}.items()}
+        self._topics = {
+            name: topic_spec(c, n).full_name(prefix)
+            for name, (c, n) in {
+                "metrics": ("worker", "metrics"),
+                "lifecycle": ("worker", "lifecycle"),
+                "acks": ("worker", "acks"),
+            }.items()
+        }
 
     # ------------------------------------------------------------ lifecycle
 
@@ -236,10 +281,18 @@ class Agent:
         self._lifecycle(LifecycleEvent.JOINED)
         if self._listen:
             try:
-                self._listener = CommandListener(self.settings, self.spec.job_id, self.spec.worker_id, self._codec,
-                                                 self.verifier, self._on_verdict).start()
-            except BaseException:  # e.g. a refused login: leave no thread or retrying producer behind
-                self._close_parts(flush_timeout_s=0.0)  # nothing queued can be delivered: do not wait for it
+                self._listener = CommandListener(
+                    self.settings,
+                    self.spec.job_id,
+                    self.spec.worker_id,
+                    self._codec,
+                    self.verifier,
+                    self._on_verdict,
+                ).start()
+            # e.g. a refused login: leave no thread or retrying producer behind
+            except BaseException:
+                # nothing queued can be delivered: do not wait for it
+                self._close_parts(flush_timeout_s=0.0)
                 raise
         self.state = AgentState.RUNNING
         self._mark = time.perf_counter()
@@ -251,7 +304,9 @@ class Agent:
             code = exc.code if isinstance(exc.code, int) else 1
         else:
             code = 0 if exc is None else 1
-        reason = self.exit_reason or ("finished" if code == 0 else f"{exc_type.__name__}: {exc}"[:500])
+        reason = self.exit_reason or (
+            "finished" if code == 0 else f"{exc_type.__name__}: {exc}"[:500]
+        )
         self.state = AgentState.STOPPED
         self._stop.set()
         if self._reporter.is_alive():
@@ -278,7 +333,8 @@ class Agent:
     # ------------------------------------------------------------ the training thread
 
     def step(self, samples: int | None = None) -> None:
-        """Mark the end of one training step (its update applied): commit its samples, apply due commands.
+        """Mark the end of one training step (its update applied): commit its samples, apply due
+        commands.
 
         An injected slowdown (``ANTDT_SLOWDOWN``, sleep mode) is booked as
         compute, as a slower device's would be.
@@ -287,8 +343,16 @@ class Agent:
         compute = time.perf_counter() - self._mark - data - sync
         if self._injector is not None:
             compute += self._injector.after_compute(compute)
-        self._records.append(StepRecord(self.step_count, compute, data, sync,
-                                        self.batch_size if samples is None else samples, self.batch_size))
+        self._records.append(
+            StepRecord(
+                self.step_count,
+                compute,
+                data,
+                sync,
+                self.batch_size if samples is None else samples,
+                self.batch_size,
+            )
+        )
         if self._tags:
             self.committer.record(self.take_tags(), self.step_count)
         self.step_count += 1
@@ -298,8 +362,11 @@ class Agent:
         self._mark = time.perf_counter()  # pauses and the agent's own work are not the next step's
 
     def record(self, compute_s: float, samples: int) -> None:
-        """One step timed by the caller (a parameter server's applied update); due commands apply here."""
-        self._records.append(StepRecord(self.step_count, compute_s, 0.0, 0.0, samples, self.batch_size))
+        """One step timed by the caller (a parameter server's applied update); due commands apply
+        here."""
+        self._records.append(
+            StepRecord(self.step_count, compute_s, 0.0, 0.0, samples, self.batch_size)
+        )
         self.step_count += 1
         if self._inbox:
             self._apply_due()
@@ -346,7 +413,8 @@ class Agent:
             yield self.untag(item)
 
     def untag(self, item):
-        """The data of a :class:`~antdt.worker.provenance.Tagged` item, its tags kept for the step (others as they are)."""
+        """The data of a :class:`~antdt.worker.provenance.Tagged` item, its tags kept for the step
+        (others as they are)."""
         from antdt.worker.provenance import Tagged
 
         if isinstance(item, Tagged):
@@ -360,18 +428,21 @@ class Agent:
         return tuple(self._tags)
 
     def take_tags(self) -> list:
-        """The provenance of the samples iterated since the last step or take; the caller commits them."""
+        """The provenance of the samples iterated since the last step or take; the caller commits
+        them."""
         tags, self._tags = self._tags, []
         return tags
 
     @property
     def shard_client(self):
-        """This process's sharder client as this worker (made on first use; shared by its datasets and commits)."""
+        """This process's sharder client as this worker (made on first use; shared by its datasets
+        and commits)."""
         if self._shard_client is None:
             from antdt.worker.shard_client import ShardClient
 
-            self._shard_client = ShardClient(self.settings, self.spec.job_id, self.spec.worker_id,
-                                             incarnation=self.incarnation)
+            self._shard_client = ShardClient(
+                self.settings, self.spec.job_id, self.spec.worker_id, incarnation=self.incarnation
+            )
         return self._shard_client
 
     @property
@@ -394,8 +465,16 @@ class Agent:
         client = self.shard_client
         client.dataset = dataset_spec
         options.setdefault("waiting_for_others", self.sync_wait)
-        dataset = ShardedDataset(source, dataset_spec, settings=self.settings, job_id=self.spec.job_id,
-                                 worker_id=self.spec.worker_id, quota=self.shard_quota, client=client, **options)
+        dataset = ShardedDataset(
+            source,
+            dataset_spec,
+            settings=self.settings,
+            job_id=self.spec.job_id,
+            worker_id=self.spec.worker_id,
+            quota=self.shard_quota,
+            client=client,
+            **options,
+        )
         self.on_shard_quota(lambda quota: setattr(dataset, "quota", quota))
         self._datasets.append(dataset)
         return dataset
@@ -421,7 +500,8 @@ class Agent:
 
         info = load_checkpoint(path, model, optimizer)
         dataset.rewind(info.shard_version)
-        self._report()  # the steps before the restore go out as they were: step numbers start again below
+        # the steps before the restore go out as they were: step numbers start again below
+        self._report()
         self.step_count = info.step
         return info
 
@@ -443,17 +523,23 @@ class Agent:
         self._custom[name] = callback
 
     def handle(self, action: CommandAction, handler: Callable[[MitigationCommand], None]) -> None:
-        """Take ``action``'s commands over: ``handler`` gets each at the next step boundary, whatever its
-        effective step, and acknowledges it (:meth:`acknowledge`) once it is in effect.
+        """Take ``action``'s commands over: ``handler`` gets each at the next step boundary,
+        whatever its effective step, and acknowledges it (:meth:`acknowledge`) once it is in effect.
 
         For a training loop that must agree with its peers on when to apply
         one (:class:`~antdt.worker.elastic.job.ElasticJob`'s batch sizes).
         """
         self._handlers[action] = handler
 
-    def acknowledge(self, command: MitigationCommand, status: AckStatus, reason: str | None = None,
-                    step: int | None = None) -> None:
-        """Tell the controller what became of ``command`` (for commands a :meth:`handle` handler took)."""
+    def acknowledge(
+        self,
+        command: MitigationCommand,
+        status: AckStatus,
+        reason: str | None = None,
+        step: int | None = None,
+    ) -> None:
+        """Tell the controller what became of ``command`` (for commands a :meth:`handle` handler
+        took)."""
         self._ack(command, status, reason, step)
 
     # ------------------------------------------------------------ commands
@@ -464,7 +550,12 @@ class Agent:
             self._ack(command, verdict.status, verdict.reason)
             return
         if command.effective_step is not None and command.effective_step > self.step_count:
-            self._ack(command, AckStatus.SCHEDULED, f"at step {command.effective_step}", command.effective_step)
+            self._ack(
+                command,
+                AckStatus.SCHEDULED,
+                f"at step {command.effective_step}",
+                command.effective_step,
+            )
         self._inbox.append(command)
         if command.action is CommandAction.RESUME:
             self._resumed.set()
@@ -490,7 +581,9 @@ class Agent:
         try:
             exit_code = self._perform(command)
         except Exception as exc:  # a user callback failed: report it, keep training
-            self._ack(command, AckStatus.FAILED, f"{type(exc).__name__}: {exc}"[:500], self.step_count)
+            self._ack(
+                command, AckStatus.FAILED, f"{type(exc).__name__}: {exc}"[:500], self.step_count
+            )
             return
         if exit_code is None:
             self._ack(command, AckStatus.APPLIED, note, self.step_count)
@@ -524,7 +617,9 @@ class Agent:
         elif action is CommandAction.CUSTOM:
             handler = self._custom.get(command.custom_action)
             if handler is None:
-                raise LookupError(f"no handler registered for custom action {command.custom_action!r}")
+                raise LookupError(
+                    f"no handler registered for custom action {command.custom_action!r}"
+                )
             handler(command)
         else:
             raise LookupError(f"{action.value} is not an agent action")
@@ -559,7 +654,8 @@ class Agent:
                 next_heartbeat += self.spec.heartbeat_interval_s
 
     def _report(self) -> None:
-        """One WorkerMetrics for the steps since the last report (none before the first step: nothing to say yet)."""
+        """One WorkerMetrics for the steps since the last report (none before the first step:
+        nothing to say yet)."""
         if self._window_start is None and not self._records:
             return
         records = []
@@ -571,27 +667,63 @@ class Agent:
         resources = self._sampler.sample() if self._sampler is not None else _zero_resources()
         self._seq += 1
         message = WorkerMetrics(
-            job_id=self.spec.job_id, worker_id=self.spec.worker_id, rank=self.spec.rank, node_id=self.spec.node_id,
-            seq=self._seq, incarnation=self.incarnation, window_start=window_start, window_end=now,
-            step_count=summary.step_count, first_step=summary.first_step, last_step=summary.last_step,
-            compute=summary.compute, data_wait_s=summary.data_wait_s, sync_wait_s=summary.sync_wait_s,
-            samples=summary.samples, local_batch_size=self.batch_size, resources=resources, role=self.role,
-            queue_depth=self.queue_depth, world_size=self.spec.world_size,
+            job_id=self.spec.job_id,
+            worker_id=self.spec.worker_id,
+            rank=self.spec.rank,
+            node_id=self.spec.node_id,
+            seq=self._seq,
+            incarnation=self.incarnation,
+            window_start=window_start,
+            window_end=now,
+            step_count=summary.step_count,
+            first_step=summary.first_step,
+            last_step=summary.last_step,
+            compute=summary.compute,
+            data_wait_s=summary.data_wait_s,
+            sync_wait_s=summary.sync_wait_s,
+            samples=summary.samples,
+            local_batch_size=self.batch_size,
+            resources=resources,
+            role=self.role,
+            queue_depth=self.queue_depth,
+            world_size=self.spec.world_size,
         )
         self._emitter.emit(self._topics["metrics"], self.spec.job_id, message)
 
-    def _lifecycle(self, event: LifecycleEvent, exit_code: int | None = None, reason: str | None = None) -> None:
+    def _lifecycle(
+        self, event: LifecycleEvent, exit_code: int | None = None, reason: str | None = None
+    ) -> None:
         message = WorkerLifecycle(
-            job_id=self.spec.job_id, worker_id=self.spec.worker_id, incarnation=self.incarnation, event=event,
-            timestamp=utc_now(), host=self.spec.host, node_id=self.spec.node_id, pid=os.getpid(), rank=self.spec.rank,
-            exit_code=exit_code, reason=reason,
+            job_id=self.spec.job_id,
+            worker_id=self.spec.worker_id,
+            incarnation=self.incarnation,
+            event=event,
+            timestamp=utc_now(),
+            host=self.spec.host,
+            node_id=self.spec.node_id,
+            pid=os.getpid(),
+            rank=self.spec.rank,
+            exit_code=exit_code,
+            reason=reason,
         )
         self._emitter.emit(self._topics["lifecycle"], self.spec.job_id, message)
 
-    def _ack(self, command: MitigationCommand, status: AckStatus, reason: str | None, step: int | None = None) -> None:
+    def _ack(
+        self,
+        command: MitigationCommand,
+        status: AckStatus,
+        reason: str | None,
+        step: int | None = None,
+    ) -> None:
         ack = CommandAck(
-            command_id=command.command_id, job_id=self.spec.job_id, worker_id=self.spec.worker_id, status=status,
-            reason=reason, applied_step=step, controller_epoch=command.controller_epoch, timestamp=utc_now(),
+            command_id=command.command_id,
+            job_id=self.spec.job_id,
+            worker_id=self.spec.worker_id,
+            status=status,
+            reason=reason,
+            applied_step=step,
+            controller_epoch=command.controller_epoch,
+            timestamp=utc_now(),
         )
         self._emitter.emit(self._topics["acks"], self.spec.job_id, ack)
 
@@ -606,8 +738,15 @@ class Agent:
         """
         commands = self._listener.deadlettered if self._listener is not None else 0
         answers = self._shard_client.deadlettered if self._shard_client is not None else 0
-        return commands + answers + sum(dataset.deadlettered for dataset in self._datasets
-                                        if dataset._client is not self._shard_client)
+        return (
+            commands
+            + answers
+            + sum(
+                dataset.deadlettered
+                for dataset in self._datasets
+                if dataset._client is not self._shard_client
+            )
+        )
 
     @property
     def dropped_events(self) -> int:
@@ -637,5 +776,15 @@ def _make_injector(settings: Settings, rank: int | None):
 def _zero_resources():
     from antdt.schemas.models import ResourceSnapshot
 
-    return ResourceSnapshot(process_cpu_percent=0, host_cpu_percent=0, cpu_steal_percent=0, load_1m=0, rss_bytes=0,
-                            host_memory_percent=0, io_read_bytes=0, io_write_bytes=0, net_sent_bytes=0, net_recv_bytes=0)
+    return ResourceSnapshot(
+        process_cpu_percent=0,
+        host_cpu_percent=0,
+        cpu_steal_percent=0,
+        load_1m=0,
+        rss_bytes=0,
+        host_memory_percent=0,
+        io_read_bytes=0,
+        io_write_bytes=0,
+        net_sent_bytes=0,
+        net_recv_bytes=0,
+    )

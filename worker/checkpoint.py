@@ -45,7 +45,8 @@ class CheckpointInfo:
 
 
 def _check_plain(value: Any, where: str) -> None:
-    """Refuse at save time what weights_only loading would refuse later (an unloadable checkpoint)."""
+    """Refuse at save time what weights_only loading would refuse later (an unloadable
+    checkpoint)."""
     if isinstance(value, _PLAIN):
         return
     if isinstance(value, (list, tuple)):
@@ -55,7 +56,9 @@ def _check_plain(value: Any, where: str) -> None:
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, (str, int)):
-                raise TypeError(f"{where} has a key of type {type(key).__name__}; use str or int keys")
+                raise TypeError(
+                    f"{where} has a key of type {type(key).__name__}; use str or int keys"
+                )
             _check_plain(item, f"{where}[{key!r}]")
         return
     raise TypeError(f"{where} is a {type(value).__name__}; checkpoint metadata must be plain types")
@@ -88,7 +91,8 @@ def save_checkpoint(
     step: int,
     extra: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write model, optimizer, shard version, step and ``extra`` to ``path`` atomically; returns the path."""
+    """Write model, optimizer, shard version, step and ``extra`` to ``path`` atomically; returns the
+    path."""
     _check_count("shard_version", shard_version)
     _check_count("step", step)
     extra = dict(extra or {})
@@ -108,9 +112,11 @@ def save_checkpoint(
 
 
 def save_atomically(obj, path: Path, durable: bool = True) -> Path:
-    """``torch.save`` to a temporary file beside ``path``, then rename: a reader never sees half a file.
+    """``torch.save`` to a temporary file beside ``path``, then rename: a reader never sees half a
+    file.
 
-    ``durable``: fsync the file and its directory, so a power cut leaves the old file or the new one.
+    ``durable``: fsync the file and its directory, so a power cut leaves the old file or the new
+    one.
     """
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -144,25 +150,35 @@ def _read(path: Path, map_location: Any) -> dict[str, Any]:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an antdt checkpoint")
     if payload.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path} has format version {payload.get('format_version')!r}; this antdt reads {FORMAT_VERSION}")
+        raise CheckpointError(
+            f"checkpoint {path} has format version {payload.get('format_version')!r}; "
+            f"this antdt reads {FORMAT_VERSION}"
+        )
     return payload
 
 
 def _check_fits(path: Path, model: torch.nn.Module, saved: Mapping[str, Any]) -> None:
-    """Compare before loading, so a mismatch leaves the model untouched (load_state_dict may half-load)."""
+    """Compare before loading, so a mismatch leaves the model untouched (load_state_dict may
+    half-load)."""
     current = model.state_dict()
     missing = sorted(set(current) - set(saved))
     unexpected = sorted(set(saved) - set(current))
     if missing or unexpected:
         raise CheckpointError(
-            f"checkpoint {path} does not fit the model: {len(missing)} missing keys (first: {missing[:1]}), "
+            f"checkpoint {path} does not fit the model: {len(missing)} missing keys "
+            f"(first: {missing[:1]}), "
             f"{len(unexpected)} unexpected (first: {unexpected[:1]})"
         )
     for key, value in current.items():
         other = saved[key]
-        if isinstance(value, torch.Tensor) and isinstance(other, torch.Tensor) and value.shape != other.shape:
+        if (
+            isinstance(value, torch.Tensor)
+            and isinstance(other, torch.Tensor)
+            and value.shape != other.shape
+        ):
             raise CheckpointError(
-                f"checkpoint {path} does not fit the model: {key} is {tuple(other.shape)} there, {tuple(value.shape)} here"
+                f"checkpoint {path} does not fit the model: "
+                f"{key} is {tuple(other.shape)} there, {tuple(value.shape)} here"
             )
 
 
@@ -177,7 +193,8 @@ def _check_optimizer_fits(path: Path, optimizer: torch.optim.Optimizer, saved: A
     theirs = [len(group.get("params", ())) for group in groups]
     if ours != theirs:
         raise CheckpointError(
-            f"checkpoint {path} does not fit the optimizer: parameter groups of sizes {theirs} there, {ours} here"
+            f"checkpoint {path} does not fit the optimizer: parameter groups "
+            f"of sizes {theirs} there, {ours} here"
         )
 
 
@@ -188,7 +205,8 @@ def load_checkpoint(
     map_location: Any = None,
     only_if: Callable[[CheckpointInfo], bool] | None = None,
 ) -> CheckpointInfo | None:
-    """Load ``path`` into ``model`` (and ``optimizer`` if given); returns the shard version, step and extra.
+    """Load ``path`` into ``model`` (and ``optimizer`` if given); returns the shard version, step
+    and extra.
 
     With ``only_if``, a checkpoint it refuses (another job's, say) is left
     unloaded and None returned: the model is not touched.
@@ -209,10 +227,14 @@ def load_checkpoint(
     try:
         model.load_state_dict(model_state)
     except (RuntimeError, ValueError, KeyError) as error:
-        raise CheckpointError(f"checkpoint {path} does not fit the model: {_first_line(error)}") from error
+        raise CheckpointError(
+            f"checkpoint {path} does not fit the model: {_first_line(error)}"
+        ) from error
     if optimizer is not None:
         try:
             optimizer.load_state_dict(optimizer_state)
         except (RuntimeError, ValueError, KeyError) as error:
-            raise CheckpointError(f"checkpoint {path} does not fit the optimizer: {_first_line(error)}") from error
+            raise CheckpointError(
+                f"checkpoint {path} does not fit the optimizer: {_first_line(error)}"
+            ) from error
     return info

@@ -30,18 +30,17 @@ import logging
 import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from datetime import datetime, timezone
-
+from datetime import UTC, datetime
 
 from antdt.bus.clients import drain, make_consumer, make_producer
 from antdt.bus.deadletter import DeadLetter
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import decode_or_deadletter, follow_key, poll_batch
 from antdt.bus.watch import Rewinder, shared_watch
+from antdt.control.signing import verify
 from antdt.schemas.codec import Codec
 from antdt.schemas.models import AckStatus, CommandAction, MitigationCommand
 from antdt.settings import Settings
-from antdt.signing import verify
 from antdt.topics import topic_spec, worker_key
 
 log = logging.getLogger(__name__)
@@ -63,7 +62,13 @@ ACCEPT = Verdict(None)
 class CommandVerifier:
     """Decides whether a command may be obeyed (see the module docstring for the order)."""
 
-    def __init__(self, job_id: str, worker_id: str, signing_key: bytes | None, clock=lambda: datetime.now(timezone.utc)):
+    def __init__(
+        self,
+        job_id: str,
+        worker_id: str,
+        signing_key: bytes | None,
+        clock=lambda: datetime.now(UTC),
+    ):
         self.job_id, self.worker_id, self.signing_key = job_id, worker_id, signing_key
         self.clock = clock
         self.highest_epoch = 0
@@ -85,7 +90,10 @@ class CommandVerifier:
             if not verify(command, self.signing_key):
                 return Verdict(AckStatus.REJECTED, "bad signature")
         if command.controller_epoch < self.highest_epoch:
-            return Verdict(AckStatus.REJECTED, f"stale epoch: {command.controller_epoch} < {self.highest_epoch}")
+            return Verdict(
+                AckStatus.REJECTED,
+                f"stale epoch: {command.controller_epoch} < {self.highest_epoch}",
+            )
         if command.expires_at <= self.clock():
             return Verdict(AckStatus.REJECTED, "expired")
         if command.command_id in self._seen:
@@ -107,30 +115,51 @@ class CommandVerifier:
 class CommandListener:
     """Reads this worker's commands on a background thread and hands accepted ones over."""
 
-    def __init__(self, settings: Settings, job_id: str, worker_id: str, codec: Codec, verifier: CommandVerifier, on_verdict):
+    def __init__(
+        self,
+        settings: Settings,
+        job_id: str,
+        worker_id: str,
+        codec: Codec,
+        verifier: CommandVerifier,
+        on_verdict,
+    ):
         self._topic = topic_spec("controller", "commands").full_name(settings.topic_prefix)
         self._key = worker_key(job_id, worker_id).encode()
         self._codec = codec
         self._verifier = verifier
         self._on_verdict = on_verdict
         self._settings = settings
-        self._consumer = make_consumer(settings, client_id=f"antdt-agent-{worker_id}", background=True)  # one per worker: keep its idle cost low
-        # Writes the positioning marker, then the dead letters (records on our key that are not commands).
+        # one per worker: keep its idle cost low
+        self._consumer = make_consumer(
+            settings, client_id=f"antdt-agent-{worker_id}", background=True
+        )
+        # Writes the positioning marker, then the dead letters (records on our key that are not
+        # commands).
         self._producer = make_producer(settings, client_id=f"antdt-agent-{worker_id}")
         self._deadletter = DeadLetter.for_settings(self._producer, settings, "agent")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="antdt-commands", daemon=True)
         self._watch = shared_watch(settings)
-        self._rewinder = Rewinder(self._consumer, self._watch)  # after a bus reset, commands start at offset 0 again
+        # after a bus reset, commands start at offset 0 again
+        self._rewinder = Rewinder(self._consumer, self._watch)
 
     @property
     def deadlettered(self) -> int:
-        """Records on this worker's key that did not decode into a command (sent to the dead-letter topic)."""
+        """Records on this worker's key that did not decode into a command (sent to the dead-letter
+        topic)."""
         return self._deadletter.count
 
     def start(self, timeout_s: float = 30.0) -> CommandListener:
         """Position at the end of the partition (proven with a marker), then listen."""
-        for _ in follow_key(self._settings, self._consumer, self._producer, self._topic, self._key, timeout_s=timeout_s):
+        for _ in follow_key(
+            self._settings,
+            self._consumer,
+            self._producer,
+            self._topic,
+            self._key,
+            timeout_s=timeout_s,
+        ):
             pass  # commands from before this incarnation started are not ours to apply
         self._thread.start()
         return self
@@ -143,11 +172,14 @@ class CommandListener:
                     continue  # another worker's command (the partition is shared), or a marker
                 try:
                     self._handle(message)
-                except Exception:  # a bug on one record must not end the thread: no later command would be heard
+                # a bug on one record must not end the thread: no later command would be heard
+                except Exception:
                     log.exception("handling the command at offset %d failed", message.offset())
 
     def _handle(self, message) -> None:
-        command = decode_or_deadletter(message, self._codec, self._deadletter, expected=MitigationCommand)
+        command = decode_or_deadletter(
+            message, self._codec, self._deadletter, expected=MitigationCommand
+        )
         if command is not None:
             self._on_verdict(command, self._verifier.check(command))
 

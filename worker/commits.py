@@ -43,43 +43,57 @@ class PendingUpdate:
 
 
 class Committer:
-    """Sends commits through a worker's sharder client; ``revoke`` is told the grants of refused updates."""
+    """Sends commits through a worker's sharder client; ``revoke`` is told the grants of refused
+    updates."""
 
-    def __init__(self, client: ShardClient, revoke: Callable[[set[Grant]], None] = lambda grants: None):
+    def __init__(
+        self, client: ShardClient, revoke: Callable[[set[Grant]], None] = lambda grants: None
+    ):
         self.client = client
         self.revoke = revoke
         self.refused = 0
 
     def record(self, tags: Iterable[SampleTag], step: int | None = None) -> int:
-        """Record samples whose update is applied already; returns how many were sharded (and so recorded)."""
+        """Record samples whose update is applied already; returns how many were sharded (and so
+        recorded)."""
         count = 0
         for epoch, commits in commits_by_epoch(tags).items():
             self.client.commit(epoch, commits, step=step)
             count += sum(len(c.samples) for c in commits)
         return count
 
-    def request(self, tags: Iterable[SampleTag], update_id: str, step: int | None = None) -> PendingUpdate | None:
-        """Ask the sharder to record an update held by the parameter servers; None if no sample is sharded."""
+    def request(
+        self, tags: Iterable[SampleTag], update_id: str, step: int | None = None
+    ) -> PendingUpdate | None:
+        """Ask the sharder to record an update held by the parameter servers; None if no sample is
+        sharded."""
         by_epoch = commits_by_epoch(tags)
         if not by_epoch:
             return None
         if len(by_epoch) > 1:
-            raise AntdtError(f"update {update_id} mixes samples of epochs {sorted(by_epoch)}; an update trains one epoch")
+            raise AntdtError(
+                f"update {update_id} mixes samples of epochs {sorted(by_epoch)}; "
+                "an update trains one epoch"
+            )
         [(epoch, commits)] = by_epoch.items()
         seq = self.client.commit(epoch, commits, update_id=update_id, step=step)
         return PendingUpdate(update_id, seq, epoch, tuple(commits))
 
     def resend(self, pending: PendingUpdate, step: int | None = None) -> PendingUpdate:
-        """Ask again for an update whose answer never came (lost on the bus): same update, a new request.
+        """Ask again for an update whose answer never came (lost on the bus): same update, a new
+        request.
 
         The sharder knows the update by its id, so one recorded already is
         only answered again, never recorded twice.
         """
-        seq = self.client.commit(pending.epoch, list(pending.commits), update_id=pending.update_id, step=step)
+        seq = self.client.commit(
+            pending.epoch, list(pending.commits), update_id=pending.update_id, step=step
+        )
         return PendingUpdate(pending.update_id, seq, pending.epoch, pending.commits)
 
     def settle(self, pending: PendingUpdate, answer: ShardAssignment) -> bool:
-        """True if the update was recorded; on a refusal its grants are revoked and False returned."""
+        """True if the update was recorded; on a refusal its grants are revoked and False
+        returned."""
         if answer.status is not AssignmentStatus.REFUSED:
             return True
         self.refused += 1

@@ -61,20 +61,35 @@ from antdt.worker.shard_client import NoAnswer, ShardClient
 _EPOCH, _FINISHED = 0, 1
 #: How often a worker holding nothing by choice (quota 0) asks again, to learn of an epoch's end.
 IDLE_POLL_S = 0.25
-#: The longest pause between requests while the sharder has nothing: the pause doubles from ``wait_s`` up
-#: to this, so a job's workers waiting at an epoch's end do not queue up requests ahead of the commits
-#: that would end the wait.
+#: The longest pause between requests while the sharder has nothing: the pause doubles from
+#: ``wait_s`` up to this, so a job's workers waiting at an epoch's end do not queue up requests
+#: ahead of the commits that would end the wait.
 MAX_WAIT_S = 0.16
 
 
 class ShardedDataset(IterableDataset):
-    """Yields the samples of the shards the sharder grants this worker, tagged with their provenance."""
+    """Yields the samples of the shards the sharder grants this worker, tagged with their
+    provenance."""
 
-    def __init__(self, source: Sequence, spec: DatasetSpec, *, settings: Settings, job_id: str, worker_id: str,
-                 quota: int = 2, shuffle: bool = True, request_timeout_s: float = 10.0, wait_s: float = 0.02,
-                 prefetch: bool = True, client: ShardClient | None = None, sharder_timeout_s: float = 120.0,
-                 waiting_for_others=None):
-        """``client``: the process's sharder client to share (the agent's), else one is made per process.
+    def __init__(
+        self,
+        source: Sequence,
+        spec: DatasetSpec,
+        *,
+        settings: Settings,
+        job_id: str,
+        worker_id: str,
+        quota: int = 2,
+        shuffle: bool = True,
+        request_timeout_s: float = 10.0,
+        wait_s: float = 0.02,
+        prefetch: bool = True,
+        client: ShardClient | None = None,
+        sharder_timeout_s: float = 120.0,
+        waiting_for_others=None,
+    ):
+        """``client``: the process's sharder client to share (the agent's), else one is made per
+        process.
 
         ``sharder_timeout_s``: how long the sharder may stay silent (each
         request timing out after ``request_timeout_s`` and asked again, as
@@ -92,34 +107,46 @@ class ShardedDataset(IterableDataset):
         self._quota, self._woken = quota, threading.Event()
         self._waiting_for_others = waiting_for_others
         self.shuffle, self.prefetch = shuffle, prefetch
-        #: True while the sharder has nothing for this worker yet (others hold the epoch's last shards).
+        #: True while the sharder has nothing for this worker yet (others hold the epoch's last
+        #: shards).
         self.waiting = False
-        self.request_timeout_s, self.wait_s, self.sharder_timeout_s = request_timeout_s, wait_s, sharder_timeout_s
-        #: Grants (epoch, shard, attempt) whose commits were refused: their samples are not read any further.
+        self.request_timeout_s, self.wait_s, self.sharder_timeout_s = (
+            request_timeout_s,
+            wait_s,
+            sharder_timeout_s,
+        )
+        #: Grants (epoch, shard, attempt) whose commits were refused: their samples are not read any
+        #: further.
         self.revoked: set[tuple[int, int, int]] = set()
         self._epoch, self._finished = 0, False
-        self._shared = None  # [epoch, finished] in shared memory, when DataLoader processes read for us
+        # [epoch, finished] in shared memory, when DataLoader processes read for us
+        self._shared = None
         self._client = client
         self._client_pid = os.getpid() if client is not None else None
         self._owns_client = client is None
-        self._read: dict[int, int] = {}  # shard -> attempt: held grants read to the end, this epoch (passes included)
+        # shard -> attempt: held grants read to the end, this epoch (passes included)
+        self._read: dict[int, int] = {}
         self._read_epoch = 0
 
     # ------------------------------------------------------------ how much to hold
 
     @property
     def quota(self) -> int:
-        """Shards to read at once. 0: hold nothing (the sharder takes back what is held) until it is raised again."""
+        """Shards to read at once. 0: hold nothing (the sharder takes back what is held) until it is
+        raised again."""
         return self._quota
 
     @quota.setter
     def quota(self, value: int) -> None:
         if value and not self._quota:
-            self.waiting = False  # not known yet: the sharder has not answered a request for shards since
+            # not known yet: the sharder has not answered a request for shards since
+            self.waiting = False
         self._quota = value
-        self._woken.set()  # a wait between requests ends now, so a raised quota is asked for at once
+        # a wait between requests ends now, so a raised quota is asked for at once
+        self._woken.set()
 
-    # ------------------------------------------------------------ epoch and end, as the sharder says
+    # ------------------------------------------------------------ epoch and end, as the sharder
+    # says
 
     @property
     def epoch(self) -> int:
@@ -141,11 +168,13 @@ class ShardedDataset(IterableDataset):
                 self._shared[_FINISHED] = int(finished)
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch to ask for next (the sharder moves on by itself; kept for DistributedSampler-style loops)."""
+        """The epoch to ask for next (the sharder moves on by itself; kept for
+        DistributedSampler-style loops)."""
         self._learn(epoch=epoch)
 
     def share_progress(self, context) -> None:
-        """Keep epoch and end in shared memory, so DataLoader processes tell the main process (``loader`` calls it)."""
+        """Keep epoch and end in shared memory, so DataLoader processes tell the main process
+        (``loader`` calls it)."""
         if self._shared is None:
             self._shared = context.Array("q", [self._epoch, int(self._finished)], lock=False)
 
@@ -158,7 +187,8 @@ class ShardedDataset(IterableDataset):
         handed_out = False
         if self._read_epoch != epoch:
             self._read, self._read_epoch = {}, epoch
-        for shard, sample_epoch in self._shards(client, epoch, lambda: handed_out):
+        # The lambda reads handed_out as the loop below sets it, on purpose.
+        for shard, sample_epoch in self._shards(client, epoch, lambda: handed_out):  # noqa: B023
             grant = (sample_epoch, shard.shard_id, shard.attempt)
             client.started(sample_epoch, shard.shard_id, shard.attempt)
             renew_at = time.monotonic() + keepalive_s
@@ -166,15 +196,23 @@ class ShardedDataset(IterableDataset):
                 if grant in self.revoked:
                     break
                 handed_out = True
-                yield Tagged(self.source[position], (SampleTag(sample_epoch, position, shard.shard_id, shard.attempt,
-                                                               client.worker_id),))
-                if time.monotonic() >= renew_at:  # a slow consumer must not lose the shard it is reading
+                yield Tagged(
+                    self.source[position],
+                    (
+                        SampleTag(
+                            sample_epoch, position, shard.shard_id, shard.attempt, client.worker_id
+                        ),
+                    ),
+                )
+                # a slow consumer must not lose the shard it is reading
+                if time.monotonic() >= renew_at:
                     client.started(sample_epoch, shard.shard_id, shard.attempt)
                     renew_at = time.monotonic() + keepalive_s
             self._read[shard.shard_id] = shard.attempt
 
     def _shards(self, client: ShardClient, epoch: int, handed_out):
-        """Granted shards of ``epoch``, each once, until the sharder ends the epoch or the pass (module docstring).
+        """Granted shards of ``epoch``, each once, until the sharder ends the epoch or the pass
+        (module docstring).
 
         With ``prefetch`` the next request is sent as a shard starts, so its
         answer is usually waiting when the shard is finished and reading
@@ -182,7 +220,8 @@ class ShardedDataset(IterableDataset):
         quarter of the lease is not trusted (a long stall may have cost a
         prefetched shard its lease): the request is made again.
         """
-        ahead: tuple[int, float] | None = None  # (seq, sent at) of the request sent as the last shard started
+        # (seq, sent at) of the request sent as the last shard started
+        ahead: tuple[int, float] | None = None
         answered_at = time.monotonic()
         pause_s = self.wait_s
         while True:
@@ -192,40 +231,58 @@ class ShardedDataset(IterableDataset):
                     answer = client.wait_answer(ahead[0], self.request_timeout_s, flush=False)
                 else:
                     asked = self.quota
-                    answer = client.request(epoch, quota=asked, timeout_s=self.request_timeout_s,
-                                            read_shards=sorted(self._read))
+                    answer = client.request(
+                        epoch,
+                        quota=asked,
+                        timeout_s=self.request_timeout_s,
+                        read_shards=sorted(self._read),
+                    )
             except NoAnswer:
                 ahead = None
                 silent_s = time.monotonic() - answered_at
                 if silent_s >= self.sharder_timeout_s:
-                    raise NoAnswer(f"worker {client.worker_id}: no answer from the sharder for {silent_s:.0f} s "
-                                   f"(is the sharder running and the bus reachable?)") from None
+                    raise NoAnswer(
+                        f"worker {client.worker_id}: no answer "
+                        f"from the sharder for {silent_s:.0f} s "
+                        f"(is the sharder running and the bus reachable?)"
+                    ) from None
                 continue  # the sharder is restarting or taking the job over: ask again
             ahead, answered_at = None, time.monotonic()
-            client.resend_lost_commits(answer)  # a commit lost on the bus would leave its shard held for ever
+            # a commit lost on the bus would leave its shard held for ever
+            client.resend_lost_commits(answer)
             if answer.status is AssignmentStatus.FINISHED:
                 self._learn(finished=True)
                 return
             if answer.status is AssignmentStatus.EPOCH_END or answer.epoch > epoch:
                 self._learn(epoch=max(answer.epoch, epoch + 1))
                 return
-            if answer.epoch < epoch:  # another process rewound the job into an epoch this worker had left
+            # another process rewound the job into an epoch this worker had left
+            if answer.epoch < epoch:
                 self._learn(epoch=answer.epoch)
                 return
             held = {s.shard_id: s.attempt for s in answer.shards}
-            # Read grants no longer held are DONE (or reclaimed); a held one is never read twice, pass after pass.
-            self._read = {shard: attempt for shard, attempt in self._read.items() if held.get(shard) == attempt}
+            # Read grants no longer held are DONE (or reclaimed); a held one is never read twice,
+            # pass after pass.
+            self._read = {
+                shard: attempt
+                for shard, attempt in self._read.items()
+                if held.get(shard) == attempt
+            }
             fresh = [s for s in answer.shards if self._read.get(s.shard_id) != s.attempt]
             if not fresh:
                 if early:
                     continue  # the prefetched answer predates the last reads: ask again at once
                 if handed_out():
                     self.waiting = True
-                    return  # nothing for us now: the consumer trains and commits what it has, then comes back
-                self.waiting = asked > 0  # (an answer to a request for nothing says nothing about shards)
+                    # nothing for us now: the consumer trains and commits what it has, then comes
+                    # back
+                    return
+                # (an answer to a request for nothing says nothing about shards)
+                self.waiting = asked > 0
                 self._woken.clear()
                 with self._waiting_for_others() if self._waiting_for_others else nullcontext():
-                    self._woken.wait(pause_s if asked else IDLE_POLL_S)  # WAIT: others hold the epoch's last shards
+                    # WAIT: others hold the epoch's last shards
+                    self._woken.wait(pause_s if asked else IDLE_POLL_S)
                 pause_s = min(2 * pause_s, max(MAX_WAIT_S, self.wait_s))
                 continue
             self.waiting, pause_s = False, self.wait_s
@@ -233,7 +290,10 @@ class ShardedDataset(IterableDataset):
             # re-confirms what is still held, so a shard whose lease ran out is never read.
             shard = fresh[0]
             if self.prefetch:
-                ahead = (client.ask(epoch, quota=self.quota, read_shards=sorted(self._read)), time.monotonic())
+                ahead = (
+                    client.ask(epoch, quota=self.quota, read_shards=sorted(self._read)),
+                    time.monotonic(),
+                )
             yield shard, answer.epoch
 
     def _positions(self, epoch: int, shard) -> list[int]:
@@ -241,11 +301,14 @@ class ShardedDataset(IterableDataset):
         done = set(getattr(shard, "done", ()))
         positions = [i for i in range(shard.start, shard.start + shard.length) if i not in done]
         if self.shuffle:
-            random.Random((self.spec.shuffle_seed, epoch, shard.shard_id).__hash__()).shuffle(positions)
+            random.Random((self.spec.shuffle_seed, epoch, shard.shard_id).__hash__()).shuffle(
+                positions
+            )
         return positions
 
     def _client_for_this_process(self) -> ShardClient:
-        """One client per process: the main one (the agent's, when given), or each DataLoader worker process's."""
+        """One client per process: the main one (the agent's, when given), or each DataLoader worker
+        process's."""
         if self._client is None or self._client_pid != os.getpid():
             info = get_worker_info()
             identity = self.worker_id if info is None else f"{self.worker_id}.loader{info.id}"
@@ -265,7 +328,8 @@ class ShardedDataset(IterableDataset):
         self._client_for_this_process().request(self.epoch, quota=self.quota, timeout_s=timeout_s)
 
     def checkpoint_version(self, step: int | None = None) -> int:
-        """The shard-state version to store with a model checkpoint (the commits sent so far flushed first)."""
+        """The shard-state version to store with a model checkpoint (the commits sent so far flushed
+        first)."""
         client = self._client_for_this_process()
         client.flush()
         return client.checkpoint(self.epoch, step)
@@ -278,7 +342,8 @@ class ShardedDataset(IterableDataset):
 
     @property
     def deadlettered(self) -> int:
-        """Records on this worker's key that were no usable answer, as this process's open client counted them."""
+        """Records on this worker's key that were no usable answer, as this process's open client
+        counted them."""
         return self._client.deadlettered if self._client is not None else 0
 
     def close(self) -> None:
@@ -312,12 +377,15 @@ def loader(dataset: ShardedDataset, batch_size: int, num_workers: int = 0, **opt
         options.setdefault("multiprocessing_context", "spawn")
         options.setdefault("persistent_workers", True)
         context = options["multiprocessing_context"]
-        dataset.share_progress(multiprocessing.get_context(context) if isinstance(context, str) else context)
+        dataset.share_progress(
+            multiprocessing.get_context(context) if isinstance(context, str) else context
+        )
     return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **options)
 
 
 class _Collate:
-    """A user's ``collate_fn`` with the tags kept beside its batch (picklable, for loader processes)."""
+    """A user's ``collate_fn`` with the tags kept beside its batch (picklable, for loader
+    processes)."""
 
     def __init__(self, inner):
         self.inner = inner

@@ -13,8 +13,7 @@ same collectives in the same order on every rank, whatever the local batch
 sizes (zero included). The batch sizes themselves travel in the first
 collective, so the ranks never need to agree on them beforehand: a rank that
 applies a new size one step early or late changes which samples are trained,
-never the sequence of collectives, and the weights stay exact. The agreed
-effective step (:class:`BatchSizePlan`) is about the data, not about safety.
+never the sequence of collectives, and the weights stay exact.
 
 With a :class:`~antdt.worker.ledger.LedgerSlots` the averager also counts
 every rank's samples of the step into the ledger, in the same all-reduce as
@@ -30,7 +29,6 @@ demo's pool) restart the group from the last checkpoint.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import os
 import sys
@@ -65,30 +63,39 @@ EXIT_GROUP_BROKEN = 77
 
 
 def broke_the_group(exc: BaseException) -> bool:
-    """Whether ``exc`` says the process group broke (a peer died or is stuck) rather than the step failing.
+    """Whether ``exc`` says the process group broke (a peer died or is stuck) rather than the step
+    failing.
 
     Gloo reports a peer gone as a plain RuntimeError, so its text is looked at too.
     """
     if isinstance(exc, (dist.DistBackendError, DistributedError)):
         return True
     text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and any(word in text for word in ("gloo", "nccl", "connection"))
+    return isinstance(exc, RuntimeError) and any(
+        word in text for word in ("gloo", "nccl", "connection")
+    )
 
 
 def end_broken_group(who: str, exc: BaseException) -> NoReturn:
-    """End this rank now, as if killed: its group's generation is over and what it did since the last
-    checkpoint is rewound. No leaving announcement (it would return its shards while its last commits
-    are still on their way), no interpreter teardown under the broken group's threads.
+    """End this rank now, as if killed: its group's generation is over and what it did since the
+    last checkpoint is rewound. No leaving announcement (it would return its shards while its last
+    commits are still on their way), no interpreter teardown under the broken group's threads.
     """
-    print(f"{who}: the group broke ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}); "
-          f"exiting {EXIT_GROUP_BROKEN}", file=sys.stderr, flush=True)
+    print(
+        f"{who}: the group broke "
+        f"({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}); "
+        f"exiting {EXIT_GROUP_BROKEN}",
+        file=sys.stderr,
+        flush=True,
+    )
     sys.stdout.flush()
     os._exit(EXIT_GROUP_BROKEN)
 
 
 @dataclass
 class StepSizedTimeout:
-    """How long a step's collective may wait: ``factor`` x the longest of the last ``window`` step periods.
+    """How long a step's collective may wait: ``factor`` x the longest of the last ``window`` step
+    periods.
 
     Never less than ``floor_s`` (a step can slow down for real: a straggler,
     a checkpoint), and ``first_s`` before any period is known (the ranks'
@@ -115,12 +122,16 @@ class StepSizedTimeout:
         self._last_done = now
 
     def not_a_step(self, now: float) -> None:
-        """The time since the last collective was not a step (a checkpoint, say): leave it out of the periods."""
+        """The time since the last collective was not a step (a checkpoint, say): leave it out of
+        the periods."""
         if self._last_done is not None:
             self._last_done = now
 
     def describe(self) -> str:
-        known = f"{self.factor:g}x the slowest of the last {len(self._periods)} steps, at least {self.floor_s:g} s"
+        known = (
+            f"{self.factor:g}x the slowest of the last {len(self._periods)} steps, "
+            f"at least {self.floor_s:g} s"
+        )
         return known if self._periods else "the first step's bound"
 
 
@@ -135,7 +146,9 @@ def world_size(group: dist.ProcessGroup | None = None) -> int:
     return dist.get_world_size(group)
 
 
-def collective_device(group: dist.ProcessGroup | None = None, params: Sequence[torch.Tensor] = ()) -> torch.device:
+def collective_device(
+    group: dist.ProcessGroup | None = None, params: Sequence[torch.Tensor] = ()
+) -> torch.device:
     """Where small control tensors live: next to the gradients, or where the backend needs them."""
     if params:
         return params[0].device
@@ -144,8 +157,14 @@ def collective_device(group: dist.ProcessGroup | None = None, params: Sequence[t
     return torch.device("cpu")
 
 
-def _parameters(model_or_params: torch.nn.Module | Iterable[torch.Tensor]) -> list[torch.nn.Parameter]:
-    source = model_or_params.parameters() if isinstance(model_or_params, torch.nn.Module) else model_or_params
+def _parameters(
+    model_or_params: torch.nn.Module | Iterable[torch.Tensor],
+) -> list[torch.nn.Parameter]:
+    source = (
+        model_or_params.parameters()
+        if isinstance(model_or_params, torch.nn.Module)
+        else model_or_params
+    )
     params, seen = [], set()
     for param in source:
         if param.requires_grad and id(param) not in seen:  # tied weights are reduced once
@@ -171,8 +190,13 @@ class WeightedGradientAverager:
     parameters the model has, and is the same on every rank.
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None, sync_timer: SyncTimer | None = None,
-                 ledger: LedgerSlots | None = None, timeout: StepSizedTimeout | None = None):
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        sync_timer: SyncTimer | None = None,
+        ledger: LedgerSlots | None = None,
+        timeout: StepSizedTimeout | None = None,
+    ):
         self.group = group
         self.sync_timer = sync_timer
         self.ledger = ledger
@@ -180,10 +204,14 @@ class WeightedGradientAverager:
         self.steps = 0  # collectives completed: names the step in a timeout's message
 
     def sync(
-        self, model_or_params: torch.nn.Module | Iterable[torch.Tensor], local_batch_size: int,
-        sync_timer: SyncTimer | None = None, tags: Sequence = (),
+        self,
+        model_or_params: torch.nn.Module | Iterable[torch.Tensor],
+        local_batch_size: int,
+        sync_timer: SyncTimer | None = None,
+        tags: Sequence = (),
     ) -> int:
-        """Replace every rank's gradients by the global-batch gradient; returns the global batch size.
+        """Replace every rank's gradients by the global-batch gradient; returns the global batch
+        size.
 
         ``sync_timer`` (this call's, else the averager's, e.g. ``agent.sync_wait``)
         is entered around the collectives: the first one is where a fast rank
@@ -205,24 +233,40 @@ class WeightedGradientAverager:
         return self.sync_counting(model_or_params, local_batch_size, (), sync_timer, tags)[0]
 
     def sync_counting(
-        self, model_or_params: torch.nn.Module | Iterable[torch.Tensor], local_batch_size: int,
-        counters: Sequence[int] = (), sync_timer: SyncTimer | None = None, tags: Sequence = (),
+        self,
+        model_or_params: torch.nn.Module | Iterable[torch.Tensor],
+        local_batch_size: int,
+        counters: Sequence[int] = (),
+        sync_timer: SyncTimer | None = None,
+        tags: Sequence = (),
     ) -> tuple[int, list[int]]:
-        """:meth:`sync`, plus small non-negative integers summed over the ranks in the same collective.
+        """:meth:`sync`, plus small non-negative integers summed over the ranks in the same
+        collective.
 
         For loop control that would otherwise cost a collective of its own
         (how many ranks still have data, say). Returns (global batch, sums).
         """
         counters = [int(c) for c in counters]
         slots = self.ledger.encode(tags) if self.ledger is not None else []
-        global_batch, sums = self._sync_counting(model_or_params, local_batch_size, counters + slots, sync_timer)
+        global_batch, sums = self._sync_counting(
+            model_or_params, local_batch_size, counters + slots, sync_timer
+        )
         if self.ledger is not None:
-            self.ledger.add(sums[len(counters):])
-        return global_batch, sums[:len(counters)]
+            self.ledger.add(sums[len(counters) :])
+        return global_batch, sums[: len(counters)]
 
-    def _sync_counting(self, model_or_params, local_batch_size: int, counters: list[int],
-                       sync_timer: SyncTimer | None) -> tuple[int, list[int]]:
-        if isinstance(local_batch_size, bool) or not isinstance(local_batch_size, int) or local_batch_size < 0:
+    def _sync_counting(
+        self,
+        model_or_params,
+        local_batch_size: int,
+        counters: list[int],
+        sync_timer: SyncTimer | None,
+    ) -> tuple[int, list[int]]:
+        if (
+            isinstance(local_batch_size, bool)
+            or not isinstance(local_batch_size, int)
+            or local_batch_size < 0
+        ):
             raise ValueError(f"local_batch_size must be an int >= 0, got {local_batch_size!r}")
         if any(c < 0 for c in counters):
             raise ValueError(f"counters must be >= 0, got {counters}")
@@ -245,56 +289,85 @@ class WeightedGradientAverager:
         return global_batch, sums
 
     def _all_reduce(self, buffers: list[torch.Tensor]) -> None:
-        """Sum each buffer over the ranks, all in flight at once; within the timeout's bound when there is one."""
-        works = [dist.all_reduce(b, op=dist.ReduceOp.SUM, group=self.group, async_op=True) for b in buffers]
+        """Sum each buffer over the ranks, all in flight at once; within the timeout's bound when
+        there is one."""
+        works = [
+            dist.all_reduce(b, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+            for b in buffers
+        ]
         if self.timeout is None:
             for work in works:
                 work.wait()
         else:
             limit = self.timeout.limit_s()
-            wait_within(works, limit, f"the all-reduce of step {self.steps}", f"{limit:.1f} s: {self.timeout.describe()}")
+            wait_within(
+                works,
+                limit,
+                f"the all-reduce of step {self.steps}",
+                f"{limit:.1f} s: {self.timeout.describe()}",
+            )
         _finish_cuda(buffers)
 
-    def _one_collective(self, params: list[torch.nn.Parameter], local_batch_size: int,
-                        counters: list[int]) -> tuple[int, list[int]]:
-        """[b_i, counters, has_grad flags, b_i * gradients] in one all-reduce, divided by B afterwards.
+    def _one_collective(
+        self, params: list[torch.nn.Parameter], local_batch_size: int, counters: list[int]
+    ) -> tuple[int, list[int]]:
+        """[b_i, counters, has_grad flags, b_i * gradients] in one all-reduce, divided by B
+        afterwards.
 
         sum_i(b_i g_i) / B is the same average as sum_i((b_i / B) g_i); the
         control numbers ride along exactly (checked by :func:`_one_buffer_fits`).
         """
         contributes = local_batch_size > 0
-        head = [local_batch_size, *counters] + [int(contributes and p.grad is not None) for p in params]
-        flat = self._flatten(params, float(local_batch_size), contributes) if params else torch.zeros(0)
+        head = [local_batch_size, *counters] + [
+            int(contributes and p.grad is not None) for p in params
+        ]
+        flat = (
+            self._flatten(params, float(local_batch_size), contributes)
+            if params
+            else torch.zeros(0)
+        )
         buffer = torch.cat([torch.tensor(head, dtype=flat.dtype, device=flat.device), flat])
         self._all_reduce([buffer])
-        control = [round(x) for x in buffer[:len(head)].tolist()]
-        global_batch, sums, has_grad = control[0], control[1:1 + len(counters)], control[1 + len(counters):]
-        grads = buffer[len(head):]
+        control = [round(x) for x in buffer[: len(head)].tolist()]
+        global_batch, sums, has_grad = (
+            control[0],
+            control[1 : 1 + len(counters)],
+            control[1 + len(counters) :],
+        )
+        grads = buffer[len(head) :]
         if global_batch:
             grads.div_(global_batch)
         offset = 0
         for param, anywhere in zip(params, has_grad):
             n = param.numel()
             if anywhere and global_batch:
-                self._unflatten([param], grads[offset:offset + n])
+                self._unflatten([param], grads[offset : offset + n])
             else:
                 param.grad = None
             offset += n
         return global_batch, sums
 
-    def _two_collectives(self, params: list[torch.nn.Parameter], local_batch_size: int,
-                         counters: list[int]) -> tuple[int, list[int]]:
-        """Mixed devices or dtypes, or low-precision gradients: exact integers first, then one buffer per (device, dtype)."""
+    def _two_collectives(
+        self, params: list[torch.nn.Parameter], local_batch_size: int, counters: list[int]
+    ) -> tuple[int, list[int]]:
+        """Mixed devices or dtypes, or low-precision gradients: exact integers first, then one
+        buffer per (device, dtype)."""
         device = collective_device(self.group, params)
         contributes = local_batch_size > 0
         # [b_i, counters, has_grad_0, ..., has_grad_n]: where the ranks learn about each other.
         control = torch.tensor(
-            [local_batch_size, *counters] + [int(contributes and param.grad is not None) for param in params],
-            dtype=torch.int64, device=device,
+            [local_batch_size, *counters]
+            + [int(contributes and param.grad is not None) for param in params],
+            dtype=torch.int64,
+            device=device,
         )
         self._all_reduce([control])
         control = control.tolist()
-        global_batch, sums, has_grad = control[0], control[1:1 + len(counters)], control[1 + len(counters):]
+        global_batch, sums, has_grad = (
+            control[0],
+            control[1 : 1 + len(counters)],
+            control[1 + len(counters) :],
+        )
         weight = local_batch_size / global_batch if global_batch else 0.0
         buckets: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
         for param, anywhere in zip(params, has_grad):
@@ -309,15 +382,20 @@ class WeightedGradientAverager:
         return global_batch, sums
 
     @staticmethod
-    def _flatten(members: list[torch.nn.Parameter], weight: float, contributes: bool) -> torch.Tensor:
-        """One buffer holding ``weight * grad`` of each member (zeros where absent or not contributing)."""
-        flat = torch.zeros(sum(p.numel() for p in members), dtype=members[0].dtype, device=members[0].device)
+    def _flatten(
+        members: list[torch.nn.Parameter], weight: float, contributes: bool
+    ) -> torch.Tensor:
+        """One buffer holding ``weight * grad`` of each member (zeros where absent or not
+        contributing)."""
+        flat = torch.zeros(
+            sum(p.numel() for p in members), dtype=members[0].dtype, device=members[0].device
+        )
         if contributes:
             offset = 0
             for param in members:
                 n = param.numel()
                 if param.grad is not None:
-                    flat[offset:offset + n].copy_(param.grad.reshape(-1)).mul_(weight)
+                    flat[offset : offset + n].copy_(param.grad.reshape(-1)).mul_(weight)
                 offset += n
         return flat
 
@@ -326,11 +404,12 @@ class WeightedGradientAverager:
         offset = 0
         for param in members:
             n = param.numel()
-            reduced = flat[offset:offset + n].view_as(param)
+            reduced = flat[offset : offset + n].view_as(param)
             if param.grad is None:
                 param.grad = reduced.clone()
             else:
-                param.grad.copy_(reduced)  # in place: keeps the optimizer's and hooks' view of .grad
+                # in place: keeps the optimizer's and hooks' view of .grad
+                param.grad.copy_(reduced)
             offset += n
 
 
@@ -347,21 +426,25 @@ def wait_within(works: Sequence, limit_s: float, what: str, limit_text: str | No
         except RuntimeError as exc:
             if not _is_timeout(exc):
                 raise
-            raise CollectiveTimeout(f"{what} waited {time.monotonic() - began:.1f} s "
-                                    f"(limit {limit_text or f'{limit_s:g} s'}): a rank is dead or stuck") from None
+            raise CollectiveTimeout(
+                f"{what} waited {time.monotonic() - began:.1f} s "
+                f"(limit {limit_text or f'{limit_s:g} s'}): a rank is dead or stuck"
+            ) from None
 
 
 def _is_timeout(exc: RuntimeError) -> bool:
-    """gloo says "timed out"; NCCL's blocking wait says the work "ran for N milliseconds before timing out"."""
+    """gloo says "timed out"; NCCL's blocking wait says the work "ran for N milliseconds before
+    timing out"."""
     text = str(exc).lower()
     return "timed out" in text or "before timing out" in text
 
 
-_EXACT_INTEGERS = {torch.float32: 2 ** 24, torch.float64: 2 ** 53}
+_EXACT_INTEGERS = {torch.float32: 2**24, torch.float64: 2**53}
 
 
 def _one_buffer_fits(params: list[torch.nn.Parameter], integers: list[int], world: int) -> bool:
-    """One collective works when every gradient shares a device and a float type that holds the sums exactly."""
+    """One collective works when every gradient shares a device and a float type that holds the sums
+    exactly."""
     kinds = {(p.device, p.dtype) for p in params}
     if len(kinds) > 1:
         return False
@@ -378,7 +461,8 @@ def _finish_cuda(buffers: list[torch.Tensor]) -> None:
 
 
 def broadcast_int(value: int, src: int = 0, group: dist.ProcessGroup | None = None) -> int:
-    """Rank ``src``'s ``value`` on every rank (``src`` is a global rank); ``value`` itself without a group."""
+    """Rank ``src``'s ``value`` on every rank (``src`` is a global rank); ``value`` itself without a
+    group."""
     if world_size(group) == 1:
         return value
     box = torch.tensor([value], dtype=torch.int64, device=collective_device(group))
@@ -387,7 +471,10 @@ def broadcast_int(value: int, src: int = 0, group: dist.ProcessGroup | None = No
 
 
 def agreed_checkpoint_version(
-    flush: Callable[[], None], ask: Callable[[], int], group: dist.ProcessGroup | None = None, src: int = 0,
+    flush: Callable[[], None],
+    ask: Callable[[], int],
+    group: dist.ProcessGroup | None = None,
+    src: int = 0,
 ) -> int:
     """The sharder's shard-state version for a checkpoint, the same on every rank.
 
@@ -413,53 +500,3 @@ def agreed_checkpoint_version(
     if version < 0:
         raise DistributedError(f"rank {src} could not get a checkpoint version from the sharder")
     return version
-
-
-class BatchSizePlan:
-    """A rank's local batch size per step, with changes that take effect at agreed steps.
-
-    Pure bookkeeping: a command "size S from step E" is recorded with
-    :meth:`schedule` when it arrives and read with :meth:`size_for` at each
-    step, so every rank switches at the same step however late the command
-    reached it (as long as it arrived before step E).
-    """
-
-    def __init__(self, initial: int):
-        self._check_size(initial)
-        self._steps: list[int] = []
-        self._sizes: list[int] = []
-        self.initial = initial
-
-    @staticmethod
-    def _check_size(size: int) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ValueError(f"batch size must be an int >= 0, got {size!r}")
-
-    def schedule(self, effective_step: int, size: int) -> None:
-        """Use ``size`` from ``effective_step`` on (until a later change). Idempotent; a later call for the same step wins."""
-        self._check_size(size)
-        if isinstance(effective_step, bool) or not isinstance(effective_step, int) or effective_step < 0:
-            raise ValueError(f"effective_step must be an int >= 0, got {effective_step!r}")
-        at = bisect.bisect_left(self._steps, effective_step)
-        if at < len(self._steps) and self._steps[at] == effective_step:
-            self._sizes[at] = size
-        else:
-            self._steps.insert(at, effective_step)
-            self._sizes.insert(at, size)
-
-    def size_for(self, step: int) -> int:
-        """The local batch size at ``step``."""
-        at = bisect.bisect_right(self._steps, step)
-        return self._sizes[at - 1] if at else self.initial
-
-    @property
-    def changes(self) -> list[tuple[int, int]]:
-        """The scheduled (effective_step, size) pairs in step order (plain types: fit a checkpoint's extra)."""
-        return list(zip(self._steps, self._sizes))
-
-    def forget_before(self, step: int) -> None:
-        """Fold the changes effective at or before ``step`` into ``initial``; ``size_for`` of earlier steps is lost."""
-        at = bisect.bisect_right(self._steps, step)
-        if at:
-            self.initial = self._sizes[at - 1]
-            del self._steps[:at], self._sizes[:at]

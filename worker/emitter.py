@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 class EventEmitter:
     """Bounded, drop-oldest queue drained by a background producer thread."""
 
-    def __init__(self, settings: Settings, client_id: str, capacity: int = 1000, codec: Codec | None = None):
+    def __init__(
+        self, settings: Settings, client_id: str, capacity: int = 1000, codec: Codec | None = None
+    ):
         self._queue: deque[tuple[str, bytes, AvroModel]] = deque()
         self.capacity = capacity
         self.dropped = 0
@@ -35,8 +37,13 @@ class EventEmitter:
         self.failed = 0
         self._codec = codec or make_codec(settings.schema_registry_url)
         self._producer = make_producer(
-            settings, client_id=client_id,
-            **{"queue.buffering.max.messages": capacity, "message.timeout.ms": 30_000, "linger.ms": 5},
+            settings,
+            client_id=client_id,
+            **{
+                "queue.buffering.max.messages": capacity,
+                "message.timeout.ms": 30_000,
+                "linger.ms": 5,
+            },
         )
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -99,5 +106,6 @@ class EventEmitter:
         if remaining:
             self.dropped += remaining
             log.warning("agent shutdown: %d event(s) not delivered", remaining)
-            self._producer.purge()  # else the producer lives on, retrying them, until the process exits
+            # else the producer lives on, retrying them, until the process exits
+            self._producer.purge()
             self._producer.poll(0)

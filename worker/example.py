@@ -40,9 +40,18 @@ class SyntheticClassification(torch.utils.data.Dataset):
     (:meth:`heldout`) shows how far it got (chance is one in ``classes``).
     """
 
-    def __init__(self, size: int, features: int = 32, classes: int = 10, seed: int = 0, spread: float = 1.0,
-                 draw: int = 1):
-        centres = torch.randn(classes, features, generator=torch.Generator().manual_seed(seed)) * spread
+    def __init__(
+        self,
+        size: int,
+        features: int = 32,
+        classes: int = 10,
+        seed: int = 0,
+        spread: float = 1.0,
+        draw: int = 1,
+    ):
+        centres = (
+            torch.randn(classes, features, generator=torch.Generator().manual_seed(seed)) * spread
+        )
         generator = torch.Generator().manual_seed(seed * 7919 + draw)
         self.labels = torch.randint(0, classes, (size,), generator=generator)
         self.inputs = centres[self.labels] + torch.randn(size, features, generator=generator)
@@ -98,11 +107,19 @@ def batches(agent: Agent, samples: Iterator) -> Iterator[tuple[torch.Tensor, tor
 
 
 def train(agent: Agent, config: ExampleConfig, report=print) -> dict:
-    """Train until the sharder says every epoch is done; returns a summary with the held-out figures."""
+    """Train until the sharder says every epoch is done; returns a summary with the held-out
+    figures."""
     torch.manual_seed(config.seed)
     source = SyntheticClassification(config.samples, seed=config.seed)
-    spec = DatasetSpec(name="synthetic-clusters", size=config.samples, shard_size=config.shard_size,
-                       epochs=config.epochs, shuffle_seed=config.seed, max_attempts=3, lease_s=30.0)
+    spec = DatasetSpec(
+        name="synthetic-clusters",
+        size=config.samples,
+        shard_size=config.shard_size,
+        epochs=config.epochs,
+        shuffle_seed=config.seed,
+        max_attempts=3,
+        lease_s=30.0,
+    )
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     data = agent.shards(source, spec)
@@ -110,7 +127,8 @@ def train(agent: Agent, config: ExampleConfig, report=print) -> dict:
     if config.parameter_servers:
         from antdt.worker.ps.client import ParameterClient
 
-        data.prepare()  # defines the job's dataset: the servers take their first checkpoint once it exists
+        # defines the job's dataset: the servers take their first checkpoint once it exists
+        data.prepare()
         server = ParameterClient(agent, list(config.parameter_servers), model).start()
     elif config.checkpoint is not None:
         agent.on_restart(lambda: agent.save_checkpoint(config.checkpoint, model, optimizer, data))
@@ -131,12 +149,16 @@ def train(agent: Agent, config: ExampleConfig, report=print) -> dict:
                     time.sleep(config.step_sleep_s)
                 if server is None:
                     optimizer.step()
-                pushed = server is None or server.push()  # False: computed on stale parameters, again
+                # False: computed on stale parameters, again
+                pushed = server is None or server.push()
             losses.append(loss.item())
             trained += len(labels)
             agent.step(samples=len(labels))
         if losses:
-            report(f"{agent.spec.worker_id} epoch {data.epoch}: {len(losses)} steps, mean loss {sum(losses) / len(losses):.3f}")
+            report(
+                f"{agent.spec.worker_id} epoch {data.epoch}: {len(losses)} steps, "
+                f"mean loss {sum(losses) / len(losses):.3f}"
+            )
             losses = []
     if server is not None:
         server.pull()
@@ -144,5 +166,10 @@ def train(agent: Agent, config: ExampleConfig, report=print) -> dict:
     data.close()
     elapsed = time.monotonic() - started
     loss, accuracy = evaluate(model, source.heldout(2048))
-    return {"samples": trained, "seconds": elapsed, "samples_per_s": trained / elapsed if elapsed else 0.0,
-            "heldout_loss": loss, "heldout_accuracy": accuracy}
+    return {
+        "samples": trained,
+        "seconds": elapsed,
+        "samples_per_s": trained / elapsed if elapsed else 0.0,
+        "heldout_loss": loss,
+        "heldout_accuracy": accuracy,
+    }

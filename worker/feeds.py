@@ -42,7 +42,8 @@ class ShardFeed:
     """A bounded buffer filled from a ShardedDataset by a background thread."""
 
     def __init__(self, dataset: ShardedDataset, capacity: int | Callable[[], int]):
-        """``capacity``: samples buffered at most; a callable is asked each time (say, twice the current batch)."""
+        """``capacity``: samples buffered at most; a callable is asked each time (say, twice the
+        current batch)."""
         self.dataset = dataset
         self.capacity = capacity if callable(capacity) else (lambda: capacity)
         self._buffer: deque = deque()
@@ -72,9 +73,12 @@ class ShardFeed:
                 self._changed.notify_all()
 
     def _put(self, sample: Tagged) -> bool:
-        """Buffer ``sample`` once there is room; False (the sample dropped, never trained) if stopping or sitting out."""
+        """Buffer ``sample`` once there is room; False (the sample dropped, never trained) if
+        stopping or sitting out."""
         with self._changed:
-            while len(self._buffer) >= self.capacity() and not self._stopped and not self._sitting_out:
+            while (
+                len(self._buffer) >= self.capacity() and not self._stopped and not self._sitting_out
+            ):
                 self._changed.wait(0.1)
             if self._stopped or self._sitting_out:
                 return False
@@ -101,14 +105,19 @@ class ShardFeed:
             return self._source_done and not self._buffer
 
     def take(self, wanted: int) -> Tagged | None:
-        """Up to ``wanted`` samples stacked; a short (or no) batch only while the sharder has nothing more.
+        """Up to ``wanted`` samples stacked; a short (or no) batch only while the sharder has
+        nothing more.
 
         ``wanted`` 0 sits the rank out (module docstring).
         """
         with self._changed:
             self._sit_out(wanted == 0)
-            while (len(self._buffer) < wanted and not self._source_done and not self.dataset.waiting
-                   and not self._stopped):
+            while (
+                len(self._buffer) < wanted
+                and not self._source_done
+                and not self.dataset.waiting
+                and not self._stopped
+            ):
                 self._changed.wait(0.05)
             if self.error is not None:
                 raise self.error
@@ -130,11 +139,25 @@ class ShardFeed:
 class StaticFeed:
     """Rank ``rank``'s fixed slice of every epoch, in order: no sharder, no dynamic balance."""
 
-    def __init__(self, inputs: torch.Tensor, labels: torch.Tensor, rank: int, world: int, epochs: int, seed: int):
-        order = [torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed + epoch))[rank::world]
-                 for epoch in range(epochs)]
+    def __init__(
+        self,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        rank: int,
+        world: int,
+        epochs: int,
+        seed: int,
+    ):
+        order = [
+            torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed + epoch))[
+                rank::world
+            ]
+            for epoch in range(epochs)
+        ]
         self._positions = torch.cat(order)
-        self._epochs = torch.cat([torch.full((len(part),), epoch) for epoch, part in enumerate(order)])
+        self._epochs = torch.cat(
+            [torch.full((len(part),), epoch) for epoch, part in enumerate(order)]
+        )
         self._inputs, self._labels = inputs, labels
         self._next = 0
 
@@ -151,8 +174,8 @@ class StaticFeed:
         return self._next >= len(self._positions)
 
     def take(self, wanted: int) -> Tagged | None:
-        chosen = self._positions[self._next:self._next + wanted]
-        epochs = self._epochs[self._next:self._next + wanted]
+        chosen = self._positions[self._next : self._next + wanted]
+        epochs = self._epochs[self._next : self._next + wanted]
         self._next += len(chosen)
         if not len(chosen):
             return None

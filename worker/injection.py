@@ -73,21 +73,27 @@ def _number(text: str, what: str, spec: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise InjectionSpecError(f"bad slowdown spec {spec!r}: {what} {text.strip()!r} is not a number") from None
+        raise InjectionSpecError(
+            f"bad slowdown spec {spec!r}: {what} {text.strip()!r} is not a number"
+        ) from None
     if not math.isfinite(value):
-        raise InjectionSpecError(f"bad slowdown spec {spec!r}: {what} {text.strip()!r} is not finite")
+        raise InjectionSpecError(
+            f"bad slowdown spec {spec!r}: {what} {text.strip()!r} is not finite"
+        )
     return value
 
 
 def _factor(text: str, spec: str) -> float:
     factor = _number(text, "factor", spec)
     if factor < 1:
-        raise InjectionSpecError(f"bad slowdown spec {spec!r}: factor {factor:g} is below 1 (1 means no slowdown)")
+        raise InjectionSpecError(
+            f"bad slowdown spec {spec!r}: factor {factor:g} is below 1 (1 means no slowdown)"
+        )
     return factor
 
 
 @dataclass(frozen=True)
-class Episode:
+class SlowPeriod:
     """A slow period: ``start_s <= elapsed < end_s`` runs ``factor`` times slower."""
 
     start_s: float
@@ -110,14 +116,17 @@ class SlowdownSpec:
     """
 
     constant: float | None = None
-    episodes: tuple[Episode, ...] = ()
+    episodes: tuple[SlowPeriod, ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> SlowdownSpec:
-        """``"3.0"`` or ``"10-40:4.0,60-70:3.0"``; raises :class:`InjectionSpecError` naming the problem."""
+        """``"3.0"`` or ``"10-40:4.0,60-70:3.0"``; raises :class:`InjectionSpecError` naming the
+        problem."""
         spec = text.strip()
         if not spec:
-            raise InjectionSpecError("bad slowdown spec '': empty (give a factor like 3.0 or episodes like 10-40:4.0)")
+            raise InjectionSpecError(
+                "bad slowdown spec '': empty (give a factor like 3.0 or episodes like 10-40:4.0)"
+            )
         if ":" not in spec:
             return cls(constant=_factor(spec, text))
         episodes = []
@@ -126,15 +135,23 @@ class SlowdownSpec:
             window, colon, factor = item.partition(":")
             start, dash, end = window.partition("-")
             if not item or not colon or not dash or ":" in factor or "-" in end:
-                raise InjectionSpecError(f"bad slowdown spec {text!r}: episode {item!r} is not start-end:factor")
-            episode = Episode(_number(start, "start", text), _number(end, "end", text), _factor(factor, text))
+                raise InjectionSpecError(
+                    f"bad slowdown spec {text!r}: episode {item!r} is not start-end:factor"
+                )
+            episode = SlowPeriod(
+                _number(start, "start", text), _number(end, "end", text), _factor(factor, text)
+            )
             if episode.start_s < 0 or episode.end_s <= episode.start_s:
-                raise InjectionSpecError(f"bad slowdown spec {text!r}: episode {item!r} needs 0 <= start < end")
+                raise InjectionSpecError(
+                    f"bad slowdown spec {text!r}: episode {item!r} needs 0 <= start < end"
+                )
             episodes.append(episode)
         episodes.sort(key=lambda e: e.start_s)
         for before, after in zip(episodes, episodes[1:]):
             if after.start_s < before.end_s:
-                raise InjectionSpecError(f"bad slowdown spec {text!r}: episodes {before} and {after} overlap")
+                raise InjectionSpecError(
+                    f"bad slowdown spec {text!r}: episodes {before} and {after} overlap"
+                )
         return cls(episodes=tuple(episodes))
 
     def factor_at(self, elapsed_s: float) -> float:
@@ -194,7 +211,8 @@ class StragglerInjector:
         competitors: int | None = None,
         poll_s: float = 0.05,
     ):
-        """``clock`` and ``sleep`` are injectable for tests; ``competitors``: cpu mode's process count (default: one per core)."""
+        """``clock`` and ``sleep`` are injectable for tests; ``competitors``: cpu mode's process
+        count (default: one per core)."""
         self.spec = spec
         self.mode = parse_mode(mode)
         self.competitors = competitors if competitors is not None else (os.cpu_count() or 1)
@@ -210,7 +228,8 @@ class StragglerInjector:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, **kwargs) -> StragglerInjector:
-        """From ``ANTDT_SLOWDOWN`` (unset or empty: no injection) and ``ANTDT_SLOWDOWN_MODE`` (default sleep).
+        """From ``ANTDT_SLOWDOWN`` (unset or empty: no injection) and ``ANTDT_SLOWDOWN_MODE``
+        (default sleep).
 
         Not started; errors name the variable. ``kwargs`` go to the constructor.
         """
@@ -226,7 +245,9 @@ class StragglerInjector:
         return cls(spec, mode, **kwargs)
 
     def __repr__(self) -> str:
-        return f"StragglerInjector(spec={str(self.spec) if self.spec else None!r}, mode={self.mode!r})"
+        return (
+            f"StragglerInjector(spec={str(self.spec) if self.spec else None!r}, mode={self.mode!r})"
+        )
 
     # ------------------------------------------------------------ time and factor
 
@@ -288,7 +309,12 @@ class StragglerInjector:
         try:
             for _ in range(self.competitors):
                 self._processes.append(
-                    subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    subprocess.Popen(
+                        command,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
                 )
         except BaseException:
             self._stop_competitors()
@@ -307,7 +333,8 @@ class StragglerInjector:
                 process.wait()
 
     def _run(self) -> None:
-        """The cpu-mode thread: follow the episode boundaries until closed or nothing changes any more."""
+        """The cpu-mode thread: follow the episode boundaries until closed or nothing changes any
+        more."""
         while not self._stop.is_set():
             running = self.update()
             elapsed = self.elapsed()
@@ -320,7 +347,8 @@ class StragglerInjector:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> StragglerInjector:
-        """Start the episode clock and, in cpu mode, the thread that runs the competitors. Idempotent."""
+        """Start the episode clock and, in cpu mode, the thread that runs the competitors.
+        Idempotent."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the straggler injector is closed")
@@ -328,7 +356,9 @@ class StragglerInjector:
             if self.mode == "cpu" and self.spec is not None and self._thread is None:
                 atexit.register(self.close)
                 self.update()
-                self._thread = threading.Thread(target=self._run, name="antdt-straggler-injector", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="antdt-straggler-injector", daemon=True
+                )
                 self._thread.start()
         return self
 

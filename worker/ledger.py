@@ -25,7 +25,8 @@ _FILE = re.compile(r"ledger-epoch(\d+)\.npy$")
 
 
 class SampleLedger:
-    """``counts[epoch, index]``: updates applied to the model that contained sample ``index`` of ``epoch``."""
+    """``counts[epoch, index]``: updates applied to the model that contained sample ``index`` of
+    ``epoch``."""
 
     def __init__(self, size: int, epochs: int):
         self.counts = torch.zeros((epochs, size), dtype=torch.int32)
@@ -57,11 +58,14 @@ class SampleLedger:
     def load_state_dict(self, state: dict) -> None:
         counts = state["counts"]
         if counts.shape != self.counts.shape:
-            raise AntdtError(f"a ledger of shape {tuple(counts.shape)} does not fit {tuple(self.counts.shape)}")
+            raise AntdtError(
+                f"a ledger of shape {tuple(counts.shape)} does not fit {tuple(self.counts.shape)}"
+            )
         self.counts = counts.clone().to(torch.int32)
 
     def write(self, directory: str | Path, epochs: Iterable[int] | None = None) -> list[Path]:
-        """``ledger-epoch<E>.npy`` (int32, one count per sample index) for each epoch; returns the paths."""
+        """``ledger-epoch<E>.npy`` (int32, one count per sample index) for each epoch; returns the
+        paths."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         paths = []
@@ -101,7 +105,10 @@ class LedgerSlots:
 
     def encode(self, tags) -> list[int]:
         if len(tags) > self.cap:
-            raise AntdtError(f"a batch of {len(tags)} samples does not fit the ledger's {self.cap} slots per rank")
+            raise AntdtError(
+                f"a batch of {len(tags)} samples "
+                f"does not fit the ledger's {self.cap} slots per rank"
+            )
         slots = [0] * (self.world * self.cap)
         base, size = self.rank * self.cap, self.ledger.size
         for offset, tag in enumerate(tags):

@@ -22,13 +22,15 @@ from antdt.schemas.models import ShardCommit
 
 @dataclass(frozen=True, slots=True)
 class SampleTag:
-    """One sample's provenance: its epoch and dataset index, and the shard grant it was read under."""
+    """One sample's provenance: its epoch and dataset index, and the shard grant it was read
+    under."""
 
     epoch: int
     index: int
     shard_id: int | None = None  # None: not from the sharder (a static split)
     attempt: int | None = None
-    holder: str | None = None  # the sharder client that holds the grant (a DataLoader process has its own)
+    # the sharder client that holds the grant (a DataLoader process has its own)
+    holder: str | None = None
 
 
 class Tagged(NamedTuple):
@@ -39,19 +41,27 @@ class Tagged(NamedTuple):
 
 
 def collate(items: Sequence[Tagged], inner=None) -> Tagged:
-    """DataLoader ``collate_fn``: the batch as torch's default collate makes it, the tags beside it."""
+    """DataLoader ``collate_fn``: the batch as torch's default collate makes it, the tags beside
+    it."""
     if inner is None:
         from torch.utils.data import default_collate as inner
-    return Tagged(inner([item.data for item in items]), tuple(tag for item in items for tag in item.tags))
+    return Tagged(
+        inner([item.data for item in items]), tuple(tag for item in items for tag in item.tags)
+    )
 
 
 def commits_by_epoch(tags: Iterable[SampleTag]) -> dict[int, list[ShardCommit]]:
-    """Sharded tags grouped into one :class:`ShardCommit` per grant, per epoch (static tags are left out)."""
+    """Sharded tags grouped into one :class:`ShardCommit` per grant, per epoch (static tags are left
+    out)."""
     groups: dict[tuple[int, str | None, int, int], list[int]] = defaultdict(list)
     for tag in tags:
         if tag.shard_id is not None:
             groups[(tag.epoch, tag.holder, tag.shard_id, tag.attempt)].append(tag.index)
     by_epoch: dict[int, list[ShardCommit]] = defaultdict(list)
-    for (epoch, holder, shard_id, attempt), samples in sorted(groups.items(), key=lambda item: item[0][:1] + item[0][2:]):
-        by_epoch[epoch].append(ShardCommit(holder=holder, shard_id=shard_id, attempt=attempt, samples=samples))
+    for (epoch, holder, shard_id, attempt), samples in sorted(
+        groups.items(), key=lambda item: item[0][:1] + item[0][2:]
+    ):
+        by_epoch[epoch].append(
+            ShardCommit(holder=holder, shard_id=shard_id, attempt=attempt, samples=samples)
+        )
     return dict(by_epoch)

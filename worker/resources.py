@@ -204,7 +204,11 @@ def detect_gpu(device: int | None = None) -> GpuReader:
         cuda = torch.cuda
         if not cuda.is_available():
             return NoGpu()
-        index = device if device is not None else (cuda.current_device() if cuda.is_initialized() else 0)
+        index = (
+            device
+            if device is not None
+            else (cuda.current_device() if cuda.is_initialized() else 0)
+        )
     except Exception:
         return NoGpu()
     readers: list[GpuReader] = []
@@ -297,7 +301,8 @@ class ResourceSampler:
         with self._process.oneshot():
             try:
                 cpu = self._process.cpu_times()
-                process_cpu = cpu.user + cpu.system  # not children: an injector's competitors are ours
+                # not children: an injector's competitors are ours
+                process_cpu = cpu.user + cpu.system
             except _PSUTIL_ERRORS:
                 pass
             try:
@@ -314,7 +319,9 @@ class ResourceSampler:
             net_sent, net_recv = (int(net.bytes_sent), int(net.bytes_recv)) if net else (0, 0)
         except _PSUTIL_ERRORS:
             net_sent = net_recv = 0
-        return _Counters(wall, process_cpu, busy, total, steal, io_read, io_write, net_sent, net_recv)
+        return _Counters(
+            wall, process_cpu, busy, total, steal, io_read, io_write, net_sent, net_recv
+        )
 
     def _gauges(self) -> tuple[float, int, float]:
         """(load per core, RSS bytes, host memory percent): levels, not deltas."""
@@ -339,7 +346,9 @@ class ResourceSampler:
             return NO_GPU
         utilization, used, total = reading
         return GpuReading(
-            None if utilization is None or not math.isfinite(utilization) else max(0.0, float(utilization)),
+            None
+            if utilization is None or not math.isfinite(utilization)
+            else max(0.0, float(utilization)),
             None if used is None else max(0, int(used)),
             None if total is None else max(0, int(total)),
         )
@@ -347,7 +356,8 @@ class ResourceSampler:
     # ------------------------------------------------------------ sample
 
     def sample(self) -> ResourceSnapshot:
-        """One validated snapshot; CPU percentages and byte counts cover the time since the last call."""
+        """One validated snapshot; CPU percentages and byte counts cover the time since the last
+        call."""
         with self._lock:
             now = self._counters()
             before = self._previous or now
@@ -356,9 +366,13 @@ class ResourceSampler:
         load, rss, memory = self._gauges()
         gpu = self._gpu()
         return ResourceSnapshot(
-            process_cpu_percent=_percent(now.process_cpu_s - before.process_cpu_s, now.wall_s - before.wall_s),
+            process_cpu_percent=_percent(
+                now.process_cpu_s - before.process_cpu_s, now.wall_s - before.wall_s
+            ),
             host_cpu_percent=min(100.0, _percent(now.host_busy_s - before.host_busy_s, host_total)),
-            cpu_steal_percent=min(100.0, _percent(now.host_steal_s - before.host_steal_s, host_total)),
+            cpu_steal_percent=min(
+                100.0, _percent(now.host_steal_s - before.host_steal_s, host_total)
+            ),
             load_1m=load if math.isfinite(load) and load > 0 else 0.0,
             rss_bytes=rss,
             host_memory_percent=min(100.0, max(0.0, memory)) if math.isfinite(memory) else 0.0,

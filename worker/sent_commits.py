@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from antdt.schemas.models import AssignmentStatus, ShardAssignment, ShardCommit
 
-#: Commits kept at most (a client that stops asking for shards stops checking; the oldest are forgotten).
+#: Commits kept at most (a client that stops asking for shards stops checking; the oldest are
+#: forgotten).
 KEEP_AT_MOST = 4096
 
 Grant = tuple[int, int, int]  # (epoch, shard, attempt)
@@ -48,9 +49,13 @@ class SentCommits:
         return len(self._sent)
 
     def add(self, seq: int, value: bytes, epoch: int, commits: list[ShardCommit]) -> None:
-        """A commit report sent with ``seq``; only the commits of grants this client holds are tracked."""
-        grants = {(epoch, c.shard_id, c.attempt): frozenset(c.samples)
-                  for c in commits if c.holder in (None, self.worker_id)}
+        """A commit report sent with ``seq``; only the commits of grants this client holds are
+        tracked."""
+        grants = {
+            (epoch, c.shard_id, c.attempt): frozenset(c.samples)
+            for c in commits
+            if c.holder in (None, self.worker_id)
+        }
         if grants:
             self._sent.append(SentCommit(value, seq, grants))
 
@@ -69,7 +74,10 @@ class SentCommits:
         for sent in self._sent:
             if sent.after >= answer.in_reply_to:
                 kept.append(sent)
-            elif any(grant in held and not samples <= held[grant] for grant, samples in sent.grants.items()):
+            elif any(
+                grant in held and not samples <= held[grant]
+                for grant, samples in sent.grants.items()
+            ):
                 sent.after = last_seq
                 again.append(sent.value)
                 kept.append(sent)

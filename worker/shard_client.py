@@ -35,11 +35,12 @@ from antdt.settings import Settings
 from antdt.topics import topic_spec
 from antdt.worker.sent_commits import SentCommits
 
-
-#: When an answer is this late, write a marker to our partition (see ShardClient._nudge), then again every second.
+#: When an answer is this late, write a marker to our partition (see ShardClient._nudge), then again
+#: every second.
 NUDGE_AFTER_S = 0.25
 NUDGE_EVERY_S = 1.0
-#: After a bus reset, the reports of this many last seconds are sent again (at most RESEND_MAX of them).
+#: After a bus reset, the reports of this many last seconds are sent again (at most RESEND_MAX of
+#: them).
 RESEND_WINDOW_S = 15.0
 RESEND_MAX = 512
 
@@ -53,12 +54,24 @@ class NoAnswer(AntdtError):
 class ShardClient(OwnKeyClient):
     """Request/reply with the sharder for one worker incarnation."""
 
-    def __init__(self, settings: Settings, job_id: str, worker_id: str, dataset: DatasetSpec | None = None,
-                 codec: Codec | None = None, incarnation: str | None = None):
-        """``incarnation``: the process's (the agent's, so that its reports and its lifecycle events agree)."""
+    def __init__(
+        self,
+        settings: Settings,
+        job_id: str,
+        worker_id: str,
+        dataset: DatasetSpec | None = None,
+        codec: Codec | None = None,
+        incarnation: str | None = None,
+    ):
+        """``incarnation``: the process's (the agent's, so that its reports and its lifecycle events
+        agree)."""
         self._progress_topic = topic_spec("shard", "progress").full_name(settings.topic_prefix)
-        self._assignments_topic = topic_spec("shard", "assignments").full_name(settings.topic_prefix)
-        super().__init__(settings, job_id, worker_id, self._assignments_topic, f"antdt-worker-{worker_id}", codec)
+        self._assignments_topic = topic_spec("shard", "assignments").full_name(
+            settings.topic_prefix
+        )
+        super().__init__(
+            settings, job_id, worker_id, self._assignments_topic, f"antdt-worker-{worker_id}", codec
+        )
         self.dataset = dataset
         self.incarnation = incarnation or uuid.uuid4().hex
         self._seq = itertools.count(1)
@@ -90,8 +103,14 @@ class ShardClient(OwnKeyClient):
         with self._send_lock:
             seq = self._last_seq = next(self._seq)
             report = ShardProgress(
-                job_id=self.job_id, worker_id=self.worker_id, incarnation=self.incarnation, seq=seq, kind=kind,
-                epoch=epoch, timestamp=utc_now(), **fields,
+                job_id=self.job_id,
+                worker_id=self.worker_id,
+                incarnation=self.incarnation,
+                seq=seq,
+                kind=kind,
+                epoch=epoch,
+                timestamp=utc_now(),
+                **fields,
             )
             value = self.codec.encode(report, self._progress_topic)
             if answered:
@@ -104,8 +123,11 @@ class ShardClient(OwnKeyClient):
         return seq
 
     def _produce(self, value: bytes, remember: bool = True) -> None:
-        """One report onto the progress topic; ``remember``: kept to be sent again after a bus reset."""
-        self._producer.produce(self._progress_topic, key=self.job_id.encode(), value=value, on_delivery=self._delivered)
+        """One report onto the progress topic; ``remember``: kept to be sent again after a bus
+        reset."""
+        self._producer.produce(
+            self._progress_topic, key=self.job_id.encode(), value=value, on_delivery=self._delivered
+        )
         if remember:
             self._recent.append((time.monotonic(), value))
 
@@ -118,8 +140,12 @@ class ShardClient(OwnKeyClient):
         if again:
             self.recommitted += len(again)
             self._producer.poll(0)
-            log.warning("worker %s: %d commit(s) missing from the sharder's answer to %d: sent again",
-                        self.worker_id, len(again), answer.in_reply_to)
+            log.warning(
+                "worker %s: %d commit(s) missing from the sharder's answer to %d: sent again",
+                self.worker_id,
+                len(again),
+                answer.in_reply_to,
+            )
         return len(again)
 
     def _after_bus_reset(self) -> None:
@@ -139,41 +165,87 @@ class ShardClient(OwnKeyClient):
         for value in again:
             self._produce(value, remember=False)
         self._producer.poll(0)
-        log.warning("the bus was reset: %d report(s) of the last %.0f s sent again", len(again), RESEND_WINDOW_S)
+        log.warning(
+            "the bus was reset: %d report(s) of the last %.0f s sent again",
+            len(again),
+            RESEND_WINDOW_S,
+        )
 
     def ask(self, epoch: int, quota: int | None = None, read_shards: list[int] = ()) -> int:
-        """Ask for shards up to ``quota`` without waiting; :meth:`wait_answer` with the seq returned collects the answer.
+        """Ask for shards up to ``quota`` without waiting; :meth:`wait_answer` with the seq returned
+        collects the answer.
 
-        ``read_shards``: held shards read to the end (their commits will follow), not counted against the quota.
+        ``read_shards``: held shards read to the end (their commits will follow), not counted
+        against the quota.
         """
-        return self.send(ProgressKind.REQUESTED, epoch, quota=quota, dataset=self.dataset, read_shards=list(read_shards))
+        return self.send(
+            ProgressKind.REQUESTED,
+            epoch,
+            quota=quota,
+            dataset=self.dataset,
+            read_shards=list(read_shards),
+        )
 
-    def request(self, epoch: int, quota: int | None = None, timeout_s: float = 10.0, read_shards: list[int] = ()) -> ShardAssignment:
+    def request(
+        self,
+        epoch: int,
+        quota: int | None = None,
+        timeout_s: float = 10.0,
+        read_shards: list[int] = (),
+    ) -> ShardAssignment:
         """Ask for shards up to ``quota``; block until the sharder answers."""
         return self.wait_answer(self.ask(epoch, quota, read_shards), timeout_s)
 
     def started(self, epoch: int, shard_id: int, attempt: int, step: int | None = None) -> None:
-        self.send(ProgressKind.STARTED, epoch, answered=False, shard_id=shard_id, attempt=attempt, step=step)
+        self.send(
+            ProgressKind.STARTED,
+            epoch,
+            answered=False,
+            shard_id=shard_id,
+            attempt=attempt,
+            step=step,
+        )
 
     def done(self, epoch: int, shard_id: int, attempt: int, step: int | None = None) -> None:
-        """The whole shard is trained (for a worker that does not commit samples; see :meth:`commit`)."""
-        self.send(ProgressKind.DONE, epoch, answered=False, shard_id=shard_id, attempt=attempt, step=step)
+        """The whole shard is trained (for a worker that does not commit samples; see
+        :meth:`commit`)."""
+        self.send(
+            ProgressKind.DONE, epoch, answered=False, shard_id=shard_id, attempt=attempt, step=step
+        )
 
     def failed(self, epoch: int, shard_id: int, attempt: int, error: str) -> None:
-        self.send(ProgressKind.FAILED, epoch, answered=False, shard_id=shard_id, attempt=attempt, error=error)
+        self.send(
+            ProgressKind.FAILED,
+            epoch,
+            answered=False,
+            shard_id=shard_id,
+            attempt=attempt,
+            error=error,
+        )
 
-    def commit(self, epoch: int, commits: list, update_id: str | None = None, step: int | None = None) -> int:
-        """Samples whose update is in the model (``update_id`` None) or waits at the parameter servers.
+    def commit(
+        self, epoch: int, commits: list, update_id: str | None = None, step: int | None = None
+    ) -> int:
+        """Samples whose update is in the model (``update_id`` None) or waits at the parameter
+        servers.
 
         Only a commit with an ``update_id`` is answered (REFUSED, or what the
         worker holds): collect it with :meth:`wait_answer` or :meth:`answer_if_ready`.
         """
-        return self.send(ProgressKind.COMMIT, epoch, answered=update_id is not None, commits=commits,
-                         update_id=update_id, step=step)
+        return self.send(
+            ProgressKind.COMMIT,
+            epoch,
+            answered=update_id is not None,
+            commits=commits,
+            update_id=update_id,
+            step=step,
+        )
 
     def checkpoint(self, epoch: int, step: int | None = None, timeout_s: float = 10.0) -> int:
         """The shard-state version to store with a model checkpoint."""
-        return self.wait_answer(self.send(ProgressKind.CHECKPOINT, epoch, step=step), timeout_s).version
+        return self.wait_answer(
+            self.send(ProgressKind.CHECKPOINT, epoch, step=step), timeout_s
+        ).version
 
     def rewind(self, epoch: int, version: int, timeout_s: float = 30.0) -> ShardAssignment:
         """Restore the job's shard state to ``version`` (after restoring the model checkpoint)."""
@@ -189,11 +261,15 @@ class ShardClient(OwnKeyClient):
         with self._failed_lock:
             failed, self._failed = self._failed, []
         if remaining or failed:
-            raise BusError(f"worker {self.worker_id}: {remaining} report(s) undelivered after {timeout_s:g} s, "
-                           f"{len(failed)} dropped ({', '.join(failed[:3]) or 'none'})")
+            raise BusError(
+                f"worker {self.worker_id}: {remaining} report(s) undelivered "
+                f"after {timeout_s:g} s, "
+                f"{len(failed)} dropped ({', '.join(failed[:3]) or 'none'})"
+            )
 
     def _delivered(self, error, message) -> None:
-        """Delivery callback: a report the bus dropped is remembered for :meth:`flush` (and logged)."""
+        """Delivery callback: a report the bus dropped is remembered for :meth:`flush` (and
+        logged)."""
         if error is None:
             return
         log.warning("worker %s: a report was not delivered: %s", self.worker_id, error.str())
@@ -225,10 +301,14 @@ class ShardClient(OwnKeyClient):
                 return answer
         finally:
             self._forget(seq)  # answered or not, nobody waits for it any more
-        raise NoAnswer(f"no answer from the sharder to {self.worker_id}'s request {seq} within {timeout_s:.0f} s")
+        raise NoAnswer(
+            f"no answer from the sharder to {self.worker_id}'s request {seq} "
+            f"within {timeout_s:.0f} s"
+        )
 
     def answer_if_ready(self, seq: int) -> ShardAssignment | None:
-        """The answer to ``seq`` if it has arrived (reading what is there, without waiting), else None."""
+        """The answer to ``seq`` if it has arrived (reading what is there, without waiting), else
+        None."""
         answer = self._take(seq)
         if answer is None:
             self._poll_or_wait(0.0)
@@ -276,15 +356,23 @@ class ShardClient(OwnKeyClient):
             self._poll_lock.release()
 
     def _usable_answer(self, message) -> ShardAssignment | None:
-        """The assignment in a record on our key, or None after dead-lettering a record that is none.
+        """The assignment in a record on our key, or None after dead-lettering a record that is
+        none.
 
         A record that does not decode, is not an assignment, or is an
         assignment for another job or worker cannot be an answer to us
         (the sharder keys every answer by the worker it names); trusting
         it could hand us someone else's shards.
         """
-        return decode_addressed(message, self.codec, self._deadletter, ShardAssignment, self.job_id, self.worker_id,
-                                "assignment")
+        return decode_addressed(
+            message,
+            self.codec,
+            self._deadletter,
+            ShardAssignment,
+            self.job_id,
+            self.worker_id,
+            "assignment",
+        )
 
     @property
     def deadlettered(self) -> int:
@@ -302,4 +390,3 @@ class ShardClient(OwnKeyClient):
         """
         send_marker(self._producer, self._assignments_topic, self._key)
         self._producer.poll(0)
-

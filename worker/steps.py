@@ -62,11 +62,18 @@ def summarize(records: list[StepRecord]) -> StepSummary:
         return StepSummary(0, None, None, ZERO_STATS, 0.0, 0.0, 0)
     compute = sorted(max(0.0, r.compute_s) for r in records)
     stats = StepTimeStats(
-        sum_s=sum(compute), min_s=compute[0], max_s=compute[-1],
-        p50_s=_percentile(compute, 0.5), p90_s=_percentile(compute, 0.9),
+        sum_s=sum(compute),
+        min_s=compute[0],
+        max_s=compute[-1],
+        p50_s=_percentile(compute, 0.5),
+        p90_s=_percentile(compute, 0.9),
     )
     return StepSummary(
-        step_count=len(records), first_step=records[0].step, last_step=records[-1].step, compute=stats,
-        data_wait_s=sum(r.data_wait_s for r in records), sync_wait_s=sum(r.sync_wait_s for r in records),
+        step_count=len(records),
+        first_step=records[0].step,
+        last_step=records[-1].step,
+        compute=stats,
+        data_wait_s=sum(r.data_wait_s for r in records),
+        sync_wait_s=sum(r.sync_wait_s for r in records),
         samples=sum(r.samples for r in records),
     )

@@ -20,20 +20,23 @@ from collections.abc import Iterable
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
-from antdt.broker import accepts_connections
+from antdt.embedded.broker import accepts_connections
 from antdt.errors import BusError
 from antdt.settings import SecurityProtocol, Settings
 from antdt.topics import TOPICS, TopicSpec
 
 log = logging.getLogger(__name__)
 
-#: How long the first metadata request may wait before the error callback is looked at;
-#: each next one waits twice as long, up to the last (a far broker's round trip may exceed the first).
+#: How long the first metadata request may wait before the error callback is looked at; each next
+#: one waits twice as long, up to the last (a far broker's round trip may exceed the first).
 METADATA_SLICES_S = (0.2, 2.0)
 
 
-def cluster_metadata(admin: AdminClient, settings: Settings | None = None, timeout_s: float = 10.0) -> ClusterMetadata:
-    """The cluster's metadata; AuthenticationError as soon as a login is refused, BusError at the deadline.
+def cluster_metadata(
+    admin: AdminClient, settings: Settings | None = None, timeout_s: float = 10.0
+) -> ClusterMetadata:
+    """The cluster's metadata; AuthenticationError as soon as a login is refused, BusError at the
+    deadline.
 
     librdkafka reports a refused login only to the error callback (served by
     ``poll``) and meanwhile retries it, while ``list_topics`` would wait out
@@ -60,13 +63,19 @@ def cluster_metadata(admin: AdminClient, settings: Settings | None = None, timeo
 
 
 def _unreachable(settings: Settings | None, error: KafkaError, timeout_s: float) -> str:
-    """Why metadata did not come, with a hint when a broker takes connections but answers nothing."""
+    """Why metadata did not come, with a hint when a broker takes connections but answers
+    nothing."""
     where = f" from {settings.bootstrap_servers}" if settings else ""
     message = f"cannot read cluster metadata{where} within {timeout_s:.0f} s: {error.str()}"
-    if settings and settings.security_protocol is SecurityProtocol.PLAINTEXT and _any_accepts(settings.bootstrap_servers):
+    if (
+        settings
+        and settings.security_protocol is SecurityProtocol.PLAINTEXT
+        and _any_accepts(settings.bootstrap_servers)
+    ):
         message += (
             " (a broker accepts connections but closes them: if it requires authentication, set"
-            " ANTDT_SECURITY_PROTOCOL=SASL_PLAINTEXT and ANTDT_SASL_MECHANISM, ANTDT_SASL_USERNAME, ANTDT_SASL_PASSWORD)"
+            " ANTDT_SECURITY_PROTOCOL=SASL_PLAINTEXT and ANTDT_SASL_MECHANISM, ANTDT_SASL_USERNAME,"
+            " ANTDT_SASL_PASSWORD)"
         )
     return message
 
@@ -80,7 +89,10 @@ def _any_accepts(bootstrap_servers: str) -> bool:
 
 
 def ensure_topics(
-    admin: AdminClient, settings: Settings, specs: Iterable[TopicSpec] = TOPICS, timeout_s: float = 15.0
+    admin: AdminClient,
+    settings: Settings,
+    specs: Iterable[TopicSpec] = TOPICS,
+    timeout_s: float = 15.0,
 ) -> dict[str, int]:
     """Create the topics that are missing; return ``{name: partition count}`` for all of them.
 
@@ -90,14 +102,22 @@ def ensure_topics(
     cluster_metadata(admin, settings, timeout_s)
     wanted = {spec.full_name(settings.topic_prefix): spec for spec in specs}
     new_topics = [
-        NewTopic(name, num_partitions=spec.partitions, replication_factor=-1, config=dict(spec.configs))
+        NewTopic(
+            name, num_partitions=spec.partitions, replication_factor=-1, config=dict(spec.configs)
+        )
         for name, spec in wanted.items()
     ]
-    futures = admin.create_topics(new_topics, operation_timeout=timeout_s, request_timeout=timeout_s)
+    futures = admin.create_topics(
+        new_topics, operation_timeout=timeout_s, request_timeout=timeout_s
+    )
     for name, future in futures.items():
         _wait_created(name, future, timeout_s)
     return partition_counts(
-        admin, list(wanted), timeout_s, expected={n: s.partitions for n, s in wanted.items()}, settings=settings
+        admin,
+        list(wanted),
+        timeout_s,
+        expected={n: s.partitions for n, s in wanted.items()},
+        settings=settings,
     )
 
 
@@ -112,7 +132,10 @@ def _wait_created(name: str, future, timeout_s: float) -> None:
 
 
 def partition_counts(
-    admin: AdminClient, names: list[str], timeout_s: float = 10.0, expected: dict[str, int] | None = None,
+    admin: AdminClient,
+    names: list[str],
+    timeout_s: float = 10.0,
+    expected: dict[str, int] | None = None,
     settings: Settings | None = None,
 ) -> dict[str, int]:
     """Live partition count of each named topic; BusError if one is missing."""
@@ -124,5 +147,10 @@ def partition_counts(
             raise BusError(f"topic {name} does not exist")
         counts[name] = len(topic.partitions)
         if expected and counts[name] < expected.get(name, 0):
-            log.warning("topic %s has %d partitions, the registry asks for %d", name, counts[name], expected[name])
+            log.warning(
+                "topic %s has %d partitions, the registry asks for %d",
+                name,
+                counts[name],
+                expected[name],
+            )
     return counts

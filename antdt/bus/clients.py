@@ -40,8 +40,15 @@ _STATE_SUFFIX = re.compile(r" \(after \d+ms in state \w+\)$")
 def describe_auth_failure(settings: Settings, error: KafkaError) -> str:
     """One line: who was refused, by which mechanism, where, and the broker's reason."""
     reason = _STATE_SUFFIX.sub("", _BROKER_PREFIX.sub("", error.str()))
-    mechanism = settings.sasl_mechanism.value if settings.sasl_mechanism else settings.security_protocol.value
-    return f"authentication failed for user {settings.sasl_username!r} ({mechanism}) on {settings.bootstrap_servers}: {reason}"
+    mechanism = (
+        settings.sasl_mechanism.value
+        if settings.sasl_mechanism
+        else settings.security_protocol.value
+    )
+    return (
+        f"authentication failed for user {settings.sasl_username!r} ({mechanism}) on "
+        f"{settings.bootstrap_servers}: {reason}"
+    )
 
 
 class ErrorWatch:
@@ -70,7 +77,11 @@ class ErrorWatch:
         self.refusal, self.refusals = error, self.refusals + 1
         if time.monotonic() - self._logged_at >= AUTH_REMINDER_S:
             self._logged_at = time.monotonic()
-            KAFKA_LOG.error("%s (refused %d time(s) so far)", describe_auth_failure(self.settings, error), self.refusals)
+            KAFKA_LOG.error(
+                "%s (refused %d time(s) so far)",
+                describe_auth_failure(self.settings, error),
+                self.refusals,
+            )
 
     def raise_if_refused(self) -> None:
         if self.refusal is not None:
@@ -78,7 +89,8 @@ class ErrorWatch:
 
 
 class RepeatedLoginFailures(logging.Filter):
-    """Lets librdkafka's line for a refused login through once per :data:`AUTH_REMINDER_S` per client and broker.
+    """Lets librdkafka's line for a refused login through once per :data:`AUTH_REMINDER_S` per
+    client and broker.
 
     librdkafka logs every failed attempt itself; the
     :class:`ErrorWatch` keeps the count, so the repeats say nothing new.
@@ -100,7 +112,8 @@ class RepeatedLoginFailures(logging.Filter):
 
 
 def not_a_cluster_id_change(record: logging.LogRecord) -> bool:
-    """Drops librdkafka's warning that the cluster id changed: :mod:`antdt.bus.watch` reports that reset itself, once."""
+    """Drops librdkafka's warning that the cluster id changed: :mod:`antdt.bus.watch` reports that
+    reset itself, once."""
     return "reports different ClusterId" not in record.getMessage()
 
 
@@ -113,13 +126,18 @@ def _with_watch(settings: Settings, conf: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_producer(settings: Settings, client_id: str | None = None, **overrides: Any) -> Producer:
-    """An ``acks=all``, murmur2-partitioned producer (idempotent on Kafka; see :mod:`antdt.bus.config`)."""
+    """An ``acks=all``, murmur2-partitioned producer (idempotent on Kafka; see
+    :mod:`antdt.bus.config`)."""
     return Producer(_with_watch(settings, {**producer_config(settings, client_id), **overrides}))
 
 
 def make_consumer(
-    settings: Settings, group_id: str | None = None, client_id: str | None = None, low_latency: bool = False,
-    background: bool = False, **overrides: Any,
+    settings: Settings,
+    group_id: str | None = None,
+    client_id: str | None = None,
+    low_latency: bool = False,
+    background: bool = False,
+    **overrides: Any,
 ) -> Consumer:
     """A consumer with manual commits; without a group id it gets a private one (for assign()).
 
@@ -130,12 +148,20 @@ def make_consumer(
     (:mod:`antdt.bus.gaps`): that broker can let a tailing reader skip an offset.
     """
     group = group_id or f"{settings.topic_prefix}.reader.{uuid.uuid4().hex[:12]}"
-    conf = _with_watch(settings, {**consumer_config(settings, group, client_id, low_latency, background), **overrides})
-    return GuardedConsumer(conf) if settings.broker_profile is BrokerProfile.EMBEDDED else Consumer(conf)
+    conf = _with_watch(
+        settings,
+        {**consumer_config(settings, group, client_id, low_latency, background), **overrides},
+    )
+    return (
+        GuardedConsumer(conf)
+        if settings.broker_profile is BrokerProfile.EMBEDDED
+        else Consumer(conf)
+    )
 
 
 def make_admin(settings: Settings, client_id: str | None = None, **overrides: Any) -> AdminClient:
-    """An admin client; ``error_watch`` is its :class:`ErrorWatch` (None with an ``error_cb`` override)."""
+    """An admin client; ``error_watch`` is its :class:`ErrorWatch` (None with an ``error_cb``
+    override)."""
     conf = _with_watch(settings, {**admin_config(settings, client_id), **overrides})
     admin = AdminClient(conf)
     admin.error_watch = conf["error_cb"] if isinstance(conf["error_cb"], ErrorWatch) else None
@@ -158,7 +184,12 @@ def drain(producer: Producer, timeout_s: float = 10.0) -> int:
 
 
 @contextmanager
-def producing(settings: Settings, client_id: str | None = None, flush_timeout_s: float = 10.0, **overrides: Any) -> Iterator[Producer]:
+def producing(
+    settings: Settings,
+    client_id: str | None = None,
+    flush_timeout_s: float = 10.0,
+    **overrides: Any,
+) -> Iterator[Producer]:
     """A producer that is flushed on the way out (graceful shutdown loses nothing)."""
     producer = make_producer(settings, client_id, **overrides)
     try:
@@ -168,7 +199,9 @@ def producing(settings: Settings, client_id: str | None = None, flush_timeout_s:
 
 
 @contextmanager
-def consuming(settings: Settings, group_id: str | None = None, client_id: str | None = None, **overrides: Any) -> Iterator[Consumer]:
+def consuming(
+    settings: Settings, group_id: str | None = None, client_id: str | None = None, **overrides: Any
+) -> Iterator[Consumer]:
     """A consumer that is closed on the way out (leaves its group promptly)."""
     consumer = make_consumer(settings, group_id, client_id, **overrides)
     try:

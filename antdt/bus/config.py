@@ -56,7 +56,9 @@ def common_config(settings: Settings, client_id: str | None = None) -> dict[str,
     if settings.sasl_mechanism is not None:
         conf["sasl.mechanism"] = settings.sasl_mechanism.value
         conf["sasl.username"] = settings.sasl_username
-        conf["sasl.password"] = settings.sasl_password.get_secret_value() if settings.sasl_password else ""
+        conf["sasl.password"] = (
+            settings.sasl_password.get_secret_value() if settings.sasl_password else ""
+        )
     if settings.tls_ca_path is not None:
         conf["ssl.ca.location"] = str(settings.tls_ca_path)
     if settings.broker_profile is BrokerProfile.EMBEDDED:
@@ -93,7 +95,11 @@ def fetch_wait_ms(settings: Settings, low_latency: bool = False) -> int:
 
 
 def consumer_config(
-    settings: Settings, group_id: str, client_id: str | None = None, low_latency: bool = False, background: bool = False,
+    settings: Settings,
+    group_id: str,
+    client_id: str | None = None,
+    low_latency: bool = False,
+    background: bool = False,
 ) -> dict[str, Any]:
     """Consumer with manual commits, reading from the start of unknown partitions."""
     tuning = KAFKA_CONSUMER

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
@@ -46,23 +46,35 @@ class SourceRecord:
     def from_confluent(cls, message) -> SourceRecord:
         """Adapt a ``confluent_kafka.Message``."""
         return cls(
-            message.topic(), message.partition(), message.offset(),
-            message.key(), message.value(), tuple(message.headers() or ()),
+            message.topic(),
+            message.partition(),
+            message.offset(),
+            message.key(),
+            message.value(),
+            tuple(message.headers() or ()),
         )
-
 
     @classmethod
     def from_faust(cls, message: Any) -> SourceRecord:
         """Adapt a Faust ``Message`` (headers come as a list of pairs or a mapping)."""
         headers = message.headers or ()
         pairs = headers.items() if isinstance(headers, Mapping) else headers
-        return cls(message.topic, message.partition, message.offset, message.key, message.value, tuple(pairs))
+        return cls(
+            message.topic,
+            message.partition,
+            message.offset,
+            message.key,
+            message.value,
+            tuple(pairs),
+        )
 
 
 class RecordSink(Protocol):
     """What the dead-letter topic is written through: a confluent ``Producer`` or an adapter."""
 
-    def produce(self, topic: str, key: bytes | None = None, value: bytes | None = None, headers: Any = None) -> None: ...
+    def produce(
+        self, topic: str, key: bytes | None = None, value: bytes | None = None, headers: Any = None
+    ) -> None: ...
 
     def poll(self, timeout: float = 0) -> int: ...
 
@@ -81,7 +93,9 @@ class DeadLetter:
     counting or count without sending.
     """
 
-    def __init__(self, producer: RecordSink, topic: str, service: str, counter: Tally | None = None):
+    def __init__(
+        self, producer: RecordSink, topic: str, service: str, counter: Tally | None = None
+    ):
         self._producer = producer
         self.topic = topic
         self.service = service
@@ -100,7 +114,7 @@ class DeadLetter:
             (HEADER_ERROR, message.encode()[:4096]),
             (HEADER_ERROR_TYPE, kind.encode()),
             (HEADER_SERVICE, self.service.encode()),
-            (HEADER_FAILED_AT, datetime.now(timezone.utc).isoformat().encode()),
+            (HEADER_FAILED_AT, datetime.now(UTC).isoformat().encode()),
         ]
         self._produce(record, headers)
         self._producer.poll(0)
@@ -108,14 +122,23 @@ class DeadLetter:
         if self._counter is not None:
             self._counter.inc()
         log.warning(
-            "dead-lettered %s[%d]@%d: %s", record.topic, record.partition, record.offset, message,
+            "dead-lettered %s[%d]@%d: %s",
+            record.topic,
+            record.partition,
+            record.offset,
+            message,
             extra={"service": self.service},
         )
 
     @classmethod
-    def for_settings(cls, sink: RecordSink, settings: Settings, service: str, counter: Tally | None = None) -> DeadLetter:
-        """The dead-letter writer of ``service``, on the dead-letter topic under ``settings``' prefix."""
-        return cls(sink, topic_spec("", "deadletter").full_name(settings.topic_prefix), service, counter)
+    def for_settings(
+        cls, sink: RecordSink, settings: Settings, service: str, counter: Tally | None = None
+    ) -> DeadLetter:
+        """The dead-letter writer of ``service``, on the dead-letter topic under ``settings``'
+        prefix."""
+        return cls(
+            sink, topic_spec("", "deadletter").full_name(settings.topic_prefix), service, counter
+        )
 
     def _produce(self, record: SourceRecord, headers: list[tuple[str, bytes]]) -> None:
         """Copy the record; one too large to copy with its headers goes without its value.
@@ -131,4 +154,9 @@ class DeadLetter:
             if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
                 raise
             size = str(len(record.value or b"")).encode()
-            self._producer.produce(self.topic, key=record.key, value=None, headers=[*headers, (HEADER_VALUE_DROPPED, size)])
+            self._producer.produce(
+                self.topic,
+                key=record.key,
+                value=None,
+                headers=[*headers, (HEADER_VALUE_DROPPED, size)],
+            )

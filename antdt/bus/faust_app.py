@@ -66,13 +66,17 @@ def broker_urls(settings: Settings) -> list[str]:
 
 def broker_credentials(settings: Settings) -> Any:
     """Faust credentials for the security settings, or None for PLAINTEXT."""
-    context = ssl.create_default_context(cafile=str(settings.tls_ca_path) if settings.tls_ca_path else None)
+    context = ssl.create_default_context(
+        cafile=str(settings.tls_ca_path) if settings.tls_ca_path else None
+    )
     if settings.security_protocol in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL):
         return faust.SASLCredentials(
             username=settings.sasl_username,
             password=settings.sasl_password.get_secret_value() if settings.sasl_password else None,
             mechanism=settings.sasl_mechanism.value if settings.sasl_mechanism else None,
-            ssl_context=context if settings.security_protocol is SecurityProtocol.SASL_SSL else None,
+            ssl_context=context
+            if settings.security_protocol is SecurityProtocol.SASL_SSL
+            else None,
         )
     if settings.security_protocol is SecurityProtocol.SSL:
         return faust.SSLCredentials(context)
@@ -113,7 +117,9 @@ def make_faust_app(settings: Settings, app_id: str, **overrides: Any) -> faust.A
     if settings.broker_profile is BrokerProfile.EMBEDDED:
         conf.update(EMBEDDED_FAUST)
     conf.update(overrides)
-    return TunedApp(f"{settings.topic_prefix}.{app_id}", fetch_max_wait_ms=fetch_wait_ms(settings), **conf)
+    return TunedApp(
+        f"{settings.topic_prefix}.{app_id}", fetch_max_wait_ms=fetch_wait_ms(settings), **conf
+    )
 
 
 class FaustRecordSink:
@@ -127,9 +133,13 @@ class FaustRecordSink:
         self._app = app
         self._topics: dict[str, Any] = {}
 
-    def produce(self, topic: str, key: bytes | None = None, value: bytes | None = None, headers: Any = None) -> None:
+    def produce(
+        self, topic: str, key: bytes | None = None, value: bytes | None = None, headers: Any = None
+    ) -> None:
         if topic not in self._topics:
-            self._topics[topic] = self._app.topic(topic, key_serializer="raw", value_serializer="raw")
+            self._topics[topic] = self._app.topic(
+                topic, key_serializer="raw", value_serializer="raw"
+            )
         self._topics[topic].send_soon(key=key, value=value, headers=list(headers or ()))
 
     def poll(self, timeout: float = 0) -> int:

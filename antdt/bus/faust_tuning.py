@@ -52,7 +52,9 @@ class TunedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
-        consumer._fetch_max_wait_ms = getattr(self.app, "fetch_max_wait_ms", consumer._fetch_max_wait_ms)
+        consumer._fetch_max_wait_ms = getattr(
+            self.app, "fetch_max_wait_ms", consumer._fetch_max_wait_ms
+        )
         return consumer
 
 
@@ -95,7 +97,6 @@ class TunedApp(faust.App):
 
     def _new_transport(self) -> TunedTransport:
         return TunedTransport(self.conf.broker_consumer, self)
-
 
 
 class QuietMonitor(Monitor):

@@ -1,4 +1,5 @@
-"""Offset holes on the embedded broker: a record handed out past one is held back, the hole read again.
+"""Offset holes on the embedded broker: a record handed out past one is held back, the hole read
+again.
 
 With several producers appending to one partition at once, the embedded
 broker can answer a tailing fetch with offset N+1 before offset N is
@@ -41,19 +42,25 @@ class GapGuard:
         self._seek = seek
         self.patience_s = patience_s
         self._next: dict[Partition, int] = {}
-        self._waiting_since: dict[Partition, tuple[int, float]] = {}  # the hole and when it was first seen
+        # the hole and when it was first seen
+        self._waiting_since: dict[Partition, tuple[int, float]] = {}
         self.holes_refilled = 0
         self.holes_accepted = 0
 
     def admit(self, messages: list[Message]) -> list[Message]:
-        """The messages in order, less those past a hole (their partitions are sought back to it)."""
+        """The messages in order, less those past a hole (their partitions are sought back to
+        it)."""
         admitted, blocked = [], set()
         for message in messages:
             partition = (message.topic(), message.partition())
             if partition in blocked:
                 continue
             expected, offset = self._next.get(partition), message.offset()
-            if expected is not None and offset > expected and not self._waited_out(partition, expected):
+            if (
+                expected is not None
+                and offset > expected
+                and not self._waited_out(partition, expected)
+            ):
                 blocked.add(partition)
                 self._seek(TopicPartition(partition[0], partition[1], expected))
                 continue
@@ -82,8 +89,15 @@ class GapGuard:
             log.debug("%s[%d]: offset %d came on a second read", partition[0], partition[1], hole)
         else:
             self.holes_accepted += 1
-            log.warning("%s[%d]: offsets %d-%d never came (waited %.0f s); reading on from %d",
-                        partition[0], partition[1], hole, offset - 1, self.patience_s, offset)
+            log.warning(
+                "%s[%d]: offsets %d-%d never came (waited %.0f s); reading on from %d",
+                partition[0],
+                partition[1],
+                hole,
+                offset - 1,
+                self.patience_s,
+                offset,
+            )
 
 
 class GuardedConsumer(Consumer):
@@ -110,8 +124,11 @@ class GuardedConsumer(Consumer):
 
     def _store(self, last: dict[Partition, int]) -> None:
         try:
-            self.store_offsets(offsets=[TopicPartition(t, p, offset + 1) for (t, p), offset in last.items()])
-        except KafkaException as exc:  # a partition revoked meanwhile: its next owner reads it again
+            self.store_offsets(
+                offsets=[TopicPartition(t, p, offset + 1) for (t, p), offset in last.items()]
+            )
+        # a partition revoked meanwhile: its next owner reads it again
+        except KafkaException as exc:
             log.debug("offsets not stored: %s", exc)
 
     def assign(self, partitions) -> None:

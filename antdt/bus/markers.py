@@ -20,15 +20,23 @@ MARKER_HEADER = "antdt.marker"
 
 
 def send_marker(producer: Producer, topic: str, key: bytes, partition: int | None = None) -> str:
-    """Queue a marker for the partition of ``key`` (or ``partition``) without waiting; returns its id."""
+    """Queue a marker for the partition of ``key`` (or ``partition``) without waiting; returns its
+    id."""
     marker = uuid.uuid4().hex
     where = {} if partition is None else {"partition": partition}
     producer.produce(topic, key=key, value=b"", headers=[(MARKER_HEADER, marker.encode())], **where)
     return marker
 
 
-def write_marker(producer: Producer, topic: str, key: bytes, timeout_s: float = 10.0, partition: int | None = None) -> str:
-    """Append a marker to the partition of ``key`` (or to ``partition``) and wait until it is written."""
+def write_marker(
+    producer: Producer,
+    topic: str,
+    key: bytes,
+    timeout_s: float = 10.0,
+    partition: int | None = None,
+) -> str:
+    """Append a marker to the partition of ``key`` (or to ``partition``) and wait until it is
+    written."""
     marker = send_marker(producer, topic, key, partition)
     flush_or_raise(producer, timeout_s)
     return marker

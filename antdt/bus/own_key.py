@@ -1,4 +1,5 @@
-"""What a worker-side request/reply client is made of: it sends requests and reads only its own key's replies.
+"""What a worker-side request/reply client is made of: it sends requests and reads only its own
+key's replies.
 
 The sharder's answers and the grouper's groups are both keyed
 ``<job>/<worker>``, and each worker reads only its own partition. A client
@@ -22,20 +23,31 @@ from antdt.topics import worker_key
 
 
 class OwnKeyClient:
-    """The producer, the positioned reader of ``replies_topic``, the dead letters and the bus watch of one worker."""
+    """The producer, the positioned reader of ``replies_topic``, the dead letters and the bus watch
+    of one worker."""
 
-    def __init__(self, settings: Settings, job_id: str, worker_id: str, replies_topic: str, client_id: str,
-                 codec: Codec | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        job_id: str,
+        worker_id: str,
+        replies_topic: str,
+        client_id: str,
+        codec: Codec | None = None,
+    ):
         self.job_id, self.worker_id = job_id, worker_id
         self.codec = codec or make_codec(settings.schema_registry_url)
         self._key = worker_key(job_id, worker_id).encode()
         self._producer = make_producer(settings, client_id=client_id, **{"linger.ms": 0})
         self._consumer = make_consumer(settings, client_id=client_id, low_latency=True)
         self._deadletter = DeadLetter.for_settings(self._producer, settings, "agent")
-        for _ in follow_key(settings, self._consumer, self._producer, replies_topic, self._key, timeout_s=30.0):
+        for _ in follow_key(
+            settings, self._consumer, self._producer, replies_topic, self._key, timeout_s=30.0
+        ):
             pass  # replies to an earlier incarnation: not ours
         self._watch = shared_watch(settings)
-        self._rewinder = Rewinder(self._consumer, self._watch)  # after a bus reset, replies come from offset 0 again
+        # after a bus reset, replies come from offset 0 again
+        self._rewinder = Rewinder(self._consumer, self._watch)
 
     def close(self) -> None:
         self._producer.flush(5)

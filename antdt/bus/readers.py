@@ -12,10 +12,18 @@ import logging
 import time
 from collections.abc import Iterator
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
-from antdt.bus.clients import consuming, make_admin, make_consumer, producing
 from antdt.bus.admin import partition_counts
+from antdt.bus.clients import consuming, make_admin, make_consumer, producing
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.gaps import GuardedConsumer
 from antdt.bus.markers import marker_id, write_marker
@@ -35,7 +43,9 @@ MARKER_NUDGE_S = 1.0
 
 
 def decode_or_deadletter(
-    message: Message, codec: Codec, deadletter: DeadLetter | None,
+    message: Message,
+    codec: Codec,
+    deadletter: DeadLetter | None,
     expected: type[AvroModel] | tuple[type[AvroModel], ...] | None = None,
 ) -> AvroModel | None:
     """The decoded value of ``message``, or None after dead-lettering it.
@@ -49,18 +59,31 @@ def decode_or_deadletter(
             raise AntdtError("record has no value")
         value = codec.decode(message.value(), message.topic())
         if expected is not None and not isinstance(value, expected):
-            raise CodecError(f"expected {_names(expected)} on {message.topic()}, got {type(value).__name__}")
+            raise CodecError(
+                f"expected {_names(expected)} on {message.topic()}, got {type(value).__name__}"
+            )
         return value
     except AntdtError as exc:
         if deadletter is None:
-            log.warning("undecodable record %s[%d]@%d: %s", message.topic(), message.partition(), message.offset(), exc)
+            log.warning(
+                "undecodable record %s[%d]@%d: %s",
+                message.topic(),
+                message.partition(),
+                message.offset(),
+                exc,
+            )
         else:
             deadletter.send(SourceRecord.from_confluent(message), exc)
         return None
 
 
 def decode_addressed(
-    message: Message, codec: Codec, deadletter: DeadLetter, expected: type[AvroModel], job_id: str, worker_id: str,
+    message: Message,
+    codec: Codec,
+    deadletter: DeadLetter,
+    expected: type[AvroModel],
+    job_id: str,
+    worker_id: str,
     noun: str,
 ) -> AvroModel | None:
     """The ``expected`` value of a record on one worker's own key, or None after dead-lettering it.
@@ -71,8 +94,13 @@ def decode_addressed(
     """
     value = decode_or_deadletter(message, codec, deadletter, expected=expected)
     if value is not None and (value.job_id, value.worker_id) != (job_id, worker_id):
-        deadletter.send(SourceRecord.from_confluent(message),
-                        f"{noun} for {worker_key(value.job_id, value.worker_id)} on key {message.key().decode()}")
+        deadletter.send(
+            SourceRecord.from_confluent(message),
+            (
+                f"{noun} for {worker_key(value.job_id, value.worker_id)} on key "
+                f"{message.key().decode()}"
+            ),
+        )
         return None
     return value
 
@@ -97,7 +125,9 @@ def _names(types: type | tuple[type, ...]) -> str:
     return " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
 
 
-def assign_now(consumer: Consumer, partitions: list[TopicPartition], timeout_s: float = 10.0) -> None:
+def assign_now(
+    consumer: Consumer, partitions: list[TopicPartition], timeout_s: float = 10.0
+) -> None:
     """Assign partitions so that fetching starts at once.
 
     librdkafka retries an offset lookup after 500 ms when the partition
@@ -109,8 +139,11 @@ def assign_now(consumer: Consumer, partitions: list[TopicPartition], timeout_s: 
     consumer.assign(partitions)
 
 
-def resume_or_end(consumer: Consumer, partitions: list[TopicPartition], timeout_s: float = 10.0) -> list[TopicPartition]:
-    """Each partition at its group's committed offset, or at its end where the group never committed one.
+def resume_or_end(
+    consumer: Consumer, partitions: list[TopicPartition], timeout_s: float = 10.0
+) -> list[TopicPartition]:
+    """Each partition at its group's committed offset, or at its end where the group never committed
+    one.
 
     The end is committed at once, so whoever holds the partition next starts
     there too: a record written after this moment is read by some member
@@ -120,7 +153,9 @@ def resume_or_end(consumer: Consumer, partitions: list[TopicPartition], timeout_
     positions, fresh = [], []
     for tp in consumer.committed(partitions, timeout=timeout_s):
         if tp.offset < 0:
-            _, end = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=timeout_s)
+            _, end = consumer.get_watermark_offsets(
+                TopicPartition(tp.topic, tp.partition), timeout=timeout_s
+            )
             tp = TopicPartition(tp.topic, tp.partition, end)
             fresh.append(tp)
         positions.append(tp)
@@ -141,8 +176,13 @@ def key_partition(settings: Settings, topic: str, key: bytes | str) -> int:
 
 
 def follow_key(
-    settings: Settings, consumer: Consumer, producer: Producer, topic: str, key: bytes,
-    start: int = OFFSET_BEGINNING, timeout_s: float = 60.0,
+    settings: Settings,
+    consumer: Consumer,
+    producer: Producer,
+    topic: str,
+    key: bytes,
+    start: int = OFFSET_BEGINNING,
+    timeout_s: float = 60.0,
 ) -> Iterator[Message]:
     """Assign ``key``'s partition from ``start`` and yield its records up to a fresh marker.
 
@@ -156,8 +196,13 @@ def follow_key(
 
 
 def read_to_markers(
-    consumer: Consumer, producer: Producer, topic: str, partitions: list[int], marker_key: bytes,
-    start: int = OFFSET_BEGINNING, timeout_s: float = 60.0,
+    consumer: Consumer,
+    producer: Producer,
+    topic: str,
+    partitions: list[int],
+    marker_key: bytes,
+    start: int = OFFSET_BEGINNING,
+    timeout_s: float = 60.0,
 ) -> Iterator[Message]:
     """Assign ``partitions`` from ``start`` and yield their records up to a fresh marker in each.
 
@@ -179,18 +224,26 @@ def read_to_markers(
                 yield message
             elif found in pending.get(message.partition(), ()):
                 del pending[message.partition()]
-        if pending and time.monotonic() >= nudge_at:  # our marker may be a last record kept invisible: write another
+        # our marker may be a last record kept invisible: write another
+        if pending and time.monotonic() >= nudge_at:
             for p, markers in pending.items():
                 markers.add(write_marker(producer, topic, marker_key, partition=p))
             nudge_at = time.monotonic() + MARKER_NUDGE_S
     if pending:
-        raise BusError(f"did not reach the marker in {topic}{sorted(pending)} within {timeout_s:.0f} s")
+        raise BusError(
+            f"did not reach the marker in {topic}{sorted(pending)} within {timeout_s:.0f} s"
+        )
 
 
 def read_whole_topic(
-    settings: Settings, codec: Codec, topic: str, expected: type[AvroModel], job_id: str | None = None,
+    settings: Settings,
+    codec: Codec,
+    topic: str,
+    expected: type[AvroModel],
+    job_id: str | None = None,
 ) -> Iterator[AvroModel]:
-    """Every ``expected`` record of ``topic`` (of ``job_id``) up to markers written now, partition by partition.
+    """Every ``expected`` record of ``topic`` (of ``job_id``) up to markers written now, partition
+    by partition.
 
     For audits of topics keyed by worker, whose job spreads over every
     partition. A record that does not decode is logged and skipped.
@@ -201,7 +254,13 @@ def read_whole_topic(
             try:
                 value = codec.decode(message.value(), topic)
             except AntdtError as exc:
-                log.warning("unreadable record %s[%d]@%d: %s", topic, message.partition(), message.offset(), exc)
+                log.warning(
+                    "unreadable record %s[%d]@%d: %s",
+                    topic,
+                    message.partition(),
+                    message.offset(),
+                    exc,
+                )
                 continue
             if isinstance(value, expected) and (job_id is None or value.job_id == job_id):
                 yield value
@@ -263,7 +322,11 @@ class KeyedReader:
         self.key = key.encode()
         self._codec = codec
         self._deadletter = deadletter
-        self.partition = partition_for(self.key, partitions) if partitions else key_partition(settings, topic, self.key)
+        self.partition = (
+            partition_for(self.key, partitions)
+            if partitions
+            else key_partition(settings, topic, self.key)
+        )
         self._consumer = make_consumer(settings, low_latency=low_latency)
         assign_now(self._consumer, [TopicPartition(topic, self.partition, start)])
 

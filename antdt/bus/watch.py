@@ -2,7 +2,7 @@
 
 The embedded broker keeps everything in memory: when it restarts, every
 topic, record, committed offset and group is gone, and it answers with a new
-cluster id (:class:`antdt.broker.EmbeddedBroker` gives each start its own).
+cluster id (:class:`antdt.embedded.broker.EmbeddedBroker` gives each start its own).
 A real Kafka cluster keeps its data and its id across restarts, so there
 this fires only when the cluster was truly replaced, or when one of our
 topics was deleted.
@@ -63,7 +63,8 @@ class BusWatch:
         self._started = False
 
     def start(self) -> BusWatch:
-        """Start watching (the first look is on the thread, so a caller never waits for an unreachable bus)."""
+        """Start watching (the first look is on the thread, so a caller never waits for an
+        unreachable bus)."""
         with self._lock:
             if not self._started:
                 self._started = True
@@ -83,7 +84,11 @@ class BusWatch:
             if why is None:
                 return False
             self.generation += 1
-            log.warning("the bus at %s was reset (%s): re-creating the topics", self.settings.bootstrap_servers, why)
+            log.warning(
+                "the bus at %s was reset (%s): re-creating the topics",
+                self.settings.bootstrap_servers,
+                why,
+            )
             self._restore()
             return True
 
@@ -101,7 +106,8 @@ class BusWatch:
         return f"topics missing: {', '.join(missing)}" if missing else None
 
     def _restore(self) -> None:
-        """Topics back, then the callbacks; if the topics cannot be made yet, again at the next check."""
+        """Topics back, then the callbacks; if the topics cannot be made yet, again at the next
+        check."""
         try:
             ensure_topics(self._admin, self.settings)
         except AntdtError as exc:
@@ -144,7 +150,8 @@ def _key(settings: Settings) -> tuple[str, str]:
 
 
 def shared_watch(settings: Settings) -> BusWatch:
-    """This process's running watch of the bus ``settings`` name; :meth:`BusWatch.release` it when done."""
+    """This process's running watch of the bus ``settings`` name; :meth:`BusWatch.release` it when
+    done."""
     with _SHARED_LOCK:
         watch = _SHARED.get(_key(settings))
         if watch is None:
@@ -187,13 +194,17 @@ class Rewinder:
         if self._watch.generation == self._seen:
             return False
         self._seen = self._watch.generation
-        partitions = [TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in self._consumer.assignment()]
+        partitions = [
+            TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING)
+            for tp in self._consumer.assignment()
+        ]
         if not self._group:
             self._consumer.assign(partitions)
             return True
         for tp in partitions:
             try:
                 self._consumer.seek(tp)
-            except KafkaException as exc:  # not fetching yet: it starts from the (lost) committed offset, i.e. the beginning
+            # not fetching yet: it starts from the (lost) committed offset, i.e. the beginning
+            except KafkaException as exc:
                 log.debug("seek %s[%d] to the beginning: %s", tp.topic, tp.partition, exc)
         return True

@@ -4,22 +4,34 @@ from __future__ import annotations
 
 import typer
 
-from antdt.broker import DEFAULT_PORT, EmbeddedBroker, parse_user
+from antdt.embedded.broker import DEFAULT_PORT, EmbeddedBroker, parse_user
 from antdt.errors import BrokerError
-from antdt.shutdown import stop_on_signals
+from antdt.runtime.shutdown import stop_on_signals
 
 
 def broker(
-    port: int = typer.Option(DEFAULT_PORT, "--port", "-p", min=1, max=65535, help="Loopback port to listen on."),
-    authentication: bool = typer.Option(False, "--authentication", help="Require SASL/SCRAM logins (implied by --user)."),
-    users: list[str] = typer.Option([], "--user", metavar="NAME:PASSWORD", help="A SCRAM user (repeatable)."),
+    port: int = typer.Option(
+        DEFAULT_PORT, "--port", "-p", min=1, max=65535, help="Loopback port to listen on."
+    ),
+    authentication: bool = typer.Option(
+        False, "--authentication", help="Require SASL/SCRAM logins (implied by --user)."
+    ),
+    users: list[str] = typer.Option(
+        [], "--user", metavar="NAME:PASSWORD", help="A SCRAM user (repeatable)."
+    ),
 ) -> None:
     """Run the embedded broker (Tansu, in memory) until Ctrl-C or SIGTERM."""
     accounts = _accounts(users)
-    with stop_on_signals() as stop, EmbeddedBroker(port=port, authentication=authentication, users=accounts) as running:
+    with (
+        stop_on_signals() as stop,
+        EmbeddedBroker(port=port, authentication=authentication, users=accounts) as running,
+    ):
         typer.echo(f"embedded broker ready in {running.ready_after_s:.3f} s")
         typer.echo(f"bootstrap servers: {running.bootstrap_servers}")
-        typer.echo(f"export ANTDT_BOOTSTRAP_SERVERS={running.bootstrap_servers} ANTDT_BROKER_PROFILE=embedded")
+        typer.echo(
+            f"export ANTDT_BOOTSTRAP_SERVERS={running.bootstrap_servers}"
+            " ANTDT_BROKER_PROFILE=embedded"
+        )
         if running.authentication:
             typer.echo(_credentials_hint(next(iter(accounts), "<user>")))
         while not stop.wait(0.2):
@@ -42,6 +54,7 @@ def _accounts(users: list[str]) -> dict[str, str]:
 def _credentials_hint(user: str) -> str:
     """The settings a client needs here (the password is never printed)."""
     return (
-        "SASL/SCRAM required: export ANTDT_SECURITY_PROTOCOL=SASL_PLAINTEXT ANTDT_SASL_MECHANISM=SCRAM-SHA-512"
+        "SASL/SCRAM required: export ANTDT_SECURITY_PROTOCOL=SASL_PLAINTEXT"
+        " ANTDT_SASL_MECHANISM=SCRAM-SHA-512"
         f" ANTDT_SASL_USERNAME={user} ANTDT_SASL_PASSWORD=<password>"
     )

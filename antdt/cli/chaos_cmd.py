@@ -1,4 +1,5 @@
-"""``antdt chaos``: one epoch of a scenario while workers, the parameter server, the services and the broker are killed.
+"""``antdt chaos``: one epoch of a scenario while workers, the parameter server, the services and
+the broker are killed.
 
 The evidence that a crash loses nothing and trains nothing twice: each victim
 is restarted at once (as an orchestrator would), the epoch must finish, the
@@ -14,11 +15,11 @@ from pathlib import Path
 import orjson
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from antdt.cli.demo_cmd import SCENARIO_HELP, default_out, load_scenario
+from antdt.cli.tables import Column, NarrowTable
 from antdt.demo.environment import bus_and_broker, external_bus
-from antdt.shutdown import interrupt_on_sigterm
+from antdt.runtime.shutdown import interrupt_on_sigterm
 
 SERVICES = ("sharder", "monitor", "controller", "grouper")
 CHAOS_CHECKPOINT_S = 2.0
@@ -28,46 +29,89 @@ CHAOS_PLANS = {"async": "nd", "sync": "dd", "preduce": "partial-reduce"}
 
 def chaos(
     scenario: str = typer.Option("standard", "--scenario", help=SCENARIO_HELP),
-    training: str = typer.Option("async", "--training",
-                                 help="async: AntDT-ND with a parameter server; sync: AntDT-DD, all-reduce; "
-                                      "preduce: partial reduce."),
-    epochs: int = typer.Option(1, "--epochs", min=1, max=100, help="Shorten (or lengthen) the scenario to this many epochs."),
-    workers: int | None = typer.Option(None, "--workers", min=2, max=64, help="Run this many of the scenario's workers."),
-    worker_every: float = typer.Option(4.0, "--worker-every", min=0.0,
-                                       help="Kill a random worker about this often (s); 0 for none."),
-    mid_step_every: int = typer.Option(2, "--mid-step-every", min=0,
-                                       help="Every n-th worker kill lands mid-step (in a push or an all-reduce); 0: none."),
-    services_at: str = typer.Option("sharder=11,ps-0=14,controller=17,monitor=20", "--services-at",
-                                    help="NAME=SECONDS,...: kill each once at that time ('' for none); "
-                                         "names: sharder, monitor, controller, grouper, ps-<shard>."),
-    broker_at: float | None = typer.Option(8.0, "--broker-at", min=0.0,
-                                           help="Kill the embedded broker at this time (s) and start it again, empty."),
+    training: str = typer.Option(
+        "async",
+        "--training",
+        help="async: AntDT-ND with a parameter server; sync: AntDT-DD, all-reduce; "
+        "preduce: partial reduce.",
+    ),
+    epochs: int = typer.Option(
+        1,
+        "--epochs",
+        min=1,
+        max=100,
+        help="Shorten (or lengthen) the scenario to this many epochs.",
+    ),
+    workers: int | None = typer.Option(
+        None, "--workers", min=2, max=64, help="Run this many of the scenario's workers."
+    ),
+    worker_every: float = typer.Option(
+        4.0,
+        "--worker-every",
+        min=0.0,
+        help="Kill a random worker about this often (s); 0 for none.",
+    ),
+    mid_step_every: int = typer.Option(
+        2,
+        "--mid-step-every",
+        min=0,
+        help="Every n-th worker kill lands mid-step (in a push or an all-reduce); 0: none.",
+    ),
+    services_at: str = typer.Option(
+        "sharder=11,ps-0=14,controller=17,monitor=20",
+        "--services-at",
+        help="NAME=SECONDS,...: kill each once at that time ('' for none); "
+        "names: sharder, monitor, controller, grouper, ps-<shard>.",
+    ),
+    broker_at: float | None = typer.Option(
+        8.0,
+        "--broker-at",
+        min=0.0,
+        help="Kill the embedded broker at this time (s) and start it again, empty.",
+    ),
     no_broker: bool = typer.Option(False, "--no-broker-restart", help="Leave the broker alone."),
     seed: int = typer.Option(0, "--seed", help="Which workers are picked."),
     json_: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
-    out: str | None = typer.Option(None, "--out", help="Run directory, ledger files included (default reports/chaos-<time>)."),
+    out: str | None = typer.Option(
+        None, "--out", help="Run directory, ledger files included (default reports/chaos-<time>)."
+    ),
 ) -> None:
-    """Kill -9 workers, the parameter server, services and the broker during an epoch; check the model and the log."""
+    """Kill -9 workers, the parameter server, services and the broker during an epoch; check the
+    model and the log."""
     from antdt.demo.chaos import Chaos, ChaosSpec
     from antdt.demo.harness import run_plan
     from antdt.demo.plans import PLANS
 
     if training not in CHAOS_PLANS:
-        raise typer.BadParameter(f"{training!r}: choose async, sync or preduce", param_hint="'--training'")
+        raise typer.BadParameter(
+            f"{training!r}: choose async, sync or preduce", param_hint="'--training'"
+        )
     if 0 < worker_every < 1:
-        raise typer.BadParameter("kill workers at most once a second, or 0 for none", param_hint="'--worker-every'")
+        raise typer.BadParameter(
+            "kill workers at most once a second, or 0 for none", param_hint="'--worker-every'"
+        )
     broker_at = None if no_broker else broker_at
-    spec = ChaosSpec(worker_every, parse_service_times(services_at), seed, broker_at, mid_step_every)
-    # Kills come every few seconds: a synchronous group checkpoints often, so each restart loses little.
-    chosen = load_scenario(scenario, workers).model_copy(update={"epochs": epochs, "checkpoint_every_s": CHAOS_CHECKPOINT_S})
+    spec = ChaosSpec(
+        worker_every, parse_service_times(services_at), seed, broker_at, mid_step_every
+    )
+    # Kills come every few seconds: a synchronous group checkpoints often, so each restart loses
+    # little.
+    chosen = load_scenario(scenario, workers).model_copy(
+        update={"epochs": epochs, "checkpoint_every_s": CHAOS_CHECKPOINT_S}
+    )
     plan = PLANS[CHAOS_PLANS[training]]
     out_dir = default_out("chaos") if out is None else Path(out)
     console = Console(stderr=json_)
-    console.print(f"[bold]antdt chaos[/bold]: {chosen.name}, {epochs} epoch(s), {plan.label}, "
-                  f"ideal {chosen.ideal_time_s():.1f} s")
+    console.print(
+        f"[bold]antdt chaos[/bold]: {chosen.name}, {epochs} epoch(s), {plan.label}, "
+        f"ideal {chosen.ideal_time_s():.1f} s"
+    )
     if broker_at is not None and external_bus():
-        raise typer.BadParameter("a broker restart needs the embedded broker: unset ANTDT_BOOTSTRAP_SERVERS, "
-                                 "or pass --no-broker-restart", param_hint="'--broker-at'")
+        raise typer.BadParameter(
+            "a broker restart needs the embedded broker: unset ANTDT_BOOTSTRAP_SERVERS, "
+            "or pass --no-broker-restart",
+            param_hint="'--broker-at'",
+        )
     with interrupt_on_sigterm(), bus_and_broker() as (settings, where, broker):
         the_chaos = Chaos(spec, broker)
         console.print(f"running on {where}, killing as it goes...")
@@ -82,49 +126,96 @@ def chaos(
 
 
 def parse_service_times(text: str) -> dict[str, float]:
-    """``sharder=6,ps-0=9`` → {"sharder": 6.0, "ps-0": 9.0}; a bad entry is a one-line usage error."""
+    """``sharder=6,ps-0=9`` → {"sharder": 6.0, "ps-0": 9.0}; a bad entry is a one-line usage
+    error."""
     times = {}
     for entry in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = entry.partition("=")
         shard = name.removeprefix("ps-")
         if not sep or not (name in SERVICES or (name.startswith("ps-") and shard.isdigit())):
-            raise typer.BadParameter(f"{entry!r}: expected sharder|monitor|controller|grouper|ps-<shard>=SECONDS",
-                                     param_hint="'--services-at'")
+            raise typer.BadParameter(
+                f"{entry!r}: expected sharder|monitor|controller|grouper|ps-<shard>=SECONDS",
+                param_hint="'--services-at'",
+            )
         try:
             times[name] = float(value)
         except ValueError:
-            raise typer.BadParameter(f"{entry!r}: {value!r} is not a number", param_hint="'--services-at'") from None
+            raise typer.BadParameter(
+                f"{entry!r}: {value!r} is not a number", param_hint="'--services-at'"
+            ) from None
     return times
 
 
 def chaos_figures(result, the_chaos) -> dict:
     lost = [kill.lost_s for kill in the_chaos.kills if kill.lost_s is not None]
-    passed = bool(result.audit_ok and result.ledger.ok and the_chaos.survived == len(the_chaos.kills))
+    passed = bool(
+        result.audit_ok and result.ledger.ok and the_chaos.survived == len(the_chaos.kills)
+    )
     return {
-        "scenario": result.scenario.name, "epochs": result.scenario.epochs, "job_id": result.job_id,
-        "training": result.plan.training, "plan": result.plan.name,
-        "wall_s": round(result.wall_s, 3), "ideal_s": round(result.ideal_s, 3), "efficiency": round(result.efficiency, 4),
-        "kills": len(the_chaos.kills), "survived": the_chaos.survived, "worker_kills": the_chaos.count("worker"),
-        "mid_step_kills": the_chaos.mid_step, "service_kills": the_chaos.count("service"),
-        "broker_restarts": the_chaos.count("broker"), "restarts": result.restarts,
-        "max_lost_s": round(max(lost), 2) if lost else None, "audit_clean": result.audit_ok,
-        "ledger": result.ledger.to_dict(), "passed": passed,
+        "scenario": result.scenario.name,
+        "epochs": result.scenario.epochs,
+        "job_id": result.job_id,
+        "training": result.plan.training,
+        "plan": result.plan.name,
+        "wall_s": round(result.wall_s, 3),
+        "ideal_s": round(result.ideal_s, 3),
+        "efficiency": round(result.efficiency, 4),
+        "kills": len(the_chaos.kills),
+        "survived": the_chaos.survived,
+        "worker_kills": the_chaos.count("worker"),
+        "mid_step_kills": the_chaos.mid_step,
+        "service_kills": the_chaos.count("service"),
+        "broker_restarts": the_chaos.count("broker"),
+        "restarts": result.restarts,
+        "max_lost_s": round(max(lost), 2) if lost else None,
+        "audit_clean": result.audit_ok,
+        "ledger": result.ledger.to_dict(),
+        "passed": passed,
         "heldout_loss": None if result.heldout is None else round(result.heldout[0], 4),
         "heldout_accuracy": None if result.heldout is None else round(result.heldout[1], 4),
         "services_exited": [{"service": name, "code": code} for name, code in result.service_exits],
-        "audit": result.audit, "killed": [kill.to_dict() for kill in the_chaos.kills], "groups": result.groups,
+        "audit": result.audit,
+        "killed": [kill.to_dict() for kill in the_chaos.kills],
+        "groups": result.groups,
     }
 
 
+CHAOS_COLUMNS = [
+    Column("at s"),
+    Column("killed"),
+    Column("kind"),
+    Column("mid-step"),
+    Column("back after s"),
+    Column("parts back after s", free_text=True),
+]
+
+
 def show(console: Console, figures: dict) -> None:
-    table = Table("at s", "killed", "kind", "mid-step", "back after s", "parts back after s")
+    table = NarrowTable(CHAOS_COLUMNS, wide=True)
     for kill in figures["killed"]:
-        parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in kill.get("parts", {}).items())
-        table.add_row(f"{kill['at_s']:.1f}", kill["target"], kill["kind"], kill.get("mid_step", ""),
-                      "not back" if kill["lost_s"] is None else f"{kill['lost_s']:.1f}", parts)
-    console.print(table)
+        parts = ", ".join(
+            f"{name} {seconds:.2f}" for name, seconds in kill.get("parts", {}).items()
+        )
+        table.add(
+            f"{kill['at_s']:.1f}",
+            kill["target"],
+            kill["kind"],
+            kill.get("mid_step", ""),
+            "not back" if kill["lost_s"] is None else f"{kill['lost_s']:.1f}",
+            parts,
+        )
+    table.print(console)
     ledger = figures["ledger"]
-    console.print(f"{figures['survived']}/{figures['kills']} kills survived ({figures['worker_kills']} workers, "
-                  f"{figures['mid_step_kills']} mid-step); wall {figures['wall_s']:.1f} s (ideal {figures['ideal_s']:.1f} s)")
-    console.print(f"audit: {'clean' if figures['audit_clean'] else 'NOT CLEAN'}; ledger: "
-                  f"{'all ones, agrees with the log' if ledger['ok'] else 'FAILED: ' + '; '.join(ledger['findings'][:3])}")
+    console.print(
+        f"{figures['survived']}/{figures['kills']} kills survived "
+        f"({figures['worker_kills']} workers, {figures['mid_step_kills']} mid-step); "
+        f"wall {figures['wall_s']:.1f} s (ideal {figures['ideal_s']:.1f} s)"
+    )
+    ledger_word = (
+        "all ones, agrees with the log"
+        if ledger["ok"]
+        else "FAILED: " + "; ".join(ledger["findings"][:3])
+    )
+    console.print(
+        f"audit: {'clean' if figures['audit_clean'] else 'NOT CLEAN'}; ledger: {ledger_word}"
+    )

@@ -1,4 +1,5 @@
-"""``antdt control show`` and ``antdt control set``: the run-time configuration on the control topic.
+"""``antdt control show`` and ``antdt control set``: the run-time configuration on the control
+topic.
 
 ``set`` writes one ControlConfig record. Its component follows from the key
 prefixes (all ``monitor.*``: MONITOR, all ``controller.*``: CONTROLLER, a
@@ -15,15 +16,15 @@ from __future__ import annotations
 import getpass
 import uuid
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import orjson
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from antdt.bus.clients import flush_or_raise, make_producer
-from antdt.control import ConfigLayers, ControlFollower, control_topic, parse_assignments
+from antdt.cli.tables import Column, NarrowTable
+from antdt.control.topic import ConfigLayers, ControlFollower, control_topic, parse_assignments
 from antdt.errors import ConfigError
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import ControlComponent, ControlConfig
@@ -33,15 +34,20 @@ from antdt.services.controller.epoch import EPOCH_KEY, claimed_epoch
 from antdt.services.monitor.detection import DetectorConfig
 from antdt.settings import load_settings
 
-app = typer.Typer(help="Show or change the run-time configuration of the monitor and the controller.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Show or change the run-time configuration of the monitor and the controller.",
+    no_args_is_help=True,
+)
 
 
 def fold_history(history: list[ControlConfig]) -> tuple[dict[ControlComponent, ConfigLayers], int]:
-    """The configuration every service would hold after applying ``history``; the highest controller epoch."""
+    """The configuration every service would hold after applying ``history``; the highest controller
+    epoch."""
     layers = {
         ControlComponent.MONITOR: ConfigLayers(ControlComponent.MONITOR, DetectorConfig()),
-        ControlComponent.CONTROLLER: ConfigLayers(ControlComponent.CONTROLLER, ControllerConfig(), check=validate_policy),
+        ControlComponent.CONTROLLER: ConfigLayers(
+            ControlComponent.CONTROLLER, ControllerConfig(), check=validate_policy
+        ),
     }
     epoch = 0
     for change in history:
@@ -71,13 +77,18 @@ def component_of(changes: dict[str, str]) -> ControlComponent:
     known = {c.value.lower(): c for c in (ControlComponent.MONITOR, ControlComponent.CONTROLLER)}
     unknown = sorted(p for p in prefixes if p not in known)
     if unknown or not prefixes:
-        raise ConfigError(f"keys must start with monitor. or controller. (got {', '.join(sorted(changes)) or 'none'})")
+        raise ConfigError(
+            "keys must start with monitor. or controller. "
+            f"(got {', '.join(sorted(changes)) or 'none'})"
+        )
     return known[prefixes.pop()] if len(prefixes) == 1 else ControlComponent.ALL
 
 
 @app.command("set")
 def set_(
-    assignments: list[str] = typer.Argument(..., help="monitor.KEY=VALUE or controller.KEY=VALUE, one or more."),
+    assignments: list[str] = typer.Argument(
+        ..., help="monitor.KEY=VALUE or controller.KEY=VALUE, one or more."
+    ),
     job: str | None = typer.Option(None, "--job", help="Only for this job (default: every job)."),
 ) -> None:
     """Write a configuration change; every monitor and controller applies it without a restart."""
@@ -85,8 +96,14 @@ def set_(
         changes = parse_assignments(assignments)
         if EPOCH_KEY in changes:
             raise ConfigError(f"{EPOCH_KEY} is claimed by controllers at start, not set by hand")
-        record = ControlConfig(config_id=f"cfg-{uuid.uuid4().hex[:12]}", job_id=job, component=component_of(changes),
-                               changes=changes, issued_by=_who(), issued_at=datetime.now(timezone.utc))
+        record = ControlConfig(
+            config_id=f"cfg-{uuid.uuid4().hex[:12]}",
+            job_id=job,
+            component=component_of(changes),
+            changes=changes,
+            issued_by=_who(),
+            issued_at=datetime.now(UTC),
+        )
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
     settings = load_settings()
@@ -97,8 +114,10 @@ def set_(
     producer = make_producer(settings)
     producer.produce(control_topic(settings), key=(job or "*").encode(), value=codec.encode(record))
     flush_or_raise(producer)
-    typer.echo(f"{record.config_id}: {record.component.value} {'job ' + job if job else 'all jobs'}: "
-               + ", ".join(f"{k}={v}" for k, v in changes.items()))
+    typer.echo(
+        f"{record.config_id}: {record.component.value} {'job ' + job if job else 'all jobs'}: "
+        + ", ".join(f"{k}={v}" for k, v in changes.items())
+    )
 
 
 @app.command("show")
@@ -114,15 +133,39 @@ def show(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> Non
                 rows.append(("*", f"{prefix}.{key}", value, defaults[key]))
         for job, overrides in sorted(layer.overrides.items()):
             effective = asdict(layer.for_job(job))
-            rows += [(job, f"{prefix}.{key}", effective[key], defaults[key]) for key in sorted(overrides)]
+            rows += [
+                (job, f"{prefix}.{key}", effective[key], defaults[key]) for key in sorted(overrides)
+            ]
     if json_:
-        typer.echo(orjson.dumps({"controller_epoch": epoch, "settings": [
-            {"job": job, "key": key, "value": value, "default": default} for job, key, value, default in rows]}).decode())
+        typer.echo(
+            orjson.dumps(
+                {
+                    "controller_epoch": epoch,
+                    "settings": [
+                        {"job": job, "key": key, "value": value, "default": default}
+                        for job, key, value, default in rows
+                    ],
+                }
+            ).decode()
+        )
         return
-    table = Table("job", "key", "value", "default", title=f"run-time configuration (controller epoch {epoch})")
+    table = NarrowTable(
+        CONTROL_COLUMNS, wide=True, title=f"run-time configuration (controller epoch {epoch})"
+    )
     for job, key, value, default in rows:
-        table.add_row(job, key, str(value), str(default))
-    Console().print(table if rows else f"all defaults (controller epoch {epoch})")
+        table.add(job, key, value, default)
+    if rows:
+        table.print(Console())
+    else:
+        Console().print(f"all defaults (controller epoch {epoch})")
+
+
+CONTROL_COLUMNS = [
+    Column("job"),
+    Column("key"),
+    Column("value", free_text=True),
+    Column("default", free_text=True),
+]
 
 
 def _who() -> str:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import typer
 
 from antdt.cli.serving import configure_logging, serve
-
-from antdt.control import parse_assignments
+from antdt.control.topic import parse_assignments
 from antdt.errors import ConfigError
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.policy import load_policy
@@ -15,13 +14,18 @@ from antdt.settings import load_settings
 
 def controller(
     set_: list[str] = typer.Option(
-        [], "--set", help="Default KEY=VALUE (e.g. policy=antdt-dd, dry_run=true); repeatable. "
-        "Run-time changes come from the control topic as controller.KEY."
+        [],
+        "--set",
+        help="Default KEY=VALUE (e.g. policy=antdt-dd, dry_run=true); repeatable. "
+        "Run-time changes come from the control topic as controller.KEY.",
     ),
-    http_port: int = typer.Option(9404, min=0, max=65535, help="Port for /healthz, /readyz, /metrics (0: none)."),
+    http_port: int = typer.Option(
+        9404, min=0, max=65535, help="Port for /healthz, /readyz, /metrics (0: none)."
+    ),
     log_level: str = typer.Option("INFO", help="Logging level."),
 ) -> None:
-    """Turn verdicts into signed, fenced mitigation commands through a policy (AntDT-ND, AntDT-DD or yours)."""
+    """Turn verdicts into signed, fenced mitigation commands through a policy (AntDT-ND, AntDT-DD or
+    yours)."""
     try:
         defaults = ControllerConfig().with_changes(parse_assignments(set_))
         load_policy(defaults.policy)
@@ -36,5 +40,11 @@ def controller(
     settings = load_settings()
     actuator = KubernetesActuator.from_settings(load_kubernetes_settings())
     service = ControllerService(settings, defaults, actuator=actuator)
-    serve(service, http_port, lambda: (f"controller {service.controller_id} (epoch {service.core.stamp.epoch}, "
-                                       f"policy {defaults.policy}) serving on {settings.bootstrap_servers}"))
+    serve(
+        service,
+        http_port,
+        lambda: (
+            f"controller {service.controller_id} (epoch {service.core.stamp.epoch}, "
+            f"policy {defaults.policy}) serving on {settings.bootstrap_servers}"
+        ),
+    )

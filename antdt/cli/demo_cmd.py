@@ -18,12 +18,15 @@ from rich.console import Console
 
 from antdt.demo.environment import run_bus
 from antdt.demo.scenario import Scenario
-from antdt.shutdown import interrupt_on_sigterm
+from antdt.runtime.shutdown import interrupt_on_sigterm
 
-SCENARIO_HELP = "A scenario file (YAML or JSON) or a shipped one: standard, fixed-cost, short, contention, bursty."
+SCENARIO_HELP = (
+    "A scenario file (YAML or JSON) or a shipped one: standard, fixed-cost, short, contention,"
+    " bursty."
+)
 
 
-class Policy(str, Enum):
+class PolicyChoice(str, Enum):
     ND = "nd"
     DD = "dd"
     OFF = "off"
@@ -49,12 +52,21 @@ def default_out(kind: str) -> Path:
 
 def demo(
     scenario: str = typer.Option("standard", "--scenario", help=SCENARIO_HELP),
-    policy: Policy | None = typer.Option(None, "--policy", help="nd, dd or off (default: the scenario's cluster mode)."),
-    workers: int | None = typer.Option(None, "--workers", min=2, max=64, help="Run this many of the scenario's workers."),
-    out: Path | None = typer.Option(None, "--out", file_okay=False, help="Report directory (default reports/demo-<time>)."),
-    dashboard: bool = typer.Option(True, "--dashboard/--no-dashboard", help="Live dashboard (off: one line per 5 s)."),
+    policy: PolicyChoice | None = typer.Option(
+        None, "--policy", help="nd, dd or off (default: the scenario's cluster mode)."
+    ),
+    workers: int | None = typer.Option(
+        None, "--workers", min=2, max=64, help="Run this many of the scenario's workers."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", file_okay=False, help="Report directory (default reports/demo-<time>)."
+    ),
+    dashboard: bool = typer.Option(
+        True, "--dashboard/--no-dashboard", help="Live dashboard (off: one line per 5 s)."
+    ),
 ) -> None:
-    """Run a straggler scenario through antdt, live, and write the report (exits 1 if a sample was not trained exactly once)."""
+    """Run a straggler scenario through antdt, live, and write the report (exits 1 if a sample was
+    not trained exactly once)."""
     from antdt.demo.dashboard import Dashboard
     from antdt.demo.harness import run_plan
     from antdt.demo.plans import demo_plan
@@ -65,8 +77,11 @@ def demo(
     out = out or default_out("demo")
     console = Console()
     with interrupt_on_sigterm(), run_bus() as (settings, where):
-        console.print(f"[bold]antdt demo[/bold]: scenario [cyan]{chosen.name}[/cyan] ({len(chosen.workers)} workers, "
-                      f"{chosen.total_samples:,} samples), {plan.label}, on {where}")
+        console.print(
+            f"[bold]antdt demo[/bold]: scenario [cyan]{chosen.name}[/cyan] "
+            f"({len(chosen.workers)} workers, {chosen.total_samples:,} samples), {plan.label}, "
+            f"on {where}"
+        )
         console.print("starting the services and the workers...")
         if dashboard:
             with Dashboard(chosen, f"{chosen.name}: {plan.label}", console) as view:
@@ -74,9 +89,11 @@ def demo(
         else:
             result = run_plan(chosen, plan, settings, out, on_tick=_plain_ticker(console))
     files = write_report([result], out)
-    console.print(f"wall time [bold]{result.wall_s:.1f} s[/bold], ideal {result.ideal_s:.1f} s: "
-                  f"efficiency [bold]{result.efficiency:.3f}[/bold]; {result.timeline.verdicts} verdicts, "
-                  f"{result.commands} commands, {result.restarts} restarts")
+    console.print(
+        f"wall time [bold]{result.wall_s:.1f} s[/bold], ideal {result.ideal_s:.1f} s: "
+        f"efficiency [bold]{result.efficiency:.3f}[/bold]; {result.timeline.verdicts} verdicts, "
+        f"{result.commands} commands, {result.restarts} restarts"
+    )
     console.print(f"held-out: {heldout_text(result)}")
     console.print(f"audit: {audit_text(result)}")
     console.print(f"ledger: {ledger_text(result)}")
@@ -92,6 +109,9 @@ def _plain_ticker(console: Console, every_s: float = 5.0):
     def tick(timeline, elapsed_s: float) -> None:
         if elapsed_s >= state["next"]:
             state["next"] = elapsed_s + every_s
-            console.print(f"{elapsed_s:6.1f} s: {timeline.samples:,} samples, {len(timeline.commands)} commands, "
-                          f"{timeline.verdicts} verdicts")
+            console.print(
+                f"{elapsed_s:6.1f} s: {timeline.samples:,} samples, "
+                f"{len(timeline.commands)} commands, {timeline.verdicts} verdicts"
+            )
+
     return tick

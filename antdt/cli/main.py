@@ -13,12 +13,29 @@ import sys
 
 import typer
 
-from antdt import __version__
-from antdt.cli import bench_cmd, broker_cmd, chaos_cmd, check_cmd, control_cmd, controller_cmd, demo_cmd, grouper_cmd, monitor_cmd, probe_cmd, ps_cmd, sharder_cmd, sharder_tools_cmd, topics_cmd, up_cmd, worker_cmd
-from antdt.errors import AntdtError
-
 # typer >= 0.29 vendors click; its argument errors live here.
 from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+
+from antdt import __version__
+from antdt.cli import (
+    bench_cmd,
+    broker_cmd,
+    chaos_cmd,
+    check_cmd,
+    control_cmd,
+    controller_cmd,
+    demo_cmd,
+    grouper_cmd,
+    monitor_cmd,
+    probe_cmd,
+    ps_cmd,
+    sharder_cmd,
+    sharder_tools_cmd,
+    topics_cmd,
+    up_cmd,
+    worker_cmd,
+)
+from antdt.errors import AntdtError
 
 app = typer.Typer(
     name="antdt",
@@ -37,7 +54,13 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def main(
-    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_show_version,
+        is_eager=True,
+        help="Print the version and exit.",
+    ),
 ) -> None:
     """Straggler and leader mitigation for distributed training, on Kafka."""
 

@@ -1,4 +1,5 @@
-"""``antdt monitor``: run the straggler and leader monitor (a Faust worker) until Ctrl-C or SIGTERM."""
+"""``antdt monitor``: run the straggler and leader monitor (a Faust worker) until Ctrl-C or
+SIGTERM."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from mode import Worker
 
 from antdt.bus.faust_tuning import tune_gc_for_streaming
 from antdt.bus.watch import shared_watch
-from antdt.control import parse_assignments
+from antdt.control.topic import parse_assignments
 from antdt.errors import ConfigError
-from antdt.observability import HealthServer
+from antdt.runtime.observability import HealthServer
 from antdt.services.monitor.detection import DetectorConfig
 from antdt.settings import load_settings
 
@@ -23,11 +24,15 @@ RESETS_ENV = "_ANTDT_MONITOR_BUS_RESETS"
 
 def monitor(
     set_: list[str] = typer.Option(
-        [], "--set", help="Detector default KEY=VALUE (e.g. straggler_ratio=1.4, window_s=20); repeatable. "
-        "Run-time changes come from the control topic as monitor.KEY."
+        [],
+        "--set",
+        help="Detector default KEY=VALUE (e.g. straggler_ratio=1.4, window_s=20); repeatable. "
+        "Run-time changes come from the control topic as monitor.KEY.",
     ),
     batch: int = typer.Option(2000, min=1, help="Most reports processed as one batch."),
-    http_port: int = typer.Option(9403, min=0, max=65535, help="Port for /healthz, /readyz, /metrics (0: none)."),
+    http_port: int = typer.Option(
+        9403, min=0, max=65535, help="Port for /healthz, /readyz, /metrics (0: none)."
+    ),
     log_level: str = typer.Option("INFO", help="Logging level."),
 ) -> None:
     """Detect and classify stragglers and leaders from worker metrics; publish verdicts."""
@@ -49,7 +54,9 @@ def monitor(
         service.start()
         watch = shared_watch(settings)
         watch.on_reset(restart_in_place)
-        typer.echo(f"monitor serving on {settings.bootstrap_servers} (prefix {settings.topic_prefix})")
+        typer.echo(
+            f"monitor serving on {settings.bootstrap_servers} (prefix {settings.topic_prefix})"
+        )
         worker = Worker(service.app, loglevel=log_level.lower(), redirect_stdouts=False)
         tune_gc_for_streaming()
         try:
@@ -66,7 +73,8 @@ def monitor(
 
 
 def restart_in_place() -> None:
-    """After a bus reset, start this process over (same pid, same arguments), as docs/embedded-broker.md advises for Faust.
+    """After a bus reset, start this process over (same pid, same arguments), as
+    docs/embedded-broker.md advises for Faust.
 
     A Faust worker does not come back from a broker that forgot its groups,
     offsets and changelog topics; its tables held only recent windows, which
@@ -75,10 +83,16 @@ def restart_in_place() -> None:
     log = logging.getLogger(__name__)
     log.warning("the bus was reset: restarting the monitor in place")
     logging.shutdown()
-    os.environ[RESETS_ENV] = str(int(os.environ.get(RESETS_ENV, "0")) + 1)  # the count survives the exec
+    # the count survives the exec
+    os.environ[RESETS_ENV] = str(int(os.environ.get(RESETS_ENV, "0")) + 1)
     try:
         os.execv(sys.executable, sys.orig_argv)
     except OSError as exc:
-        print(f"antdt monitor: cannot restart after a bus reset ({exc}); exiting for the orchestrator to restart it",
-              file=sys.stderr)
+        print(
+            (
+                f"antdt monitor: cannot restart after a bus reset ({exc}); "
+                "exiting for the orchestrator to restart it"
+            ),
+            file=sys.stderr,
+        )
         os._exit(70)

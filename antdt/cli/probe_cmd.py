@@ -26,14 +26,27 @@ class ProbeFailed(AntdtError):
 
 
 def probe(
-    port: int = typer.Option(..., min=1, max=65535, help="The service's --http-port (sharder 9402, monitor 9403, controller 9404, grouper 9406)."),
-    path: str = typer.Option("/readyz", help="Endpoint to GET: /healthz (alive), /readyz (ready) or /metrics."),
+    port: int = typer.Option(
+        ...,
+        min=1,
+        max=65535,
+        help=(
+            "The service's --http-port (sharder 9402, monitor 9403, controller 9404, grouper 9406)."
+        ),
+    ),
+    path: str = typer.Option(
+        "/readyz", help="Endpoint to GET: /healthz (alive), /readyz (ready) or /metrics."
+    ),
     host: str = typer.Option("127.0.0.1", help="Host to connect to."),
-    timeout: float = typer.Option(2.0, min=0.1, max=300, help="Seconds to wait for the connection and the answer."),
+    timeout: float = typer.Option(
+        2.0, min=0.1, max=300, help="Seconds to wait for the connection and the answer."
+    ),
 ) -> None:
     """Exit 0 if http://HOST:PORT/PATH answers 200; otherwise print why and exit 1."""
     if not path.startswith("/"):
-        raise typer.BadParameter(f"expected a path starting with '/', got {path!r}", param_hint="--path")
+        raise typer.BadParameter(
+            f"expected a path starting with '/', got {path!r}", param_hint="--path"
+        )
     url = f"http://{host}:{port}{path}"
     status, body = get(host, port, path, timeout, url)
     if status != 200:

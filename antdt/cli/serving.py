@@ -1,4 +1,5 @@
-"""Running a polling service from its command: logging, the health endpoint, start, serve until a signal."""
+"""Running a polling service from its command: logging, the health endpoint, start, serve until a
+signal."""
 
 from __future__ import annotations
 
@@ -7,16 +8,19 @@ from collections.abc import Callable
 
 import typer
 
-from antdt.observability import HealthServer
-from antdt.shutdown import stop_on_signals
+from antdt.runtime.observability import HealthServer
+from antdt.runtime.shutdown import stop_on_signals
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
 
 
 def serve(service, http_port: int, banner: Callable[[], str]) -> None:
-    """Serve ``service`` (a LoopService) until Ctrl-C or SIGTERM; ``/healthz``, ``/readyz``, ``/metrics`` on ``http_port`` (0: none).
+    """Serve ``service`` (a LoopService) until Ctrl-C or SIGTERM; ``/healthz``, ``/readyz``,
+    ``/metrics`` on ``http_port`` (0: none).
 
     ``banner`` is printed once the service has started (it may name what start-up decided).
     """

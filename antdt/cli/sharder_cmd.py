@@ -5,15 +5,20 @@ from __future__ import annotations
 import typer
 
 from antdt.cli.serving import configure_logging, serve
-
 from antdt.settings import load_settings
 
 
 def sharder(
-    default_quota: int = typer.Option(2, min=1, max=64, help="Shards a worker may hold when it names no quota."),
+    default_quota: int = typer.Option(
+        2, min=1, max=64, help="Shards a worker may hold when it names no quota."
+    ),
     snapshot_every: int = typer.Option(10_000, min=1, help="Snapshot a job every N log events..."),
-    snapshot_seconds: float = typer.Option(30.0, min=0.1, help="...or every T seconds, whichever comes first."),
-    http_port: int = typer.Option(9402, min=0, max=65535, help="Port for /healthz, /readyz, /metrics (0: none)."),
+    snapshot_seconds: float = typer.Option(
+        30.0, min=0.1, help="...or every T seconds, whichever comes first."
+    ),
+    http_port: int = typer.Option(
+        9402, min=0, max=65535, help="Port for /healthz, /readyz, /metrics (0: none)."
+    ),
     log_level: str = typer.Option("INFO", help="Logging level."),
 ) -> None:
     """Serve data shards to workers from an event-sourced, replayable log."""
@@ -23,7 +28,17 @@ def sharder(
 
     configure_logging(log_level)
     settings = load_settings()
-    config = SharderConfig(default_quota=default_quota, snapshot_every_events=snapshot_every, snapshot_every_s=snapshot_seconds)
+    config = SharderConfig(
+        default_quota=default_quota,
+        snapshot_every_events=snapshot_every,
+        snapshot_every_s=snapshot_seconds,
+    )
     service = SharderService(settings, config)
-    serve(service, http_port,
-          lambda: f"sharder {service.writer_id} serving on {settings.bootstrap_servers} (prefix {settings.topic_prefix})")
+    serve(
+        service,
+        http_port,
+        lambda: (
+            f"sharder {service.writer_id} serving on {settings.bootstrap_servers} "
+            f"(prefix {settings.topic_prefix})"
+        ),
+    )

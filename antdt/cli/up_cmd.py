@@ -17,18 +17,30 @@ from pathlib import Path
 import typer
 
 from antdt.errors import AntdtError
-from antdt.shutdown import stop_on_signals
+from antdt.runtime.shutdown import stop_on_signals
 
 SERVICES = ("monitor", "sharder", "controller")
-#: torchrun otherwise keeps one store across restarts, and a restarted group finds the last one's addresses there.
+#: torchrun otherwise keeps one store across restarts, and a restarted group finds the last one's
+#: addresses there.
 TORCHRUN_FIX = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
 
 
 def up(
-    port: int = typer.Option(0, "--port", "-p", min=0, max=65535, help="The embedded broker's port (0: a free one)."),
-    policy: str = typer.Option("antdt-nd", "--policy", help="The controller's policy (antdt-nd, antdt-dd, or module:attr)."),
-    ready_within: float = typer.Option(60.0, "--ready-within", min=1.0, help="Seconds each service may take to be ready."),
-    log_dir: Path | None = typer.Option(None, "--log-dir", file_okay=False, help="Where the services' logs go (default: a temporary folder)."),
+    port: int = typer.Option(
+        0, "--port", "-p", min=0, max=65535, help="The embedded broker's port (0: a free one)."
+    ),
+    policy: str = typer.Option(
+        "antdt-nd", "--policy", help="The controller's policy (antdt-nd, antdt-dd, or module:attr)."
+    ),
+    ready_within: float = typer.Option(
+        60.0, "--ready-within", min=1.0, help="Seconds each service may take to be ready."
+    ),
+    log_dir: Path | None = typer.Option(
+        None,
+        "--log-dir",
+        file_okay=False,
+        help="Where the services' logs go (default: a temporary folder).",
+    ),
 ) -> None:
     """Run the bus and the monitor, sharder and controller until Ctrl-C or SIGTERM."""
     from antdt.demo.environment import bus_and_broker
@@ -39,7 +51,10 @@ def up(
         settings, where, broker = stack.enter_context(bus_and_broker(port=port or None))
         typer.echo(f"bus: {where}")
         if broker is not None:
-            typer.echo(f"export ANTDT_BOOTSTRAP_SERVERS={settings.bootstrap_servers} ANTDT_BROKER_PROFILE=embedded")
+            typer.echo(
+                f"export ANTDT_BOOTSTRAP_SERVERS={settings.bootstrap_servers}"
+                " ANTDT_BROKER_PROFILE=embedded"
+            )
         typer.echo(f"export {TORCHRUN_FIX}  # for torchrun's restarts (docs/torchrun.md)")
         running = _services(stack, settings, policy, logs, ready_within)
         typer.echo(f"logs: {logs}; Ctrl-C stops everything")
@@ -49,17 +64,25 @@ def up(
 
 
 def _services(stack: ExitStack, settings, policy: str, logs: Path, ready_within: float) -> dict:
-    from antdt.launch import service_process
+    from antdt.runtime.launch import service_process
 
     arguments = {"controller": ["--set", f"policy={policy}"]}
-    running = {name: stack.enter_context(service_process(settings, name, *arguments.get(name, ()), log_dir=logs))
-               for name in SERVICES}
+    running = {
+        name: stack.enter_context(
+            service_process(settings, name, *arguments.get(name, ()), log_dir=logs)
+        )
+        for name in SERVICES
+    }
     for name, service in running.items():
         try:
             service.wait_ready(ready_within)
         except AntdtError:
-            raise AntdtError(f"{name} was not ready within {ready_within:g} s; its log: {service.log_path}") from None
-        typer.echo(f"{name} ready (pid {service.process.pid}, http://127.0.0.1:{service.http_port}/metrics)")
+            raise AntdtError(
+                f"{name} was not ready within {ready_within:g} s; its log: {service.log_path}"
+            ) from None
+        typer.echo(
+            f"{name} ready (pid {service.process.pid}, http://127.0.0.1:{service.http_port}/metrics)"
+        )
     return running
 
 

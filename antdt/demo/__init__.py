@@ -1,4 +1,5 @@
-"""The straggler demo and the end-to-end benchmark: scenarios, paced workers, the harness, the report.
+"""The straggler demo and the end-to-end benchmark: scenarios, paced workers, the harness, the
+report.
 
 ``antdt demo`` and ``antdt bench`` run a :class:`~antdt.demo.scenario.Scenario`
 (workers, their speeds, straggler episodes, noise) through the real services

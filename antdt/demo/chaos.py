@@ -1,4 +1,5 @@
-"""Chaos for a run: kill -9 workers and services on a schedule, let them be restarted, time the recovery.
+"""Chaos for a run: kill -9 workers and services on a schedule, let them be restarted, time the
+recovery.
 
 What an operator fears in production is a process that dies without a word:
 no final report, shards held, offsets uncommitted, a half-written batch, an
@@ -39,22 +40,25 @@ from typing import TYPE_CHECKING
 from antdt.demo.phases import Phase, read_phase
 
 if TYPE_CHECKING:
-    from antdt.broker import EmbeddedBroker
     from antdt.demo.pool import WorkerPool
     from antdt.demo.services import Services
     from antdt.demo.timeline import Timeline
+    from antdt.embedded.broker import EmbeddedBroker
 
-#: How long a mid-step kill waits for its victim to enter the exchange before it gives up on that victim.
+#: How long a mid-step kill waits for its victim to enter the exchange before it gives up on that
+#: victim.
 MID_STEP_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
 class ChaosSpec:
-    """When to kill what: workers about every ``worker_every_s`` (±20 %), each service once at its time."""
+    """When to kill what: workers about every ``worker_every_s`` (±20 %), each service once at its
+    time."""
 
     worker_every_s: float = 4.0
     service_at_s: dict[str, float] = field(
-        default_factory=lambda: {"sharder": 11.0, "ps-0": 14.0, "controller": 17.0, "monitor": 20.0})
+        default_factory=lambda: {"sharder": 11.0, "ps-0": 14.0, "controller": 17.0, "monitor": 20.0}
+    )
     seed: int = 0
     broker_at_s: float | None = 8.0
     mid_step_every: int = 2  # every n-th worker kill lands mid-step (0: none)
@@ -62,13 +66,15 @@ class ChaosSpec:
 
 @dataclass
 class Kill:
-    """One SIGKILL: what, when (seconds since the start signal), and when the victim served again."""
+    """One SIGKILL: what, when (seconds since the start signal), and when the victim served
+    again."""
 
     target: str
     kind: str  # "worker", "service" or "broker"
     at_s: float
     back_s: float | None = None
-    parts: dict[str, float] = field(default_factory=dict)  # a broker restart: when each part was back (s after the kill)
+    # a broker restart: when each part was back (s after the kill)
+    parts: dict[str, float] = field(default_factory=dict)
     phase: str | None = None  # a worker killed mid-step: "push" or "all-reduce"
 
     @property
@@ -77,14 +83,19 @@ class Kill:
 
     def to_dict(self) -> dict:
         lost = self.lost_s
-        return {"target": self.target, "kind": self.kind, "at_s": round(self.at_s, 2),
-                "lost_s": None if lost is None else round(lost, 2),
-                **({"mid_step": self.phase} if self.phase else {}),
-                **({"parts": {k: round(v, 2) for k, v in self.parts.items()}} if self.parts else {})}
+        return {
+            "target": self.target,
+            "kind": self.kind,
+            "at_s": round(self.at_s, 2),
+            "lost_s": None if lost is None else round(lost, 2),
+            **({"mid_step": self.phase} if self.phase else {}),
+            **({"parts": {k: round(v, 2) for k, v in self.parts.items()}} if self.parts else {}),
+        }
 
 
 class Chaos:
-    """Carries out a :class:`ChaosSpec` from the harness's supervision loop (one :meth:`tick` per loop)."""
+    """Carries out a :class:`ChaosSpec` from the harness's supervision loop (one :meth:`tick` per
+    loop)."""
 
     def __init__(self, spec: ChaosSpec | None = None, broker: EmbeddedBroker | None = None):
         self.spec = spec or ChaosSpec()
@@ -131,12 +142,15 @@ class Chaos:
         return self.spec.worker_every_s * self._rng.uniform(0.8, 1.2)
 
     def _kill_a_worker(self, now_s: float, pool: WorkerPool) -> bool:
-        """A random running worker; in a synchronous run only once the group is back from the last kill.
+        """A random running worker; in a synchronous run only once the group is back from the last
+        kill.
 
         (Killing a rank restarts the whole group; killing again before it is
         back would only kill processes still starting up.)
         """
-        recovering = {kill.target for kill in self.kills if kill.back_s is None and kill.kind == "worker"}
+        recovering = {
+            kill.target for kill in self.kills if kill.back_s is None and kill.kind == "worker"
+        }
         if (recovering and pool.plan.grouped) or _group_done(pool):
             return False
         names = {rank: pool.scenario.workers[rank].name for rank in pool.running()}
@@ -151,15 +165,20 @@ class Chaos:
             wanted = Phase.PUSH if pool.plan.training == "async" else Phase.ALLREDUCE
             phase = {"async": "push", "sync": "all-reduce"}.get(pool.plan.training, "group average")
             if not _wait_for_phase(pool, rank, wanted):
-                phase = None  # it never got there (too slow): killed all the same, not counted mid-step
+                # it never got there (too slow): killed all the same, not counted mid-step
+                phase = None
         if rank not in pool.running() or _group_done(pool):
             return False  # it finished meanwhile: nothing left to kill
         self._worker_kills += 1
         pool.kill(rank)
-        self.kills.append(Kill(names[rank], "worker", now_s + time.monotonic() - waited, phase=phase))
+        self.kills.append(
+            Kill(names[rank], "worker", now_s + time.monotonic() - waited, phase=phase)
+        )
         return True
 
-    def _note_recoveries(self, now_s: float, pool: WorkerPool, services: Services, timeline: Timeline) -> None:
+    def _note_recoveries(
+        self, now_s: float, pool: WorkerPool, services: Services, timeline: Timeline
+    ) -> None:
         finished = {pool.scenario.workers[rank].name for rank in pool.finished}
         for kill in self.kills:
             if kill.back_s is not None:
@@ -170,13 +189,24 @@ class Chaos:
                 kill.back_s = self._bus_back(kill, now_s, pool, services, timeline, finished)
             else:
                 trained = timeline.trained_after(kill.target, kill.at_s)
-                kill.back_s = trained if trained is not None else (now_s if kill.target in finished else None)
-                if kill.back_s is not None and pool.plan.grouped:  # the group trains a while before the next
+                kill.back_s = (
+                    trained if trained is not None else (now_s if kill.target in finished else None)
+                )
+                # the group trains a while before the next
+                if kill.back_s is not None and pool.plan.grouped:
                     self._next_worker_s = max(self._next_worker_s, kill.back_s + self._interval())
 
-    def _bus_back(self, kill: Kill, now_s: float, pool: WorkerPool, services: Services, timeline: Timeline,
-                  finished: set[str]) -> float | None:
-        """When the run is whole again after a broker restart: every unfinished worker granted shards and training since.
+    def _bus_back(
+        self,
+        kill: Kill,
+        now_s: float,
+        pool: WorkerPool,
+        services: Services,
+        timeline: Timeline,
+        finished: set[str],
+    ) -> float | None:
+        """When the run is whole again after a broker restart: every unfinished worker granted
+        shards and training since.
 
         On the way: when each service was back on the new bus: the sharder and
         the controller re-announced their state, the monitor restarted in
@@ -191,25 +221,37 @@ class Chaos:
             if name.startswith("ps-"):
                 back = _serves(services, name)
             else:
-                back = (name in started_since or services.bus_resets(name) > 0) and services.is_ready(name)
+                back = (
+                    name in started_since or services.bus_resets(name) > 0
+                ) and services.is_ready(name)
             if back:
                 kill.parts[name] = now_s - kill.at_s
         names = [worker.name for worker in pool.scenario.workers if worker.name not in finished]
         grants = [timeline.granted_after(name, kill.at_s) for name in names]
-        trained = [None if g is None else timeline.trained_after(name, g) for name, g in zip(names, grants)]
-        if any(t is None for t in trained) or any(name not in kill.parts for name in services.processes):
+        trained = [
+            None if g is None else timeline.trained_after(name, g) for name, g in zip(names, grants)
+        ]
+        if any(t is None for t in trained) or any(
+            name not in kill.parts for name in services.processes
+        ):
             return None
         if trained:
-            kill.parts["first worker"], kill.parts["workers"] = min(trained) - kill.at_s, max(trained) - kill.at_s
+            kill.parts["first worker"], kill.parts["workers"] = (
+                min(trained) - kill.at_s,
+                max(trained) - kill.at_s,
+            )
         return kill.at_s + max(kill.parts.values())
 
 
 def _group_done(pool: WorkerPool) -> bool:
-    """A group (synchronous, partial reduce) with a finished rank is done: a kill now would restart nothing."""
+    """A group (synchronous, partial reduce) with a finished rank is done: a kill now would restart
+    nothing."""
     return pool.plan.grouped and bool(pool.finished)
 
 
-def _wait_for_phase(pool: WorkerPool, rank: int, wanted: Phase, timeout_s: float = MID_STEP_WAIT_S) -> bool:
+def _wait_for_phase(
+    pool: WorkerPool, rank: int, wanted: Phase, timeout_s: float = MID_STEP_WAIT_S
+) -> bool:
     """Poll the worker's phase until it is ``wanted``: True then (the kill follows at once)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and rank in pool.running():

@@ -28,7 +28,8 @@ class _Strict(BaseModel):
 
 
 class Episode(_Strict):
-    """``start_s <= t < end_s`` (no end: to the end of the run): ``factor`` times slower, from a sleep or CPU work."""
+    """``start_s <= t < end_s`` (no end: to the end of the run): ``factor`` times slower, from a
+    sleep or CPU work."""
 
     start_s: float = Field(ge=0)
     end_s: float | None = Field(None, gt=0)
@@ -58,11 +59,14 @@ def check_apart(owner: str, episodes: tuple[Episode, ...]) -> None:
     ordered = sorted(episodes, key=lambda e: e.start_s)
     for before, after in zip(ordered, ordered[1:]):
         if after.start_s < before.until_s:
-            raise ValueError(f"{owner}: episodes starting at {before.start_s:g} and {after.start_s:g} overlap")
+            raise ValueError(
+                f"{owner}: episodes starting at {before.start_s:g} and {after.start_s:g} overlap"
+            )
 
 
 class NodeSpec(_Strict):
-    """One machine: its hardware speed (1.0 = the scenario's ``base_rate``), its contention, and whether it is a spare."""
+    """One machine: its hardware speed (1.0 = the scenario's ``base_rate``), its contention, and
+    whether it is a spare."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
     speed: float = Field(1.0, gt=0)
@@ -82,15 +86,19 @@ class NodeSpec(_Strict):
         return episode.factor if episode else 1.0
 
     def healthy_at(self, t: float) -> bool:
-        """Full hardware and no contention at ``t``: a node the ideal would trust a parameter server to."""
+        """Full hardware and no contention at ``t``: a node the ideal would trust a parameter server
+        to."""
         return self.speed >= 1.0 and self.episode_at(t) is None
 
     def change_points(self) -> set[float]:
         return {p for e in self.episodes for p in (e.start_s, e.end_s) if p is not None}
 
 
-def best_speeds(speeds: list[float], healthy: list[bool], workers: int, servers: int) -> list[float]:
-    """The workers' speeds under the best placement of ``workers`` workers and ``servers`` PS shards, one per node.
+def best_speeds(
+    speeds: list[float], healthy: list[bool], workers: int, servers: int
+) -> list[float]:
+    """The workers' speeds under the best placement of ``workers`` workers and ``servers`` PS
+    shards, one per node.
 
     Every parameter-server shard gets a healthy node (a PS on a contended
     node slows every worker), the slowest healthy ones, so the fastest nodes
@@ -99,6 +107,6 @@ def best_speeds(speeds: list[float], healthy: list[bool], workers: int, servers:
     """
     order = sorted(range(len(speeds)), key=lambda i: speeds[i])
     reserved = [i for i in order if healthy[i]][:servers]
-    reserved += [i for i in reversed(order) if i not in reserved][:servers - len(reserved)]
+    reserved += [i for i in reversed(order) if i not in reserved][: servers - len(reserved)]
     left = sorted((speeds[i] for i in range(len(speeds)) if i not in reserved), reverse=True)
     return left[:workers]

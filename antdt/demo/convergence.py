@@ -12,9 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def time_to_target(curve: Sequence[tuple[float, float, float]], target: float | None, wall_s: float,
-                   final_loss: float | None) -> float | None:
-    """Seconds since the start until the held-out loss was first at or below ``target``; None if never (or no target).
+def time_to_target(
+    curve: Sequence[tuple[float, float, float]],
+    target: float | None,
+    wall_s: float,
+    final_loss: float | None,
+) -> float | None:
+    """Seconds since the start until the held-out loss was first at or below ``target``; None if
+    never (or no target).
 
     ``curve`` is the evaluator's (seconds, loss, accuracy), in time order. The
     time is that of the first measured point at or below the target, not an

@@ -1,4 +1,5 @@
-"""The live view of a demo run: per worker, the commands as they are issued, the epoch's progress."""
+"""The live view of a demo run: per worker, the commands as they are issued, the epoch's
+progress."""
 
 from __future__ import annotations
 
@@ -21,10 +22,17 @@ class Dashboard:
 
     def __init__(self, scenario: Scenario, title: str, console=None):
         self.scenario, self.title = scenario, title
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
-                                 TextColumn("{task.fields[detail]}"), TimeElapsedColumn())
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>5.1f}%"),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+        )
         self.task = self.progress.add_task("epoch 1", total=scenario.total_samples, detail="")
-        self.live = Live(self._render(None, 0.0), console=console, refresh_per_second=4, transient=False)
+        self.live = Live(
+            self._render(None, 0.0), console=console, refresh_per_second=4, transient=False
+        )
 
     def __enter__(self) -> Dashboard:
         self.live.__enter__()
@@ -38,27 +46,57 @@ class Dashboard:
 
     def _render(self, timeline: Timeline | None, elapsed_s: float):
         workers = Table(title=self.title, expand=True)
-        for column in ("worker", "speed now", "samples/s", "batch", "shards held", "samples", "verdict"):
-            workers.add_column(column, justify="left" if column in ("worker", "verdict") else "right")
+        for column in (
+            "worker",
+            "speed now",
+            "samples/s",
+            "batch",
+            "shards held",
+            "samples",
+            "verdict",
+        ):
+            workers.add_column(
+                column, justify="left" if column in ("worker", "verdict") else "right"
+            )
         commands = Table(title="commands issued", expand=True, show_edge=False)
         for column in ("at", "worker", "command", "acks"):
             commands.add_column(column)
         if timeline is None:
             return Group(workers, commands, self.progress)
         tracks, lines = timeline.snapshot()
-        for rank, spec in enumerate(self.scenario.workers):
+        for spec in self.scenario.workers:
             track = tracks.get(spec.name)
             if track is None:
                 continue
             node = node_at(self.scenario, spec.name, list(timeline.moves), elapsed_s)
             nominal = self.scenario.node_speed(node, elapsed_s) / self.scenario.base_rate
-            verdict = f"[red]{escape(track.verdict)}[/red]" if "straggler" in track.verdict else escape(track.verdict)
-            workers.add_row(spec.name, f"{nominal:.2f}x", f"{track.throughput:.0f}", str(track.batch_size or "-"),
-                            str(track.held), f"{track.samples:,}", verdict)
+            verdict = (
+                f"[red]{escape(track.verdict)}[/red]"
+                if "straggler" in track.verdict
+                else escape(track.verdict)
+            )
+            workers.add_row(
+                spec.name,
+                f"{nominal:.2f}x",
+                f"{track.throughput:.0f}",
+                str(track.batch_size or "-"),
+                str(track.held),
+                f"{track.samples:,}",
+                verdict,
+            )
         for line in lines[-COMMAND_LINES:]:
-            commands.add_row(f"{line.t:6.1f} s", line.worker, escape(line.text), line.acks_text(none="..."))
+            commands.add_row(
+                f"{line.t:6.1f} s", line.worker, escape(line.text), line.acks_text(none="...")
+            )
         done = sum(t.samples for t in tracks.values())
-        epoch_now = min(self.scenario.epochs, done * self.scenario.epochs // max(1, self.scenario.total_samples) + 1)
-        self.progress.update(self.task, completed=done, description=f"epoch {epoch_now}/{self.scenario.epochs}",
-                             detail=f"{done:,}/{self.scenario.total_samples:,} samples, {len(lines)} commands")
+        epoch_now = min(
+            self.scenario.epochs,
+            done * self.scenario.epochs // max(1, self.scenario.total_samples) + 1,
+        )
+        self.progress.update(
+            self.task,
+            completed=done,
+            description=f"epoch {epoch_now}/{self.scenario.epochs}",
+            detail=f"{done:,}/{self.scenario.total_samples:,} samples, {len(lines)} commands",
+        )
         return Group(workers, Panel(commands) if lines else commands, self.progress)

@@ -1,4 +1,5 @@
-"""The bus a demo or benchmark runs on: ``ANTDT_BOOTSTRAP_SERVERS`` if set, else an embedded broker."""
+"""The bus a demo or benchmark runs on: ``ANTDT_BOOTSTRAP_SERVERS`` if set, else an embedded
+broker."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from antdt.broker import EmbeddedBroker
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin
+from antdt.embedded.broker import EmbeddedBroker
 from antdt.settings import BrokerProfile, Settings, load_settings
 
 
@@ -19,13 +20,16 @@ def external_bus() -> bool:
 
 @contextmanager
 def run_bus(create_topics: bool = True) -> Iterator[tuple[Settings, str]]:
-    """(settings, a description of where) for the duration; the embedded broker is stopped on exit."""
+    """(settings, a description of where) for the duration; the embedded broker is stopped on
+    exit."""
     with bus_and_broker(create_topics) as (settings, where, _):
         yield settings, where
 
 
 @contextmanager
-def bus_and_broker(create_topics: bool = True, port: int | None = None) -> Iterator[tuple[Settings, str, EmbeddedBroker | None]]:
+def bus_and_broker(
+    create_topics: bool = True, port: int | None = None
+) -> Iterator[tuple[Settings, str, EmbeddedBroker | None]]:
     """Like :func:`run_bus`, with the embedded broker (None on an external bus), e.g. to restart it.
 
     ``port``: the embedded broker's (default a free one); an external bus keeps its own.
@@ -37,7 +41,13 @@ def bus_and_broker(create_topics: bool = True, port: int | None = None) -> Itera
         yield settings, settings.bootstrap_servers, None
         return
     with EmbeddedBroker(port=port) as broker:
-        settings = load_settings(bootstrap_servers=broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED)
+        settings = load_settings(
+            bootstrap_servers=broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED
+        )
         if create_topics:
             ensure_topics(make_admin(settings), settings)
-        yield settings, f"embedded broker {broker.bootstrap_servers} (ready in {broker.ready_after_s:.3f} s)", broker
+        yield (
+            settings,
+            f"embedded broker {broker.bootstrap_servers} (ready in {broker.ready_after_s:.3f} s)",
+            broker,
+        )

@@ -38,14 +38,23 @@ def from_file(path: Path) -> ModelSource:
         except (OSError, RuntimeError, EOFError):
             return False
         return True
+
     return read
 
 
 class Evaluator:
     """Held-out loss and accuracy of the shared model, every ``every_s`` on a thread of its own."""
 
-    def __init__(self, scenario: Scenario, source: ModelSource, clock: Callable[[], float], every_s: float = 1.0):
-        self.heldout = SyntheticClassification(scenario.dataset_size, seed=scenario.seed).heldout(HELDOUT_SAMPLES)
+    def __init__(
+        self,
+        scenario: Scenario,
+        source: ModelSource,
+        clock: Callable[[], float],
+        every_s: float = 1.0,
+    ):
+        self.heldout = SyntheticClassification(scenario.dataset_size, seed=scenario.seed).heldout(
+            HELDOUT_SAMPLES
+        )
         self.source, self.clock, self.every_s = source, clock, every_s
         self.model = make_model()
         self.curve: list[tuple[float, float, float]] = []  # (seconds since start, loss, accuracy)
@@ -67,8 +76,11 @@ class Evaluator:
         self.curve.append((self.clock(), loss, accuracy))
         return loss, accuracy
 
-    def final(self, source: ModelSource | None = None, attempts: int = 20) -> tuple[float, float] | None:
-        """Stop measuring over time; the figures of the final model (retried briefly if it cannot be read)."""
+    def final(
+        self, source: ModelSource | None = None, attempts: int = 20
+    ) -> tuple[float, float] | None:
+        """Stop measuring over time; the figures of the final model (retried briefly if it cannot be
+        read)."""
         self._stop.set()
         self._thread.join(5)
         for _ in range(attempts):

@@ -34,8 +34,8 @@ from antdt.demo.placement import Move, Placement
 from antdt.demo.plans import RunPlan
 from antdt.demo.pool import WorkerPool
 from antdt.demo.scenario import Scenario
-from antdt.demo.steptrace import read_trace, trace_path
 from antdt.demo.services import Services, server_addresses, wanted_services
+from antdt.demo.steptrace import read_trace, trace_path
 from antdt.demo.timeline import Timeline
 from antdt.demo.trainer import LR
 from antdt.errors import AntdtError
@@ -54,17 +54,24 @@ class RunResult:
     wall_s: float
     ideal_s: float
     samples: int
-    restarts: int  # workers started again (a RESTART, an EVICT, a chaos kill), and servers the controller replaced
+    # workers started again (a RESTART, an EVICT, a chaos kill), and servers the controller replaced
+    restarts: int
     timeline: Timeline
     audit: dict | None = None  # the sharder log's audit, None without a sharder
-    kills: list[Kill] = field(default_factory=list)  # what a chaos run killed, and when each came back
+    # what a chaos run killed, and when each came back
+    kills: list[Kill] = field(default_factory=list)
     ledger: LedgerCheck = field(default_factory=LedgerCheck)
     heldout: tuple[float, float] | None = None  # (loss, accuracy) of the final model
-    loss_curve: list[tuple[float, float, float]] = field(default_factory=list)  # (s, loss, accuracy)
-    service_exits: list[tuple[str, int]] = field(default_factory=list)  # services that died by themselves (restarted)
-    loss_per_step: list[tuple[int, float]] = field(default_factory=list)  # sync: (full-batch steps trained, the loss)
-    moves: list[Move] = field(default_factory=list)  # where the orchestrator placed replaced processes, and why
-    groups: dict | None = None  # partial reduce: the groups the grouper formed, read back from the bus
+    # (s, loss, accuracy)
+    loss_curve: list[tuple[float, float, float]] = field(default_factory=list)
+    # services that died by themselves (restarted)
+    service_exits: list[tuple[str, int]] = field(default_factory=list)
+    # sync: (full-batch steps trained, the loss)
+    loss_per_step: list[tuple[int, float]] = field(default_factory=list)
+    # where the orchestrator placed replaced processes, and why
+    moves: list[Move] = field(default_factory=list)
+    # partial reduce: the groups the grouper formed, read back from the bus
+    groups: dict | None = None
 
     @property
     def efficiency(self) -> float:
@@ -83,40 +90,72 @@ class RunResult:
 
 
 def run_plan(
-    scenario: Scenario, plan: RunPlan, settings: Settings, run_dir: Path, *,
-    on_tick: Callable[[Timeline, float], None] | None = None, tick_s: float = 0.25, timeout_s: float | None = None,
+    scenario: Scenario,
+    plan: RunPlan,
+    settings: Settings,
+    run_dir: Path,
+    *,
+    on_tick: Callable[[Timeline, float], None] | None = None,
+    tick_s: float = 0.25,
+    timeout_s: float | None = None,
     chaos: Chaos | None = None,
 ) -> RunResult:
-    """Run ``scenario`` under ``plan`` on the bus ``settings`` point at; files go under ``run_dir``."""
+    """Run ``scenario`` under ``plan`` on the bus ``settings`` point at; files go under
+    ``run_dir``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     job_id = f"{scenario.name}-{plan.name}-{uuid.uuid4().hex[:6]}"
-    settings = settings.model_copy(update={"job_id": job_id, "report_interval_s": scenario.report_interval_s,
-                                           "signing_key": settings.signing_key or secrets.token_hex(16)})
+    settings = settings.model_copy(
+        update={
+            "job_id": job_id,
+            "report_interval_s": scenario.report_interval_s,
+            "signing_key": settings.signing_key or secrets.token_hex(16),
+        }
+    )
     scenario_path = run_dir / f"scenario-{plan.name}.json"
     scenario_path.write_text(scenario.model_dump_json(indent=2))
     names = [w.name for w in scenario.workers]
     ideal = scenario.ideal_time_s()
-    timeout_s = timeout_s or 60 + 8 * ideal * max(1.0, len(names) * min(w.speed for w in scenario.workers))
+    timeout_s = timeout_s or 60 + 8 * ideal * max(
+        1.0, len(names) * min(w.speed for w in scenario.workers)
+    )
     with ExitStack() as stack:
         handshake = run_dir / f"handshake-{job_id}"
         handshake.mkdir()
         timeline = stack.enter_context(Timeline(settings, job_id, names))
         placement = Placement(scenario, on_move=timeline.add_move)
         wanted = wanted_services(plan, scenario, run_dir, LR, scenario_path, handshake)
-        services = Services(stack, settings, run_dir / "logs", placement, timeline.now).start(wanted)
+        services = Services(stack, settings, run_dir / "logs", placement, timeline.now).start(
+            wanted
+        )
         servers = server_addresses(wanted)
-        pool = WorkerPool(scenario_path, scenario, plan, handshake, settings, run_dir, servers,
-                          restart_failed=chaos is not None, placement=placement,
-                          clock=timeline.now).start()
+        pool = WorkerPool(
+            scenario_path,
+            scenario,
+            plan,
+            handshake,
+            settings,
+            run_dir,
+            servers,
+            restart_failed=chaos is not None,
+            placement=placement,
+            clock=timeline.now,
+        ).start()
         stack.callback(pool.close)
-        _wait_for(lambda: all(ready_file(handshake, r).exists() for r in range(len(names))), pool, 180.0,
-                  "workers ready")
+        _wait_for(
+            lambda: all(ready_file(handshake, r).exists() for r in range(len(names))),
+            pool,
+            180.0,
+            "workers ready",
+        )
         start = time.time()
         timeline.set_start(start)
         give_start(handshake, start)
-        evaluator = Evaluator(scenario, from_servers(servers) if servers else from_file(run_dir / "model-latest.pt"),
-                              clock=lambda: time.time() - start).start()
+        evaluator = Evaluator(
+            scenario,
+            from_servers(servers) if servers else from_file(run_dir / "model-latest.pt"),
+            clock=lambda: time.time() - start,
+        ).start()
         deadline = time.monotonic() + timeout_s
         while not pool.all_finished:
             for node in timeline.degraded():
@@ -128,8 +167,10 @@ def run_plan(
             if on_tick is not None:
                 on_tick(timeline, time.time() - start)
             if time.monotonic() > deadline:
-                raise AntdtError(f"the run did not finish within {timeout_s:.0f} s (ideal {ideal:.0f} s); "
-                                 f"logs in {run_dir / 'logs'}")
+                raise AntdtError(
+                    f"the run did not finish within {timeout_s:.0f} s (ideal {ideal:.0f} s); "
+                    f"logs in {run_dir / 'logs'}"
+                )
             time.sleep(tick_s)
         results = [json.loads(done_file(handshake, r).read_text()) for r in range(len(names))]
         wall = max(r["finished_s"] for r in results)
@@ -143,15 +184,30 @@ def run_plan(
     report = _audit(settings, job_id, run_dir) if plan.uses_sharder else None
     groups = _groups(settings, job_id) if plan.training == "preduce" else None
     server_restarts = sum(1 for move in placement.moves if move.process in scenario.server_names)
-    return RunResult(plan, scenario, job_id, wall, ideal, samples, pool.restarts + server_restarts, timeline,
-                     None if report is None else report.to_dict(), chaos.kills if chaos is not None else [],
-                     check_ledgers(run_dir, report), heldout, evaluator.curve, services.exits,
-                     loss_per_step(run_dir, scenario) if plan.training == "sync" else [], list(placement.moves),
-                     groups)
+    return RunResult(
+        plan,
+        scenario,
+        job_id,
+        wall,
+        ideal,
+        samples,
+        pool.restarts + server_restarts,
+        timeline,
+        None if report is None else report.to_dict(),
+        chaos.kills if chaos is not None else [],
+        check_ledgers(run_dir, report),
+        heldout,
+        evaluator.curve,
+        services.exits,
+        loss_per_step(run_dir, scenario) if plan.training == "sync" else [],
+        list(placement.moves),
+        groups,
+    )
 
 
 def loss_per_step(run_dir: Path, scenario: Scenario) -> list[tuple[int, float]]:
-    """Rank 0's trace of the global batch's loss, by samples trained in units of the full global batch.
+    """Rank 0's trace of the global batch's loss, by samples trained in units of the full global
+    batch.
 
     Counting full-batch steps rather than steps keeps two plans comparable
     where one takes a few short or empty steps (an epoch's end); a restarted
@@ -160,7 +216,9 @@ def loss_per_step(run_dir: Path, scenario: Scenario) -> list[tuple[int, float]]:
     path = trace_path(run_dir, scenario.workers[0].name)
     if not path.exists():
         return []
-    by_step = {int(row["step"]): (int(row["global_batch"]), row["loss"]) for row in read_trace(path)}
+    by_step = {
+        int(row["step"]): (int(row["global_batch"]), row["loss"]) for row in read_trace(path)
+    }
     full, trained, curve = scenario.batch_size * len(scenario.workers), 0, {}
     for _, (global_batch, loss) in sorted(by_step.items()):
         trained += global_batch
@@ -178,22 +236,32 @@ def _wait_for(condition: Callable[[], bool], pool: WorkerPool, timeout_s: float,
         time.sleep(0.1)
 
 
-def _wait_for_ledgers(run_dir: Path, scenario: Scenario, pool: WorkerPool, timeout_s: float = 30.0) -> None:
+def _wait_for_ledgers(
+    run_dir: Path, scenario: Scenario, pool: WorkerPool, timeout_s: float = 30.0
+) -> None:
     """The parameter servers write the last epoch's ledger when they read its close in the log."""
     last = FILE_PATTERN.format(epoch=scenario.epochs - 1)
-    _wait_for(lambda: all((run_dir / f"ps-{k}" / last).exists() for k in range(scenario.parameter_servers)),
-              pool, timeout_s, "the parameter servers' ledgers")
+    _wait_for(
+        lambda: all(
+            (run_dir / f"ps-{k}" / last).exists() for k in range(scenario.parameter_servers)
+        ),
+        pool,
+        timeout_s,
+        "the parameter servers' ledgers",
+    )
 
 
 def _settle(timeline: Timeline, samples: int, timeout_s: float = 10.0) -> None:
-    """Wait until the timeline has read the workers' last reports (they count every trained sample)."""
+    """Wait until the timeline has read the workers' last reports (they count every trained
+    sample)."""
     deadline = time.monotonic() + timeout_s
     while timeline.samples < samples and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
 def _groups(settings: Settings, job_id: str) -> dict:
-    """What the bus says about the run's partial-reduce groups (:mod:`antdt.services.grouper.history`)."""
+    """What the bus says about the run's partial-reduce groups
+    (:mod:`antdt.services.grouper.history`)."""
     from antdt.schemas.codec import make_codec
     from antdt.services.grouper.history import read_copies, summary
 
@@ -201,7 +269,8 @@ def _groups(settings: Settings, job_id: str) -> dict:
 
 
 def _audit(settings: Settings, job_id: str, run_dir: Path):
-    """The audit of the job's log; the log itself is kept beside the ledger (``shard-log.avro``), for later audits."""
+    """The audit of the job's log; the log itself is kept beside the ledger (``shard-log.avro``),
+    for later audits."""
     from antdt.schemas.codec import make_codec
     from antdt.services.sharder.replay import audit_job, export_avro, replay_events
 

@@ -1,13 +1,12 @@
 """Starting demo worker processes from a fork server that has torch imported already.
 
-Every worker (and parameter-server shard) is a process of its own, as on a real cluster. Importing torch
-takes a couple of CPU-seconds, and a synchronous group that restarts after a
-failure starts all its ranks at once: on a small machine eight imports in
-parallel cost ten seconds that say nothing about antdt. A fork server
-(:mod:`multiprocessing`'s ``forkserver``, which imports torch once) forks
-each worker instead; the child is a fresh process in every other respect:
-no Kafka client, thread or CUDA context comes with it, its environment is
-the one given, and its output goes to its log file.
+Every worker (and parameter-server shard) is a process of its own, as on a real cluster. Importing
+torch takes a couple of CPU-seconds, and a synchronous group that restarts after a failure starts
+all its ranks at once: on a small machine eight imports in parallel cost ten seconds that say
+nothing about antdt. A fork server (:mod:`multiprocessing`'s ``forkserver``, which imports torch
+once) forks each worker instead; the child is a fresh process in every other respect: no Kafka
+client, thread or CUDA context comes with it, its environment is the one given, and its output goes
+to its log file.
 
 :class:`WorkerProcess` answers like :class:`subprocess.Popen` (``poll``,
 ``wait``, ``kill``, ``terminate``, ``pid``, ``returncode``), so supervision
@@ -26,9 +25,22 @@ from pathlib import Path
 _CONTEXT = None
 #: Imported once by the fork server: what every worker needs (torch, and the compiler stack
 #: that building an optimizer imports, above all: a second each otherwise).
-PRELOAD = ["torch", "torch._dynamo", "torch.optim", "antdt.demo.trainer", "antdt.demo.training_async",
-           "antdt.demo.training_sync", "antdt.demo.training_preduce", "antdt.worker.dataset", "antdt.worker.resources",
-           "antdt.worker.ps.client", "antdt.worker.commits", "antdt.demo.server_node", "antdt.worker.ps.server", "antdt.cli.ps_cmd"]
+PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "torch.optim",
+    "antdt.demo.trainer",
+    "antdt.demo.training_async",
+    "antdt.demo.training_sync",
+    "antdt.demo.training_preduce",
+    "antdt.worker.dataset",
+    "antdt.worker.resources",
+    "antdt.worker.ps.client",
+    "antdt.worker.commits",
+    "antdt.demo.server_node",
+    "antdt.worker.ps.server",
+    "antdt.cli.ps_cmd",
+]
 #: What a forked process runs: a module whose ``forked(argv)`` returns the exit code.
 TRAINER, SERVER = "antdt.demo.trainer", "antdt.demo.server_node"
 
@@ -53,11 +65,13 @@ def _child(entry: str, argv: list[str], env: dict[str, str], log_path: str) -> N
 
 
 class WorkerProcess:
-    """A forked demo process (a worker, or a parameter-server shard), with the parts of the Popen interface
-    the harness uses."""
+    """A forked demo process (a worker, or a parameter-server shard), with the parts of the Popen
+    interface the harness uses."""
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, entry: str = TRAINER):
-        self._process = _context().Process(target=_child, args=(entry, argv, env, str(log_path)), daemon=False)
+        self._process = _context().Process(
+            target=_child, args=(entry, argv, env, str(log_path)), daemon=False
+        )
         self._process.start()
 
     @property
@@ -93,7 +107,8 @@ class WorkerProcess:
 
 
 def warm_up(timeout_s: float = 120.0) -> float:
-    """Start the fork server now (it imports torch): seconds it took. Later workers start at once."""
+    """Start the fork server now (it imports torch): seconds it took. Later workers start at
+    once."""
     started = time.monotonic()
     probe = _context().Process(target=os.getpid)
     probe.start()

@@ -1,14 +1,13 @@
 """Pacing a step to the speed the scenario gives a worker at that moment.
 
-A demo worker does real torch work for every step (forward, backward, SGD on
-its batch), which on its own takes a millisecond or so. The scenario says how
-long the step *should* take on the worker's simulated hardware:
-``(fixed + samples) / speed(t)`` (:meth:`Scenario.step_s`). :class:`Pacer` fills the difference, either by
-sleeping (``cause: sleep``, and outside episodes) or, during a ``cause: cpu``
-episode, by running more torch matrix products until the deadline, so the
-worker really keeps a core busy as a noisy neighbour would. If the real work
-alone overruns the target (an overloaded machine), nothing is added: the step
-is as slow as it really was, and that counts against the run's efficiency.
+A demo worker does real torch work for every step (forward, backward, SGD on its batch), which on
+its own takes a millisecond or so. The scenario says how long the step *should* take on the worker's
+simulated hardware: ``(fixed + samples) / speed(t)`` (:meth:`Scenario.step_s`). :class:`Pacer` fills
+the difference, either by sleeping (``cause: sleep``, and outside episodes) or, during a ``cause:
+cpu`` episode, by running more torch matrix products until the deadline, so the worker really keeps
+a core busy as a noisy neighbour would. If the real work alone overruns the target (an overloaded
+machine), nothing is added: the step is as slow as it really was, and that counts against the run's
+efficiency.
 """
 
 from __future__ import annotations
@@ -33,7 +32,8 @@ class Pacer:
         return time.time() - self.start_wall
 
     def pace(self, samples: int, started_s: float) -> None:
-        """Hold until the step that began at ``started_s`` (run time) has lasted what the scenario says."""
+        """Hold until the step that began at ``started_s`` (run time) has lasted what the scenario
+        says."""
         if samples <= 0:
             return
         target = self.scenario.step_s(self.rank, started_s, samples, self.node.name)

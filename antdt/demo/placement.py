@@ -57,15 +57,19 @@ class Placement:
         self.degraded.add(node)
 
     def replace(self, process: str, t: float, why: str) -> Move:
-        """Place ``process`` again after a RESTART or EVICT (module docstring); the move is recorded."""
+        """Place ``process`` again after a RESTART or EVICT (module docstring); the move is
+        recorded."""
         source = self.where[process]
         taken = set(self.where.values())
-        free = [n for n in self.scenario.cluster if n.name not in taken and n.name not in self.degraded]
+        free = [
+            n for n in self.scenario.cluster if n.name not in taken and n.name not in self.degraded
+        ]
         free.sort(key=lambda n: not n.spare)  # spares first, then the cluster's order
         if free:
             target = free[0]
             reason = f"{why}; {'spare' if target.spare else 'free node'} {target.name}" + (
-                f", {source} marked degraded" if source in self.degraded else "")
+                f", {source} marked degraded" if source in self.degraded else ""
+            )
         else:
             target = self.scenario.node(source)
             reason = f"{why}; no free healthy node: stays on {source}"
@@ -77,10 +81,10 @@ class Placement:
 
 
 def node_at(scenario: Scenario, process: str, moves: list[Move], t: float) -> str:
-    """The node ``process`` ran on at ``t``: where it started, or where its last move before ``t`` took it."""
+    """The node ``process`` ran on at ``t``: where it started, or where its last move before ``t``
+    took it."""
     node = scenario.home(process)
     for move in moves:
         if move.process == process and move.t <= t:
             node = move.target
     return node
-

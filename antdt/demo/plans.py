@@ -13,7 +13,7 @@
 Every plan trains one shared model: through the parameter server, kept
 identical on every rank by the all-reduce, or (partial reduce) the mean of
 the replicas, which the last group of every rank makes the one model.
-"""
+"""  # noqa: E501 (a markdown table: a row cannot be wrapped)
 
 from __future__ import annotations
 
@@ -29,35 +29,43 @@ class RunPlan:
     training: str  # "async" (parameter server), "sync" (all-reduce) or "preduce" (partial reduce)
     sharding: str  # "dynamic" or "static"
     policy: str | None  # a controller policy, or None for no controller
-    sizing: str = "commands"  # sync: "in-band" sizes the local batches at every step (antdt.sizing.inband)
-    #: Monitor settings the plan runs with on every scenario (printed in the report with the scenario's own).
+    # sync: "in-band" sizes the local batches at every step (antdt.sizing.inband)
+    sizing: str = "commands"
+    #: Monitor settings the plan runs with on every scenario (printed in the report with the
+    #: scenario's own).
     monitor: tuple[tuple[str, str], ...] = ()
 
     @property
     def uses_sharder(self) -> bool:
-        """Dynamic sharding, and every parameter-server plan: the servers apply what the shard log commits."""
+        """Dynamic sharding, and every parameter-server plan: the servers apply what the shard log
+        commits."""
         return self.sharding == "dynamic" or self.training == "async"
 
     @property
     def grouped(self) -> bool:
-        """The ranks share one process group: one rank's death restarts them all from the last checkpoint."""
+        """The ranks share one process group: one rank's death restarts them all from the last
+        checkpoint."""
         return self.training in ("sync", "preduce")
 
     @property
     def label(self) -> str:
-        return {"static-bsp": "static sharding, BSP (baseline)", "static-async": "static sharding (PS)",
-                "dynamic": "dynamic sharding only (PS)",
-                "nd": "antdt, AntDT-ND (PS)", "dd": "antdt, AntDT-DD",
-                "dd-commands": "antdt, AntDT-DD by commands",
-                "partial-reduce": "antdt, partial reduce"}.get(self.name, self.name)
+        return {
+            "static-bsp": "static sharding, BSP (baseline)",
+            "static-async": "static sharding (PS)",
+            "dynamic": "dynamic sharding only (PS)",
+            "nd": "antdt, AntDT-ND (PS)",
+            "dd": "antdt, AntDT-DD",
+            "dd-commands": "antdt, AntDT-DD by commands",
+            "partial-reduce": "antdt, partial reduce",
+        }.get(self.name, self.name)
 
 
 PLANS = {
     "static-bsp": RunPlan("static-bsp", "sync", "static", None),
     "static-async": RunPlan("static-async", "async", "static", None),
     "dynamic": RunPlan("dynamic", "async", "dynamic", None),
-    # The runs last about a minute: a straggler 10 s old is persistent on that scale (the default, 30 s, suits
-    # jobs of hours), so a persistent one is moved while moving it still pays.
+    # The runs last about a minute: a straggler 10 s old is persistent on that scale (the default,
+    # 30 s, suits jobs of hours), so a persistent one is moved while moving it still pays.
     "nd": RunPlan("nd", "async", "dynamic", "antdt-nd", monitor=(("persistent_s", "10"),)),
     "dd": RunPlan("dd", "sync", "dynamic", "antdt-dd", "in-band"),
     "dd-commands": RunPlan("dd-commands", "sync", "dynamic", "antdt-dd"),
@@ -67,13 +75,23 @@ POLICIES = ("nd", "dd", "off")
 
 
 def demo_plan(scenario: Scenario, policy: str | None) -> RunPlan:
-    """The demo's plan: the scenario's cluster mode, with ``policy`` (default: the mode's own) or none."""
+    """The demo's plan: the scenario's cluster mode, with ``policy`` (default: the mode's own) or
+    none."""
     training = "async" if scenario.mode is ClusterMode.ND else "sync"
     chosen = policy or scenario.mode.value
     if chosen not in POLICIES:
         raise ConfigError(f"policy {chosen!r}: choose one of {', '.join(POLICIES)}")
     if chosen == "off":
-        return RunPlan("dynamic" if training == "async" else "sync-dynamic", training, "dynamic", None)
-    own = PLANS[chosen].training == training  # the policy's own mode: its bench plan, sizing included
-    return RunPlan(chosen if own else f"{chosen}-on-{scenario.mode.value}", training, "dynamic", f"antdt-{chosen}",
-                   PLANS[chosen].sizing if own else "commands", PLANS[chosen].monitor)
+        return RunPlan(
+            "dynamic" if training == "async" else "sync-dynamic", training, "dynamic", None
+        )
+    # the policy's own mode: its bench plan, sizing included
+    own = PLANS[chosen].training == training
+    return RunPlan(
+        chosen if own else f"{chosen}-on-{scenario.mode.value}",
+        training,
+        "dynamic",
+        f"antdt-{chosen}",
+        PLANS[chosen].sizing if own else "commands",
+        PLANS[chosen].monitor,
+    )

@@ -31,13 +31,24 @@ from antdt.demo.placement import REPLACED, Placement
 from antdt.demo.plans import RunPlan
 from antdt.demo.scenario import Scenario
 from antdt.errors import AntdtError
-from antdt.launch import settings_env
+from antdt.runtime.launch import settings_env
 from antdt.settings import Settings
 
 
 class WorkerPool:
-    def __init__(self, scenario_path: Path, scenario: Scenario, plan: RunPlan, handshake: Path, settings: Settings,
-                 run_dir: Path, servers: list[str], restart_failed: bool, placement: Placement, clock: Callable[[], float]):
+    def __init__(
+        self,
+        scenario_path: Path,
+        scenario: Scenario,
+        plan: RunPlan,
+        handshake: Path,
+        settings: Settings,
+        run_dir: Path,
+        servers: list[str],
+        restart_failed: bool,
+        placement: Placement,
+        clock: Callable[[], float],
+    ):
         self.scenario_path, self.scenario, self.plan = scenario_path, scenario, plan
         self.placement, self.clock = placement, clock
         self.handshake, self.settings, self.run_dir = handshake, settings, run_dir
@@ -57,11 +68,36 @@ class WorkerPool:
     def _launch(self, rank: int) -> None:
         worker = self.scenario.workers[rank]
         node = self.placement.where[worker.name]
-        env = {**os.environ, **settings_env(self.settings), "PYTHONUNBUFFERED": "1",
-               "ANTDT_WORKER_ID": worker.name, "ANTDT_NODE_ID": node, "OMP_NUM_THREADS": "1"}
-        argv = ["--scenario", str(self.scenario_path), "--rank", str(rank), "--node", node, "--training", self.plan.training,
-                "--sharding", self.plan.sharding, "--handshake", str(self.handshake), "--out", str(self.run_dir),
-                "--ps", ",".join(self.servers), "--generation", str(self.generation), "--sizing", self.plan.sizing]
+        env = {
+            **os.environ,
+            **settings_env(self.settings),
+            "PYTHONUNBUFFERED": "1",
+            "ANTDT_WORKER_ID": worker.name,
+            "ANTDT_NODE_ID": node,
+            "OMP_NUM_THREADS": "1",
+        }
+        argv = [
+            "--scenario",
+            str(self.scenario_path),
+            "--rank",
+            str(rank),
+            "--node",
+            node,
+            "--training",
+            self.plan.training,
+            "--sharding",
+            self.plan.sharding,
+            "--handshake",
+            str(self.handshake),
+            "--out",
+            str(self.run_dir),
+            "--ps",
+            ",".join(self.servers),
+            "--generation",
+            str(self.generation),
+            "--sizing",
+            self.plan.sizing,
+        ]
         self.processes[rank] = WorkerProcess(argv, env, self.log_dir / f"worker-{worker.name}.log")
 
     def log_tail(self, rank: int, chars: int = 3000) -> str:
@@ -69,7 +105,8 @@ class WorkerPool:
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
     def supervise(self) -> None:
-        """Restart what asked (or, in chaos runs, happened) to need it; raise on a worker that failed."""
+        """Restart what asked (or, in chaos runs, happened) to need it; raise on a worker that
+        failed."""
         for rank, process in list(self.processes.items()):
             code = process.poll()
             if code is None or rank in self.finished:
@@ -81,8 +118,10 @@ class WorkerPool:
             if code in REPLACED:
                 self.placement.replace(name, self.clock(), REPLACED[code])
             elif not self.restart_failed:
-                raise AntdtError(f"worker {name} (rank {rank}) exited with code {code}: {self._last_words(rank)}"
-                                 f"{self._outside_the_collective()}\nits log ends:\n{self.log_tail(rank)}")
+                raise AntdtError(
+                    f"worker {name} (rank {rank}) exited with code {code}: {self._last_words(rank)}"
+                    f"{self._outside_the_collective()}\nits log ends:\n{self.log_tail(rank)}"
+                )
             if not self.plan.grouped:
                 self.restarts += 1
                 self._launch(rank)
@@ -95,14 +134,20 @@ class WorkerPool:
         return lines[-1].strip()[:300] if lines else "(nothing in its log)"
 
     def _outside_the_collective(self) -> str:
-        """Synchronous runs: the live ranks that are not in the step's all-reduce (the stuck ones, if any)."""
+        """Synchronous runs: the live ranks that are not in the step's all-reduce (the stuck ones,
+        if any)."""
         if self.plan.training != "sync":
             return ""
-        names = [self.scenario.workers[r].name for r in self.running() if read_phase(self.handshake, r) is not Phase.ALLREDUCE]
+        names = [
+            self.scenario.workers[r].name
+            for r in self.running()
+            if read_phase(self.handshake, r) is not Phase.ALLREDUCE
+        ]
         return f"; live ranks outside the all-reduce: {', '.join(names)}" if names else ""
 
     def _restart_group(self) -> None:
-        """Stop every rank and start the next generation of the group (it resumes from the last checkpoint)."""
+        """Stop every rank and start the next generation of the group (it resumes from the last
+        checkpoint)."""
         for process in self.processes.values():
             if process.poll() is None:
                 process.kill()
@@ -118,7 +163,11 @@ class WorkerPool:
 
     def running(self) -> list[int]:
         """Ranks whose process is alive and not finished."""
-        return [rank for rank, p in self.processes.items() if p.poll() is None and rank not in self.finished]
+        return [
+            rank
+            for rank, p in self.processes.items()
+            if p.poll() is None and rank not in self.finished
+        ]
 
     def kill(self, rank: int) -> None:
         """SIGKILL: no clean-up, no last report, shards left held (chaos)."""

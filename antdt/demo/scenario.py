@@ -59,7 +59,8 @@ class _Strict(BaseModel):
 
 
 class WorkerSpec(_Strict):
-    """One worker: the node it starts on, or (a scenario without nodes) its own speed and episodes."""
+    """One worker: the node it starts on, or (a scenario without nodes) its own speed and
+    episodes."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
     node: str | None = None
@@ -69,7 +70,10 @@ class WorkerSpec(_Strict):
     @model_validator(mode="after")
     def _apart(self) -> WorkerSpec:
         if self.node is not None and (self.speed != 1.0 or self.episodes):
-            raise ValueError(f"worker {self.name} runs on node {self.node}: its speed and episodes belong to the node")
+            raise ValueError(
+                f"worker {self.name} runs on node {self.node}: "
+                "its speed and episodes belong to the node"
+            )
         check_apart(f"worker {self.name}", self.episodes)
         return self
 
@@ -98,21 +102,44 @@ class Scenario(_Strict):
     shard_size: int = Field(gt=0)
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1, description="each worker's initial local batch")
-    step_fixed_s: float = Field(0.0, ge=0, description="each step's fixed cost on a speed-1.0 worker, in seconds")
-    checkpoint_every_s: float = Field(10.0, gt=0, description="sync: seconds between the group's checkpoints")
-    parameter_servers: int = Field(1, ge=1, le=64, description="parameter-server shards of asynchronous plans")
-    ps_work_s: float = Field(0.0, ge=0, description="seconds of parameter-server work per pull, gradient and "
-                             "update on a speed-1.0 node (0: the servers are not paced)")
-    nodes: tuple[NodeSpec, ...] = Field((), description="the machines; none: each worker has one of its own")
-    server_nodes: tuple[str, ...] = Field((), description="the node each parameter-server shard starts on, in shard order")
+    step_fixed_s: float = Field(
+        0.0, ge=0, description="each step's fixed cost on a speed-1.0 worker, in seconds"
+    )
+    checkpoint_every_s: float = Field(
+        10.0, gt=0, description="sync: seconds between the group's checkpoints"
+    )
+    parameter_servers: int = Field(
+        1, ge=1, le=64, description="parameter-server shards of asynchronous plans"
+    )
+    ps_work_s: float = Field(
+        0.0,
+        ge=0,
+        description="seconds of parameter-server work per pull, gradient and "
+        "update on a speed-1.0 node (0: the servers are not paced)",
+    )
+    nodes: tuple[NodeSpec, ...] = Field(
+        (), description="the machines; none: each worker has one of its own"
+    )
+    server_nodes: tuple[str, ...] = Field(
+        (), description="the node each parameter-server shard starts on, in shard order"
+    )
     seed: int = 0
     report_interval_s: float = Field(1.0, gt=0)
-    monitor: dict[str, str] = Field(default_factory=dict, description="monitor settings (monitor.<key>)")
-    controller: dict[str, str] = Field(default_factory=dict, description="controller settings (controller.<key>)")
-    grouper: dict[str, str] = Field(default_factory=dict,
-                                    description="partial reduce: `antdt grouper` options (group_size, deadline_ms)")
-    target_loss: float | None = Field(None, gt=0, description="the held-out loss a run must reach; `antdt bench` "
-                                      "reports the time to it")
+    monitor: dict[str, str] = Field(
+        default_factory=dict, description="monitor settings (monitor.<key>)"
+    )
+    controller: dict[str, str] = Field(
+        default_factory=dict, description="controller settings (controller.<key>)"
+    )
+    grouper: dict[str, str] = Field(
+        default_factory=dict,
+        description="partial reduce: `antdt grouper` options (group_size, deadline_ms)",
+    )
+    target_loss: float | None = Field(
+        None,
+        gt=0,
+        description="the held-out loss a run must reach; `antdt bench` reports the time to it",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
@@ -120,13 +147,16 @@ class Scenario(_Strict):
         if len(set(names)) != len(names):
             raise ValueError("worker names must be unique")
         if self.dataset_size % len(self.workers):
-            raise ValueError(f"dataset_size {self.dataset_size} must split evenly over {len(self.workers)} workers "
-                             "(static sharding gives each the same slice)")
+            raise ValueError(
+                f"dataset_size {self.dataset_size} must split evenly over "
+                f"{len(self.workers)} workers (static sharding gives each the same slice)"
+            )
         self._placed_on_nodes()
         return self
 
     def _placed_on_nodes(self) -> None:
-        """With nodes: every process on a node of its own that is not a spare; without: nobody names a node."""
+        """With nodes: every process on a node of its own that is not a spare; without: nobody names
+        a node."""
         if not self.nodes:
             if self.server_nodes or any(w.node for w in self.workers):
                 raise ValueError("processes name nodes but the scenario has no nodes")
@@ -135,7 +165,10 @@ class Scenario(_Strict):
         if len(known) != len(self.nodes):
             raise ValueError("node names must be unique")
         if len(self.server_nodes) != self.parameter_servers:
-            raise ValueError(f"server_nodes must name a node for each of the {self.parameter_servers} parameter servers")
+            raise ValueError(
+                "server_nodes must name a node for each of the "
+                f"{self.parameter_servers} parameter servers"
+            )
         homes = [w.node for w in self.workers] + list(self.server_nodes)
         for name, home in zip([w.name for w in self.workers] + self.server_names, homes):
             if home is None or home not in known:
@@ -149,7 +182,8 @@ class Scenario(_Strict):
 
     @classmethod
     def load(cls, source: str | Path) -> Scenario:
-        """A file path, or the name of a shipped scenario (``standard``, ``short``); ConfigError on one line."""
+        """A file path, or the name of a shipped scenario (``standard``, ``short``); ConfigError on
+        one line."""
         path = Path(source)
         if not path.exists() and (SCENARIO_DIR / f"{source}.yaml").exists():
             path = SCENARIO_DIR / f"{source}.yaml"
@@ -157,26 +191,33 @@ class Scenario(_Strict):
             text = path.read_text()
         except OSError as exc:
             shipped = ", ".join(sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml")))
-            raise ConfigError(f"scenario {source}: {exc.strerror or exc} (shipped scenarios: {shipped})") from None
+            raise ConfigError(
+                f"scenario {source}: {exc.strerror or exc} (shipped scenarios: {shipped})"
+            ) from None
         try:
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
             return cls.model_validate(data)
         except (yaml.YAMLError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"scenario {path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
-                              f"{str(exc).splitlines()[0]}") from None
+            raise ConfigError(
+                f"scenario {path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                f"{str(exc).splitlines()[0]}"
+            ) from None
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "top level"
             raise ConfigError(f"scenario {path}: {where}: {first['msg']}") from None
 
     def with_workers(self, count: int) -> Scenario:
-        """The first ``count`` workers (plain speed-1.0 ones added if there are fewer); the dataset is trimmed to split evenly.
+        """The first ``count`` workers (plain speed-1.0 ones added if there are fewer); the dataset
+        is trimmed to split evenly.
 
         A scenario with nodes places its own processes: ConfigError.
         """
         if self.nodes:
-            raise ConfigError(f"scenario {self.name} places its workers on nodes: run it with its own "
-                              f"{len(self.workers)} workers (no --workers)")
+            raise ConfigError(
+                f"scenario {self.name} places its workers on nodes: run it with its own "
+                f"{len(self.workers)} workers (no --workers)"
+            )
         workers = list(self.workers[:count])
         workers += [WorkerSpec(name=f"w{i}") for i in range(len(workers), count)]
         size = max(count, self.dataset_size - self.dataset_size % count)
@@ -190,7 +231,8 @@ class Scenario(_Strict):
 
     @property
     def cluster(self) -> tuple[NodeSpec, ...]:
-        """Every node: the scenario's, or one per worker (its speed and episodes) and one per parameter server."""
+        """Every node: the scenario's, or one per worker (its speed and episodes) and one per
+        parameter server."""
         return _cluster(self.nodes, self.workers, self.parameter_servers)
 
     def home(self, process: str) -> str:
@@ -213,7 +255,8 @@ class Scenario(_Strict):
         return self.cluster[index]
 
     def node_speed(self, name: str, t: float) -> float:
-        """Node ``name``'s speed in samples per second at ``t`` (noise included: it belongs to the node)."""
+        """Node ``name``'s speed in samples per second at ``t`` (noise included: it belongs to the
+        node)."""
         index = _node_index(self.cluster)[name]
         node = self.cluster[index]
         return self.base_rate * node.speed / node.factor_at(t) / self.noise_at(index, t)
@@ -225,7 +268,8 @@ class Scenario(_Strict):
         return self.dataset_size * self.epochs
 
     def noise_at(self, index: int, t: float) -> float:
-        """The noise factor on the step times of node ``index`` of :attr:`cluster` at ``t`` (1.0 without noise)."""
+        """The noise factor on the step times of node ``index`` of :attr:`cluster` at ``t`` (1.0
+        without noise)."""
         if not self.noise.amplitude:
             return 1.0
         period = math.floor(max(t, 0.0) / self.noise.period_s)
@@ -239,11 +283,13 @@ class Scenario(_Strict):
 
     @property
     def fixed_cost_factor(self) -> float:
-        """The share of the summed speed a split at the scenario's batch can train (1.0 without a fixed cost)."""
+        """The share of the summed speed a split at the scenario's batch can train (1.0 without a
+        fixed cost)."""
         return self.batch_size / (self.batch_size + self.fixed_samples)
 
     def step_s(self, rank: int, t: float, samples: int, node: str | None = None) -> float:
-        """How long worker ``rank``'s step of ``samples`` starting at ``t`` lasts on ``node`` (default: where it started)."""
+        """How long worker ``rank``'s step of ``samples`` starting at ``t`` lasts on ``node``
+        (default: where it started)."""
         return (self.fixed_samples + samples) / self.node_speed(node or self._homes()[rank].name, t)
 
     def speed_at(self, rank: int, t: float) -> float:
@@ -256,19 +302,27 @@ class Scenario(_Strict):
         for node in self.cluster:
             points.update(p for p in node.change_points() if p < horizon_s)
         if self.noise.amplitude:
-            points.update(k * self.noise.period_s for k in range(1, int(horizon_s / self.noise.period_s) + 1))
+            points.update(
+                k * self.noise.period_s for k in range(1, int(horizon_s / self.noise.period_s) + 1)
+            )
         return sorted(p for p in points if p <= horizon_s)
 
     def worker_speeds(self, t: float) -> list[float]:
-        """The workers' speeds at ``t`` the ideal counts: where they started or, with nodes, under the best placement."""
+        """The workers' speeds at ``t`` the ideal counts: where they started or, with nodes, under
+        the best placement."""
         if not self.nodes:
             return [self.speed_at(rank, t) for rank in range(len(self.workers))]
         nodes = self.cluster
-        return best_speeds([self.node_speed(n.name, t) for n in nodes], [n.healthy_at(t) for n in nodes],
-                           len(self.workers), self.parameter_servers)
+        return best_speeds(
+            [self.node_speed(n.name, t) for n in nodes],
+            [n.healthy_at(t) for n in nodes],
+            len(self.workers),
+            self.parameter_servers,
+        )
 
     def rate_at(self, t: float) -> float:
-        """The most samples per second any split of the global batch trains at ``t`` (module docstring)."""
+        """The most samples per second any split of the global batch trains at ``t`` (module
+        docstring)."""
         speeds = sorted(self.worker_speeds(t), reverse=True)
         best = self.fixed_cost_factor * sum(speeds)
         total, fixed = self.batch_size * len(speeds), self.fixed_samples
@@ -279,7 +333,8 @@ class Scenario(_Strict):
         return best
 
     def ideal_time_s(self, samples: int | None = None) -> float:
-        """When the workers' summed speed has done ``samples`` (default all the work): exact, speeds are piecewise constant."""
+        """When the workers' summed speed has done ``samples`` (default all the work): exact, speeds
+        are piecewise constant."""
         remaining = float(self.total_samples if samples is None else samples)
         horizon = 60.0
         while True:
@@ -295,7 +350,9 @@ class Scenario(_Strict):
     def ideal_curve(self, until_s: float, points: int = 200) -> list[tuple[float, float]]:
         """(t, samples the ideal has done by t), for the report's plot."""
         curve, done, now = [(0.0, 0.0)], 0.0, 0.0
-        marks = sorted(set(self.change_points(until_s)) | {until_s * i / points for i in range(1, points + 1)})
+        marks = sorted(
+            set(self.change_points(until_s)) | {until_s * i / points for i in range(1, points + 1)}
+        )
         for mark in marks[1:]:
             done += self.rate_at(now) * (mark - now)
             now = mark
@@ -306,15 +363,26 @@ class Scenario(_Strict):
         """(node, who starts there, hardware speed, episodes) for the report."""
         names = [w.name for w in self.workers] + self.server_names
         homes = dict(zip([n.name for n in self._homes()], names))
-        return [(node.name, homes.get(node.name, "spare" if node.spare else "-"), f"{node.speed:g}",
-                 ", ".join(e.describe() for e in node.episodes) or "-") for node in self.cluster]
+        return [
+            (
+                node.name,
+                homes.get(node.name, "spare" if node.spare else "-"),
+                f"{node.speed:g}",
+                ", ".join(e.describe() for e in node.episodes) or "-",
+            )
+            for node in self.cluster
+        ]
 
 
 @functools.lru_cache(maxsize=64)
-def _cluster(nodes: tuple[NodeSpec, ...], workers: tuple[WorkerSpec, ...], servers: int) -> tuple[NodeSpec, ...]:
+def _cluster(
+    nodes: tuple[NodeSpec, ...], workers: tuple[WorkerSpec, ...], servers: int
+) -> tuple[NodeSpec, ...]:
     if nodes:
         return nodes
-    return tuple(w.own_node() for w in workers) + tuple(NodeSpec(name=f"node-ps-{k}") for k in range(servers))
+    return tuple(w.own_node() for w in workers) + tuple(
+        NodeSpec(name=f"node-ps-{k}") for k in range(servers)
+    )
 
 
 @functools.lru_cache(maxsize=64)

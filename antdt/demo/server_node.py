@@ -41,15 +41,25 @@ class NodePace:
     def __call__(self, work: str) -> float:
         if work not in self.WORK or not self.scenario.ps_work_s:
             return 0.0
-        relative = self.scenario.node_speed(self.node, self.now_s(time.time())) / self.scenario.base_rate
+        relative = (
+            self.scenario.node_speed(self.node, self.now_s(time.time())) / self.scenario.base_rate
+        )
         return self.scenario.ps_work_s / relative
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="antdt demo parameter-server shard (started by the harness)")
+    parser = argparse.ArgumentParser(
+        description="antdt demo parameter-server shard (started by the harness)"
+    )
     parser.add_argument("command", choices=("ps",))
-    for name, kind, default in (("--shard", int, 0), ("--shards", int, 1), ("--port", int, 0), ("--lr", float, 0.05),
-                                ("--checkpoint-every", float, 2.0), ("--http-port", int, 0)):
+    for name, kind, default in (
+        ("--shard", int, 0),
+        ("--shards", int, 1),
+        ("--port", int, 0),
+        ("--lr", float, 0.05),
+        ("--checkpoint-every", float, 2.0),
+        ("--http-port", int, 0),
+    ):
         parser.add_argument(name, type=kind, default=default)
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=None)
@@ -65,17 +75,28 @@ def main(argv: list[str] | None = None) -> None:
     from antdt.worker.ps.server import ServerSpec
 
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     settings = load_settings()
     scenario = Scenario.load(args.scenario)
-    spec = ServerSpec(job_id=settings.job_id, checkpoint_dir=args.checkpoint_dir, shard=args.shard, shards=args.shards,
-                      port=args.port, out_dir=args.out, lr=args.lr, checkpoint_every_s=args.checkpoint_every,
-                      pace=NodePace(scenario, args.node, args.handshake))
+    spec = ServerSpec(
+        job_id=settings.job_id,
+        checkpoint_dir=args.checkpoint_dir,
+        shard=args.shard,
+        shards=args.shards,
+        port=args.port,
+        out_dir=args.out,
+        lr=args.lr,
+        checkpoint_every_s=args.checkpoint_every,
+        pace=NodePace(scenario, args.node, args.handshake),
+    )
     serve(settings, spec, args.http_port)
 
 
 def forked(argv: list[str]) -> int:
-    """The fork server's entry (:mod:`antdt.demo.launcher`): a RESTART or EVICT exits with the agent's code."""
+    """The fork server's entry (:mod:`antdt.demo.launcher`): a RESTART or EVICT exits with the
+    agent's code."""
     main(argv)
     return 0
 

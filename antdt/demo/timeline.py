@@ -39,8 +39,13 @@ from antdt.schemas.models import (
 from antdt.settings import Settings
 from antdt.topics import topic_spec
 
-FOLLOWED = (("worker", "metrics"), ("monitor", "verdicts"), ("controller", "commands"), ("worker", "acks"),
-            ("shard", "assignments"))
+FOLLOWED = (
+    ("worker", "metrics"),
+    ("monitor", "verdicts"),
+    ("controller", "commands"),
+    ("worker", "acks"),
+    ("shard", "assignments"),
+)
 
 
 @dataclass
@@ -60,7 +65,7 @@ class Marker:
 
 
 @dataclass
-class WorkerTrack:
+class WorkerLane:
     points: list[Point] = field(default_factory=list)
     samples: int = 0
     batch_size: int = 0
@@ -86,12 +91,17 @@ class CommandLine:
 
     def acks_text(self, none: str = "-") -> str:
         """``applied 1, rejected 2``; ``none`` when no ack came yet."""
-        return ", ".join(f"{status.lower()} {count}" for status, count in sorted(self.acks.items())) or none
+        return (
+            ", ".join(f"{status.lower()} {count}" for status, count in sorted(self.acks.items()))
+            or none
+        )
 
 
 def describe(command: MitigationCommand) -> str:
     """One short line: the action and its value."""
-    value = {"ADJUST_BATCH_SIZE": command.batch_size, "SET_SHARD_QUOTA": command.shard_quota}.get(command.action.value)
+    value = {"ADJUST_BATCH_SIZE": command.batch_size, "SET_SHARD_QUOTA": command.shard_quota}.get(
+        command.action.value
+    )
     text = command.action.value + (f" {value}" if value is not None else "")
     if command.effective_step is not None:
         text += f" @step {command.effective_step}"
@@ -103,11 +113,12 @@ class Timeline:
 
     def __init__(self, settings: Settings, job_id: str, workers: list[str]):
         self.settings, self.job_id = settings, job_id
-        self.workers = {name: WorkerTrack() for name in workers}
+        self.workers = {name: WorkerLane() for name in workers}
         self.markers: list[Marker] = []
         self.commands: list[CommandLine] = []
         self.verdicts = 0
-        self.degraded_nodes: set[str] = set()  # nodes a MARK_NODE_DEGRADED named: the orchestrator avoids them
+        # nodes a MARK_NODE_DEGRADED named: the orchestrator avoids them
+        self.degraded_nodes: set[str] = set()
         self.moves: list = []  # the orchestrator's placements (antdt.demo.placement.Move), in order
         self._commands_by_id: dict[str, CommandLine] = {}
         self._start = time.time()
@@ -143,7 +154,8 @@ class Timeline:
             return sum(track.samples for track in self.workers.values())
 
     def trained_after(self, worker: str, t: float) -> float | None:
-        """When the worker first reported trained samples in a window ending after ``t`` (back after a kill)."""
+        """When the worker first reported trained samples in a window ending after ``t`` (back after
+        a kill)."""
         with self._lock:
             track = self.workers.get(worker)
             points = track.points if track else []
@@ -156,7 +168,8 @@ class Timeline:
             return min((g for g in (track.grants if track else []) if g > t), default=None)
 
     def add_move(self, move) -> None:
-        """A placement the orchestrator made (:class:`antdt.demo.placement.Move`), as a marker on the process."""
+        """A placement the orchestrator made (:class:`antdt.demo.placement.Move`), as a marker on
+        the process."""
         with self._lock:
             self.moves.append(move)
             self.markers.append(Marker(move.t, move.process, "placement", f"-> {move.target}"))
@@ -165,11 +178,13 @@ class Timeline:
         with self._lock:
             return set(self.degraded_nodes)
 
-    def snapshot(self) -> tuple[dict[str, WorkerTrack], list[CommandLine]]:
+    def snapshot(self) -> tuple[dict[str, WorkerLane], list[CommandLine]]:
         """Copies safe to render while the thread goes on."""
         with self._lock:
             tracks = {name: replace(t, points=list(t.points)) for name, t in self.workers.items()}
-            return tracks, [replace(c, acks=dict(c.acks), rejections=list(c.rejections)) for c in self.commands]
+            return tracks, [
+                replace(c, acks=dict(c.acks), rejections=list(c.rejections)) for c in self.commands
+            ]
 
     # ------------------------------------------------------------ reading
 
@@ -177,7 +192,9 @@ class Timeline:
         consumer = make_consumer(self.settings, client_id="antdt-demo-timeline")
         names = [topic_spec(c, n).full_name(self.settings.topic_prefix) for c, n in FOLLOWED]
         counts = partition_counts(make_admin(self.settings), names)
-        assign_now(consumer, [TopicPartition(t, p, BEGINNING) for t in names for p in range(counts[t])])
+        assign_now(
+            consumer, [TopicPartition(t, p, BEGINNING) for t in names for p in range(counts[t])]
+        )
         watch = shared_watch(self.settings)
         rewinder = Rewinder(consumer, watch)  # a restarted broker's topics start at offset 0 again
         try:
@@ -200,18 +217,26 @@ class Timeline:
     def _t(self, moment) -> float:
         return moment.timestamp() - self._start
 
-    def _track(self, worker: str) -> WorkerTrack:
-        return self.workers.setdefault(worker, WorkerTrack())
+    def _track(self, worker: str) -> WorkerLane:
+        return self.workers.setdefault(worker, WorkerLane())
 
     def _take(self, record) -> None:
         if isinstance(record, WorkerMetrics):
             if record.role != WORKER_ROLE:
-                return  # a parameter-server shard's steps are applied updates, counted by the workers already
+                # a parameter-server shard's steps are applied updates, counted by the workers
+                # already
+                return
             track = self._track(record.worker_id)
             span = (record.window_end - record.window_start).total_seconds()
             if span > 0:
-                track.points.append(Point(self._t(record.window_end), record.samples / span, record.local_batch_size,
-                                          record.samples))
+                track.points.append(
+                    Point(
+                        self._t(record.window_end),
+                        record.samples / span,
+                        record.local_batch_size,
+                        record.samples,
+                    )
+                )
             track.samples += record.samples
             track.batch_size = record.local_batch_size
             track.compute_s += record.compute.sum_s
@@ -219,17 +244,32 @@ class Timeline:
             track.sync_wait_s += record.sync_wait_s
         elif isinstance(record, StragglerVerdict):
             self.verdicts += 1
-            label = record.kind.value if record.kind is not VerdictKind.STRAGGLER else \
-                f"{record.classification.value} straggler"
-            self._track(record.worker_id).verdict = "" if record.kind is VerdictKind.CLEARED else label
-            self.markers.append(Marker(self._t(record.issued_at), record.worker_id, "verdict",
-                                       f"{label} x{record.speed_ratio:.1f}"))
+            label = (
+                record.kind.value
+                if record.kind is not VerdictKind.STRAGGLER
+                else f"{record.classification.value} straggler"
+            )
+            self._track(record.worker_id).verdict = (
+                "" if record.kind is VerdictKind.CLEARED else label
+            )
+            self.markers.append(
+                Marker(
+                    self._t(record.issued_at),
+                    record.worker_id,
+                    "verdict",
+                    f"{label} x{record.speed_ratio:.1f}",
+                )
+            )
         elif isinstance(record, MitigationCommand):
             line = CommandLine(self._t(record.issued_at), record.target_worker, describe(record))
             self._commands_by_id[record.command_id] = line
             self.commands.append(line)
             self.markers.append(Marker(line.t, record.target_worker, "command", line.text))
-            if record.action is CommandAction.MARK_NODE_DEGRADED and not record.dry_run and record.parameters.get("node"):
+            if (
+                record.action is CommandAction.MARK_NODE_DEGRADED
+                and not record.dry_run
+                and record.parameters.get("node")
+            ):
                 self.degraded_nodes.add(record.parameters["node"])
         elif isinstance(record, CommandAck):
             line = self._commands_by_id.get(record.command_id)

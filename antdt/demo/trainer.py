@@ -59,21 +59,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--training", choices=("async", "sync", "preduce"), required=True)
     parser.add_argument("--sharding", choices=("dynamic", "static"), required=True)
-    parser.add_argument("--handshake", required=True, help="the run's handshake directory (ready, go, done files)")
-    parser.add_argument("--out", required=True, help="the run's directory: ledger files, model snapshots")
-    parser.add_argument("--ps", default="", help="async: the parameter-server shards, HOST:PORT,... in shard order")
-    parser.add_argument("--generation", type=int, default=0, help="sync: how many times the group was restarted")
-    parser.add_argument("--node", default=None, help="the scenario node it runs on (default: where it starts)")
-    parser.add_argument("--sizing", choices=("commands", "in-band"), default="commands",
-                        help="sync: who sizes the local batches (the controller's commands, or every step in-band)")
+    parser.add_argument(
+        "--handshake", required=True, help="the run's handshake directory (ready, go, done files)"
+    )
+    parser.add_argument(
+        "--out", required=True, help="the run's directory: ledger files, model snapshots"
+    )
+    parser.add_argument(
+        "--ps", default="", help="async: the parameter-server shards, HOST:PORT,... in shard order"
+    )
+    parser.add_argument(
+        "--generation", type=int, default=0, help="sync: how many times the group was restarted"
+    )
+    parser.add_argument(
+        "--node", default=None, help="the scenario node it runs on (default: where it starts)"
+    )
+    parser.add_argument(
+        "--sizing",
+        choices=("commands", "in-band"),
+        default="commands",
+        help="sync: who sizes the local batches (the controller's commands, or every step in-band)",
+    )
     return parser.parse_args(argv)
 
 
 def dataset_spec(scenario: Scenario, static: bool = False) -> DatasetSpec:
-    """The demo's dataset; ``static``: every worker owns its own shards (the static-async baseline)."""
-    return DatasetSpec(name=f"synthetic-{scenario.name}", size=scenario.dataset_size, shard_size=scenario.shard_size,
-                       epochs=scenario.epochs, shuffle_seed=scenario.seed, max_attempts=3, lease_s=30.0,
-                       owners=[w.name for w in scenario.workers] if static else [])
+    """The demo's dataset; ``static``: every worker owns its own shards (the static-async
+    baseline)."""
+    return DatasetSpec(
+        name=f"synthetic-{scenario.name}",
+        size=scenario.dataset_size,
+        shard_size=scenario.shard_size,
+        epochs=scenario.epochs,
+        shuffle_seed=scenario.seed,
+        max_attempts=3,
+        lease_s=30.0,
+        owners=[w.name for w in scenario.workers] if static else [],
+    )
 
 
 class Trainer:
@@ -102,7 +124,9 @@ class Worker:
         self.rank, self.world = args.rank, len(self.scenario.workers)
         self.handshake, self.out = Path(args.handshake), Path(args.out)
         self.source = SyntheticClassification(self.scenario.dataset_size, seed=self.scenario.seed)
-        self.spec = dataset_spec(self.scenario, static=args.training == "async" and args.sharding == "static")
+        self.spec = dataset_spec(
+            self.scenario, static=args.training == "async" and args.sharding == "static"
+        )
         self.trainer = Trainer(self.scenario.seed)
         self.phases = PhaseWriter(self.handshake, self.rank)
 
@@ -125,7 +149,9 @@ def run(args: argparse.Namespace) -> int:
         if args.training == "async":
             from antdt.demo.training_async import train_async
 
-            with Agent(settings=settings, rank=worker.rank, batch_size=worker.scenario.batch_size) as agent:
+            with Agent(
+                settings=settings, rank=worker.rank, batch_size=worker.scenario.batch_size
+            ) as agent:
                 train_async(worker, agent, [a for a in args.ps.split(",") if a])
         elif args.training == "preduce":
             from antdt.demo.training_preduce import run_preduce

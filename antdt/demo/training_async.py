@@ -1,4 +1,5 @@
-"""A demo worker's asynchronous training (AntDT-ND's shared cluster): dynamic shards, one parameter server.
+"""A demo worker's asynchronous training (AntDT-ND's shared cluster): dynamic shards, one parameter
+server.
 
 Each step pulls the parameters, computes the gradient of the batch (real
 torch work, then paced to the speed of the node it runs on; the pull and
@@ -30,14 +31,16 @@ def train_async(worker, agent: Agent, addresses: list[str]) -> None:
 
 
 def _steps(worker, agent: Agent, data, server: ParameterClient, pacer) -> int:
-    """Pull, compute, push until the sharder says every epoch is done; returns the samples trained."""
+    """Pull, compute, push until the sharder says every epoch is done; returns the samples
+    trained."""
     trained = 0
     while not data.finished:
         for inputs, labels in batches(agent, iter(data)):
             pushed = False
             while not pushed:  # a push refused for staleness is recomputed on fresh parameters
                 server.pull()
-                started = pacer.now_s()  # the node's speed paces the computation, not the wait for the server
+                # the node's speed paces the computation, not the wait for the server
+                started = pacer.now_s()
                 worker.trainer.backward(inputs, labels)
                 pacer.pace(len(labels), started)
                 with worker.phases.during(Phase.PUSH):

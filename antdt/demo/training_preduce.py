@@ -38,7 +38,8 @@ from antdt.worker.ledger import SampleLedger
 from antdt.worker.preduce.averaging import GroupAverager
 from antdt.worker.preduce.client import GroupClient
 
-#: Longest wait for a group: a checkpoint waits for the slowest rank's step, the end for its last shards.
+#: Longest wait for a group: a checkpoint waits for the slowest rank's step, the end for its last
+#: shards.
 GROUP_WAIT_S = 120.0
 CHECKPOINT = "preduce-checkpoint.pt"
 
@@ -53,13 +54,16 @@ class PartialReduce:
     def __init__(self, worker, agent: Agent):
         self.worker, self.agent = worker, agent
         scenario = worker.scenario
-        self.ledger = SampleLedger(scenario.dataset_size, scenario.epochs)  # rank 0: the job's; others: none
-        self.applied = SampleLedger(scenario.dataset_size, scenario.epochs)  # this replica's, since the last whole group
+        # rank 0: the job's; others: none
+        self.ledger = SampleLedger(scenario.dataset_size, scenario.epochs)
+        # this replica's, since the last whole group
+        self.applied = SampleLedger(scenario.dataset_size, scenario.epochs)
         self.averager = GroupAverager(worker.trainer.model)
         self.groups = GroupClient.for_agent(agent, worker.args.generation)
         self.checkpoint_path = worker.handshake / CHECKPOINT
         self.data = agent.shards(worker.source, worker.spec)
-        self.data.quota = 1  # what a rank holds when the epoch's shards run out, the others wait for: kept small
+        # what a rank holds when the epoch's shards run out, the others wait for: kept small
+        self.data.quota = 1
         self.snapshots = ModelSnapshots(worker)  # rank 0's replica
         self.reasons: dict[str, int] = {}
 
@@ -67,7 +71,8 @@ class PartialReduce:
         feed = None
         try:
             self._restore_or_start()
-            # One batch read ahead on the feed's thread: the next shards arrive while this step computes.
+            # One batch read ahead on the feed's thread: the next shards arrive while this step
+            # computes.
             feed = ShardFeed(self.data, lambda: self.agent.batch_size).start()
             pacer = self.worker.ready_and_wait()
             trained = self._steps(feed, pacer)
@@ -82,12 +87,15 @@ class PartialReduce:
     # ------------------------------------------------------------ checkpoints
 
     def _restore_or_start(self) -> None:
-        """The last checkpoint (every rank's replica starts from it), the shard state rewound; else a first one."""
+        """The last checkpoint (every rank's replica starts from it), the shard state rewound; else
+        a first one."""
         if not self.checkpoint_path.exists():
             self.data.prepare()  # defines the job's dataset: the sharder can then issue versions
             self._checkpoint()
             return
-        info = load_checkpoint(self.checkpoint_path, self.worker.trainer.model, self.worker.trainer.optimizer)
+        info = load_checkpoint(
+            self.checkpoint_path, self.worker.trainer.model, self.worker.trainer.optimizer
+        )
         if self.worker.rank == 0:
             self.ledger.load_state_dict({"counts": info.extra["ledger"]})
             self.data.rewind(info.shard_version)
@@ -95,18 +103,28 @@ class PartialReduce:
         dist.barrier()
 
     def _checkpoint(self) -> None:
-        """Every rank's commits covered by one version; rank 0 saves it with the averaged model and the ledger."""
+        """Every rank's commits covered by one version; rank 0 saves it with the averaged model and
+        the ledger."""
         client = self.agent.shard_client
-        version = agreed_checkpoint_version(client.flush, lambda: client.checkpoint(self.data.epoch, self.agent.step_count))
+        version = agreed_checkpoint_version(
+            client.flush, lambda: client.checkpoint(self.data.epoch, self.agent.step_count)
+        )
         if self.worker.rank == 0:
             trainer = self.worker.trainer
-            save_checkpoint(self.checkpoint_path, trainer.model, trainer.optimizer, version, self.agent.step_count,
-                            {"ledger": self.ledger.counts.clone()})
+            save_checkpoint(
+                self.checkpoint_path,
+                trainer.model,
+                trainer.optimizer,
+                version,
+                self.agent.step_count,
+                {"ledger": self.ledger.counts.clone()},
+            )
 
     # ------------------------------------------------------------ steps
 
     def _steps(self, feed: ShardFeed, pacer) -> int:
-        """Local steps, each followed by a group average, until the sharder has nothing left; returns the samples."""
+        """Local steps, each followed by a group average, until the sharder has nothing left;
+        returns the samples."""
         agent, trainer = self.agent, self.worker.trainer
         trained = 0
         while (batch := self._next_batch(feed)) is not None:
@@ -123,16 +141,20 @@ class PartialReduce:
         return trained
 
     def _next_batch(self, feed: ShardFeed):
-        """The next batch (short while the sharder has no more now), or None once every epoch is done."""
+        """The next batch (short while the sharder has no more now), or None once every epoch is
+        done."""
         with self.agent.data_wait():
             while (batch := feed.take(self.agent.batch_size)) is None and not feed.exhausted:
                 time.sleep(0.01)  # the sharder said wait: others hold the epoch's last shards
         return batch
 
     def _average(self, finished: bool) -> GroupFormed:
-        """Announce, wait for the group, average with it (and for a whole group, sum the ledgers and checkpoint)."""
+        """Announce, wait for the group, average with it (and for a whole group, sum the ledgers and
+        checkpoint)."""
         with self.worker.phases.during(Phase.ALLREDUCE), self.agent.sync_wait():
-            group = self.groups.wait(self.groups.announce(self.agent.step_count, finished), GROUP_WAIT_S)
+            group = self.groups.wait(
+                self.groups.announce(self.agent.step_count, finished), GROUP_WAIT_S
+            )
             summed = self.averager.average(group, self.applied.counts)
             if summed is not None:
                 self.applied.counts.zero_()
@@ -148,8 +170,11 @@ class PartialReduce:
         group = self._average(finished=True)
         if group.reason is not GroupReason.FINAL:
             raise RuntimeError(f"the last group was {group.reason.value}, not FINAL")
-        print(f"generation {self.worker.args.generation}: rank {self.worker.rank}: {self.agent.step_count} steps, "
-              f"groups {self.reasons}", flush=True)
+        print(
+            f"generation {self.worker.args.generation}: rank {self.worker.rank}: "
+            f"{self.agent.step_count} steps, groups {self.reasons}",
+            flush=True,
+        )
         if self.worker.rank == 0:
             self.ledger.write(self.worker.out)
             self.snapshots.maybe(final=True)

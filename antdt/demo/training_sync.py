@@ -33,7 +33,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from antdt.worker.feeds import ShardFeed, StaticFeed
 from antdt.demo.phases import Phase
 from antdt.demo.steptrace import LOSS_SCALE, StepTrace, trace_path
 from antdt.settings import Settings
@@ -41,11 +40,17 @@ from antdt.sizing.inband import InBandSizer
 from antdt.worker.agent import Agent
 from antdt.worker.checkpoint import load_checkpoint, save_atomically, save_checkpoint
 from antdt.worker.ddp import (
-    StepSizedTimeout, WeightedGradientAverager, agreed_checkpoint_version, broke_the_group, end_broken_group,
+    StepSizedTimeout,
+    WeightedGradientAverager,
+    agreed_checkpoint_version,
+    broke_the_group,
+    end_broken_group,
 )
+from antdt.worker.feeds import ShardFeed, StaticFeed
 from antdt.worker.ledger import LedgerSlots, SampleLedger
 
-GROUP_TIMEOUT = timedelta(seconds=45)  # set-up and checkpoint collectives; steps have their own bound
+# set-up and checkpoint collectives; steps have their own bound
+GROUP_TIMEOUT = timedelta(seconds=45)
 SNAPSHOT_EVERY_S = 1.0
 #: Samples in the step that times every rank before the first (:meth:`Lockstep._calibrate`).
 CALIBRATION_SAMPLES = 4
@@ -56,19 +61,34 @@ def run_sync(worker, settings: Settings, started: float) -> None:
     run_in_group(worker, settings, started, lambda agent: Lockstep(worker, agent).run())
 
 
-def run_in_group(worker, settings: Settings, started: float, train: Callable[[Agent], None]) -> None:
-    """Join the generation's gloo group and the agent, then ``train``; a broken group ends the rank (exit 77)."""
+def run_in_group(
+    worker, settings: Settings, started: float, train: Callable[[Agent], None]
+) -> None:
+    """Join the generation's gloo group and the agent, then ``train``; a broken group ends the rank
+    (exit 77)."""
     args = worker.args
     joined = time.monotonic()
-    dist.init_process_group("gloo", init_method=f"file://{worker.handshake / f'group-{args.generation}'}",
-                            rank=worker.rank, world_size=worker.world, timeout=GROUP_TIMEOUT)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{worker.handshake / f'group-{args.generation}'}",
+        rank=worker.rank,
+        world_size=worker.world,
+        timeout=GROUP_TIMEOUT,
+    )
     try:
         grouped = time.monotonic()
-        with Agent(settings=settings, rank=worker.rank, world_size=worker.world,
-                   batch_size=worker.scenario.batch_size) as agent:
-            print(f"generation {args.generation}: rank {worker.rank} set up in {grouped - started:.2f} s "
-                  f"(the process group {grouped - joined:.2f} s), its agent {time.monotonic() - grouped:.2f} s",
-                  flush=True)
+        with Agent(
+            settings=settings,
+            rank=worker.rank,
+            world_size=worker.world,
+            batch_size=worker.scenario.batch_size,
+        ) as agent:
+            print(
+                f"generation {args.generation}: rank {worker.rank} set up in "
+                f"{grouped - started:.2f} s (the process group {grouped - joined:.2f} s), "
+                f"its agent {time.monotonic() - grouped:.2f} s",
+                flush=True,
+            )
             try:
                 train(agent)
             except Exception as exc:
@@ -88,25 +108,44 @@ class Lockstep:
         self.dynamic = worker.args.sharding == "dynamic"
         self.ledger = SampleLedger(scenario.dataset_size, scenario.epochs)
         cap = scenario.batch_size * worker.world  # a rank's batch never exceeds the global batch
-        self.averager = WeightedGradientAverager(ledger=LedgerSlots(self.ledger, worker.world, worker.rank, cap),
-                                                 timeout=StepSizedTimeout())
-        self.sizer = InBandSizer(worker.world, worker.rank, [scenario.batch_size] * worker.world) \
-            if worker.args.sizing == "in-band" else None
+        self.averager = WeightedGradientAverager(
+            ledger=LedgerSlots(self.ledger, worker.world, worker.rank, cap),
+            timeout=StepSizedTimeout(),
+        )
+        self.sizer = (
+            InBandSizer(worker.world, worker.rank, [scenario.batch_size] * worker.world)
+            if worker.args.sizing == "in-band"
+            else None
+        )
         self.checkpoint_path = worker.handshake / CHECKPOINT
         self.data = agent.shards(worker.source, worker.spec) if self.dynamic else None
-        self.static = None if self.dynamic else StaticFeed(worker.source.inputs, worker.source.labels, worker.rank,
-                                                             worker.world, scenario.epochs, scenario.seed)
+        self.static = (
+            None
+            if self.dynamic
+            else StaticFeed(
+                worker.source.inputs,
+                worker.source.labels,
+                worker.rank,
+                worker.world,
+                scenario.epochs,
+                scenario.seed,
+            )
+        )
         self.snapshots = ModelSnapshots(worker)  # every rank holds the same model
         self._checkpoint_at = time.monotonic() + self.worker.scenario.checkpoint_every_s
-        self.checkpoints, self.checkpoint_s = 0, 0.0  # what checkpointing cost this rank (the job waits for it)
+        # what checkpointing cost this rank (the job waits for it)
+        self.checkpoints, self.checkpoint_s = 0, 0.0
 
     def run(self) -> None:
         began = time.monotonic()
         self._restore_or_start()
         feed = self._feed()
-        print(f"generation {self.worker.args.generation}: rank {self.worker.rank} resumes at step "
-              f"{self.agent.step_count}, batch {self.agent.batch_size} ({time.monotonic() - began:.2f} s to restore)",
-              flush=True)
+        print(
+            f"generation {self.worker.args.generation}: rank {self.worker.rank} resumes at step "
+            f"{self.agent.step_count}, batch {self.agent.batch_size} "
+            f"({time.monotonic() - began:.2f} s to restore)",
+            flush=True,
+        )
         try:
             pacer = self.worker.ready_and_wait()
             if self.sizer is not None and self.agent.step_count == 0:
@@ -119,18 +158,21 @@ class Lockstep:
     # ------------------------------------------------------------ checkpoints
 
     def _restore_or_start(self) -> None:
-        """The last checkpoint, with the shard state rewound to it (before any rank reads data); else a first one."""
+        """The last checkpoint, with the shard state rewound to it (before any rank reads data);
+        else a first one."""
         if not self.checkpoint_path.exists():
             if self.dynamic:
                 self.data.quota = 1
-                self.data.prepare()  # defines the job's dataset: the sharder can then issue versions
+                # defines the job's dataset: the sharder can then issue versions
+                self.data.prepare()
             self._checkpoint()
             return
         model, optimizer = self.worker.trainer.model, self.worker.trainer.optimizer
         info = load_checkpoint(self.checkpoint_path, model, optimizer)
         self.ledger.load_state_dict({"counts": info.extra["ledger"]})
         self.agent.step_count = info.step
-        self.agent.batch_size = info.extra["batch_sizes"][self.worker.rank]  # as rebalanced before the failure
+        # as rebalanced before the failure
+        self.agent.batch_size = info.extra["batch_sizes"][self.worker.rank]
         if self.sizer is not None:
             self.sizer.restore(info.extra["batch_sizes"])
         if self.static is not None:
@@ -140,7 +182,8 @@ class Lockstep:
         dist.barrier()
 
     def _checkpoint(self) -> None:
-        """Every rank's commits so far covered by one version; rank 0 saves it with the model and the ledger."""
+        """Every rank's commits so far covered by one version; rank 0 saves it with the model and
+        the ledger."""
         began = time.monotonic()
         positions = torch.zeros((2, self.worker.world), dtype=torch.int64)
         positions[0, self.worker.rank] = self.static.position if self.static is not None else 0
@@ -149,13 +192,24 @@ class Lockstep:
         client = self.agent.shard_client if self.dynamic else None
         version = agreed_checkpoint_version(
             client.flush if client else (lambda: None),
-            (lambda: client.checkpoint(self.data.epoch, self.agent.step_count)) if client else (lambda: 0),
+            (lambda: client.checkpoint(self.data.epoch, self.agent.step_count))
+            if client
+            else (lambda: 0),
         )
         if self.worker.rank == 0:
             trainer = self.worker.trainer
-            save_checkpoint(self.checkpoint_path, trainer.model, trainer.optimizer, version, self.agent.step_count,
-                            {"ledger": self.ledger.counts.clone(), "positions": positions[0].tolist(),
-                             "batch_sizes": positions[1].tolist()})
+            save_checkpoint(
+                self.checkpoint_path,
+                trainer.model,
+                trainer.optimizer,
+                version,
+                self.agent.step_count,
+                {
+                    "ledger": self.ledger.counts.clone(),
+                    "positions": positions[0].tolist(),
+                    "batch_sizes": positions[1].tolist(),
+                },
+            )
         self._checkpoint_at = time.monotonic() + self.worker.scenario.checkpoint_every_s
         self.checkpoints += 1
         self.checkpoint_s += time.monotonic() - began
@@ -163,7 +217,8 @@ class Lockstep:
     # ------------------------------------------------------------ steps
 
     def _calibrate(self, pacer) -> None:
-        """Time a step of a few samples on every rank, so the first real step is already split by speed.
+        """Time a step of a few samples on every rank, so the first real step is already split by
+        speed.
 
         The samples are random inputs, not data (no shard is read, nothing is
         committed) and their gradients are dropped; as LB-BSP profiles before
@@ -173,13 +228,18 @@ class Lockstep:
         """
         trainer = self.worker.trainer
         features = self.worker.source.inputs.shape[1]
-        inputs = torch.randn(CALIBRATION_SAMPLES, features, generator=torch.Generator().manual_seed(0))
+        inputs = torch.randn(
+            CALIBRATION_SAMPLES, features, generator=torch.Generator().manual_seed(0)
+        )
         labels = torch.zeros(CALIBRATION_SAMPLES, dtype=torch.long)
         with self.agent.sync_wait():
             began, started = time.perf_counter(), pacer.now_s()
             trainer.backward(inputs, labels)
             pacer.pace(CALIBRATION_SAMPLES, started)
-            timed = torch.tensor(self.sizer.encode(CALIBRATION_SAMPLES, time.perf_counter() - began), dtype=torch.int64)
+            timed = torch.tensor(
+                self.sizer.encode(CALIBRATION_SAMPLES, time.perf_counter() - began),
+                dtype=torch.int64,
+            )
             trainer.optimizer.zero_grad()
             dist.all_reduce(timed)
             self.agent.batch_size = self.sizer.decide(timed.tolist())
@@ -196,7 +256,9 @@ class Lockstep:
         """Lockstep steps until every rank's feed is exhausted; returns this rank's samples."""
         agent, trainer, phases = self.agent, self.worker.trainer, self.worker.phases
         trained = 0
-        trace = StepTrace(trace_path(self.worker.out, self.worker.scenario.workers[self.worker.rank].name))
+        trace = StepTrace(
+            trace_path(self.worker.out, self.worker.scenario.workers[self.worker.rank].name)
+        )
         try:
             while True:
                 began = time.perf_counter()
@@ -213,9 +275,19 @@ class Lockstep:
                 due = int(self.worker.rank == 0 and time.monotonic() >= self._checkpoint_at)
                 sizing = self.sizer.encode(count, computed - fed) if self.sizer is not None else []
                 with phases.during(Phase.ALLREDUCE), agent.sync_wait():
-                    global_batch, (ranks_with_data, checkpoint_due, loss_sum, *sizes) = self.averager.sync_counting(
-                        trainer.model, count, [int(not feed.exhausted), due, round(loss * count * LOSS_SCALE), *sizing],
-                        tags=agent.pending_tags)
+                    global_batch, (ranks_with_data, checkpoint_due, loss_sum, *sizes) = (
+                        self.averager.sync_counting(
+                            trainer.model,
+                            count,
+                            [
+                                int(not feed.exhausted),
+                                due,
+                                round(loss * count * LOSS_SCALE),
+                                *sizing,
+                            ],
+                            tags=agent.pending_tags,
+                        )
+                    )
                 reduced = time.perf_counter()
                 if self.sizer is not None:
                     agent.batch_size = self.sizer.decide(sizes)
@@ -223,24 +295,38 @@ class Lockstep:
                     trainer.optimizer.step()
                 trained += count
                 step = agent.step_count
-                agent.step(samples=count)  # commits this rank's samples: their update is in the model
-                # Checkpoints and the evaluator's snapshots hold every rank up alike: they are booked as
-                # synchronisation, so they do not read as one rank's slower compute and skew its batch size.
+                # commits this rank's samples: their update is in the model
+                agent.step(samples=count)
+                # Checkpoints and the evaluator's snapshots hold every rank up alike: they are
+                # booked as synchronisation, so they do not read as one rank's slower compute and
+                # skew its batch size.
                 with agent.sync_wait():
                     self.snapshots.maybe()
                     if ranks_with_data and checkpoint_due:
                         self._checkpoint()
-                trace.write(step, started, count, global_batch, fed - began, computed - fed, reduced - computed,
-                            time.perf_counter() - reduced,
-                            loss_sum / LOSS_SCALE / global_batch if global_batch else None)
+                trace.write(
+                    step,
+                    started,
+                    count,
+                    global_batch,
+                    fed - began,
+                    computed - fed,
+                    reduced - computed,
+                    time.perf_counter() - reduced,
+                    loss_sum / LOSS_SCALE / global_batch if global_batch else None,
+                )
                 if not ranks_with_data:
                     return trained
         finally:
             trace.close()
 
     def _final(self, pacer, trained: int) -> None:
-        print(f"generation {self.worker.args.generation}: rank {self.worker.rank}: {self.agent.step_count} steps, "
-              f"{self.checkpoints} checkpoints taking {self.checkpoint_s:.2f} s", flush=True)
+        print(
+            f"generation {self.worker.args.generation}: rank {self.worker.rank}: "
+            f"{self.agent.step_count} steps, {self.checkpoints} checkpoints taking "
+            f"{self.checkpoint_s:.2f} s",
+            flush=True,
+        )
         if self.worker.rank == 0:
             self.ledger.write(self.worker.out)
             self.snapshots.maybe(final=True)
@@ -259,4 +345,5 @@ class ModelSnapshots:
             return
         self._due_at = time.monotonic() + SNAPSHOT_EVERY_S
         path = self.worker.out / ("model-final.pt" if final else "model-latest.pt")
-        save_atomically(self.worker.trainer.model.state_dict(), path, durable=False)  # read by the evaluator only
+        # read by the evaluator only
+        save_atomically(self.worker.trainer.model.state_dict(), path, durable=False)

@@ -1,1 +1,2 @@
-"""Simulated agents for scale tests: many workers per process speaking the real protocol, without torch."""
+"""Simulated load without torch: agents that speak the real protocol, many per process (fleet),
+and metric traces with known stragglers (traces)."""

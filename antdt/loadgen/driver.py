@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -36,17 +36,27 @@ log = logging.getLogger(__name__)
 class FleetDriver:
     """A fleet's traffic for ``seconds``; :meth:`run` returns what it observed."""
 
-    def __init__(self, settings: Settings, spec: FleetSpec, tick_s: float = 0.005, workers_per_producer: int = 250):
+    def __init__(
+        self,
+        settings: Settings,
+        spec: FleetSpec,
+        tick_s: float = 0.005,
+        workers_per_producer: int = 250,
+    ):
         self.settings, self.spec, self.tick_s = settings, spec, tick_s
         self.codec = make_codec(settings.schema_registry_url)
         self.sent = 0
         self.acked_s: list[float] = []  # produce to broker acknowledgement, of each shard request
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._producers = [make_producer(settings, client_id=f"{settings.client_id}-loadgen-{i}", **{"linger.ms": 1})
-                           for i in range(max(1, -(-spec.workers // workers_per_producer)))]
+        self._producers = [
+            make_producer(
+                settings, client_id=f"{settings.client_id}-loadgen-{i}", **{"linger.ms": 1}
+            )
+            for i in range(max(1, -(-spec.workers // workers_per_producer)))
+        ]
         self._producer_of: dict[str, object] = {}
-        self.fleet = Fleet(spec, time.monotonic(), datetime.now(timezone.utc))
+        self.fleet = Fleet(spec, time.monotonic(), datetime.now(UTC))
 
     def run(self, seconds: float) -> Observations:
         reader = threading.Thread(target=self._read, name="loadgen-reader", daemon=True)
@@ -74,8 +84,13 @@ class FleetDriver:
             value = record.value
             request = isinstance(value, ShardProgress) and value.kind is ProgressKind.REQUESTED
             sent = time.monotonic()
-            self._produce(self._producer_for(record.worker), topic, record.key, self.codec.encode(value, topic),
-                          self._timed(sent) if request else None)
+            self._produce(
+                self._producer_for(record.worker),
+                topic,
+                record.key,
+                self.codec.encode(value, topic),
+                self._timed(sent) if request else None,
+            )
             if request:
                 with self._lock:
                     self.fleet.asked_at(record.worker, value.seq, sent)
@@ -84,6 +99,7 @@ class FleetDriver:
         def acked(error, _message) -> None:
             if error is None:
                 self.acked_s.append(time.monotonic() - sent)
+
         return acked
 
     def _producer_for(self, worker: str):
@@ -106,9 +122,14 @@ class FleetDriver:
     def _read(self) -> None:
         consumer = make_consumer(self.settings, low_latency=True)
         try:
-            assign_now(consumer, [TopicPartition(self.settings.topic(component, name), p, OFFSET_BEGINNING)
-                                  for component, name in (("shard", "assignments"), ("controller", "commands"))
-                                  for p in range(topic_spec(component, name).partitions)])
+            assign_now(
+                consumer,
+                [
+                    TopicPartition(self.settings.topic(component, name), p, OFFSET_BEGINNING)
+                    for component, name in (("shard", "assignments"), ("controller", "commands"))
+                    for p in range(topic_spec(component, name).partitions)
+                ],
+            )
             while not self._stop.is_set():
                 for message in poll_batch(consumer, 5000, 0.05):
                     self._take(message)
@@ -128,6 +149,8 @@ class FleetDriver:
             if isinstance(value, ShardAssignment):
                 self.fleet.on_assignment(value, now)
                 return
-            ack = self.fleet.on_command(value, now) if isinstance(value, MitigationCommand) else None
+            ack = (
+                self.fleet.on_command(value, now) if isinstance(value, MitigationCommand) else None
+            )
         if ack is not None:
             self._send([ack])

@@ -25,16 +25,24 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from antdt.topics import worker_key
+from antdt.loadgen.traces import IDLE_RESOURCES
 from antdt.schemas.models import (
-    AckStatus, AssignmentStatus, CommandAck, CommandAction, DatasetSpec, LifecycleEvent, MitigationCommand,
-    ProgressKind, ResourceSnapshot, ShardAssignment, ShardProgress, WorkerLifecycle, WorkerMetrics, trusted,
+    AckStatus,
+    AssignmentStatus,
+    CommandAck,
+    CommandAction,
+    DatasetSpec,
+    LifecycleEvent,
+    MitigationCommand,
+    ProgressKind,
+    ShardAssignment,
+    ShardProgress,
+    WorkerLifecycle,
+    WorkerMetrics,
+    trusted,
 )
+from antdt.topics import worker_key
 from antdt.worker.steps import StepRecord, summarize
-
-_RESOURCES = ResourceSnapshot(process_cpu_percent=95, host_cpu_percent=50, cpu_steal_percent=0, load_1m=0.5,
-                              rss_bytes=10**9, host_memory_percent=40, io_read_bytes=0, io_write_bytes=0,
-                              net_sent_bytes=10**6, net_recv_bytes=10**6)
 
 
 @dataclass(frozen=True)
@@ -55,15 +63,25 @@ class FleetSpec:
     noise: float = 0.1
     shard_s: float = 2.0
     quota: int = 2
-    request_timeout_s: float = 10.0  # an unanswered request is asked again, as the agent's dataset does
+    # an unanswered request is asked again, as the agent's dataset does
+    request_timeout_s: float = 10.0
     stragglers: float = 0.02
     factor: float = 3.0
     onset_from_s: float = 20.0
     onset_until_s: float = 50.0
     seed: int = 0
     job_prefix: str = "scale"
-    dataset: DatasetSpec = field(default_factory=lambda: DatasetSpec(
-        name="scale", size=2_000_000, shard_size=100, epochs=1000, shuffle_seed=1, max_attempts=3, lease_s=600.0))
+    dataset: DatasetSpec = field(
+        default_factory=lambda: DatasetSpec(
+            name="scale",
+            size=2_000_000,
+            shard_size=100,
+            epochs=1000,
+            shuffle_seed=1,
+            max_attempts=3,
+            lease_s=600.0,
+        )
+    )
 
     @property
     def workers(self) -> int:
@@ -72,7 +90,8 @@ class FleetSpec:
 
 @dataclass(frozen=True)
 class Outgoing:
-    """One record to send: the topic as (component, name), its key, the model, and whose it is (job/worker)."""
+    """One record to send: the topic as (component, name), its key, the model, and whose it is
+    (job/worker)."""
 
     component: str
     name: str
@@ -82,7 +101,8 @@ class Outgoing:
 
 
 class Grant(NamedTuple):
-    """One answered request: when it was sent (s after the start), the answer read, the answer stamped (s after)."""
+    """One answered request: when it was sent (s after the start), the answer read, the answer
+    stamped (s after)."""
 
     sent_s: float
     read_s: float
@@ -91,12 +111,15 @@ class Grant(NamedTuple):
 
 @dataclass
 class Observations:
-    """What the fleet saw: request-to-grant latencies, each straggler's first command after its onset, other commands."""
+    """What the fleet saw: request-to-grant latencies, each straggler's first command after its
+    onset, other commands."""
 
     grants: list[Grant] = field(default_factory=list)
-    first_command_s: dict[str, float] = field(default_factory=dict)  # job/worker -> latency from its onset
+    # job/worker -> latency from its onset
+    first_command_s: dict[str, float] = field(default_factory=dict)
     commands: int = 0
-    commands_to_the_unhurried: int = 0  # commands to workers that never straggled (or before their onset)
+    # commands to workers that never straggled (or before their onset)
+    commands_to_the_unhurried: int = 0
     asked_again: int = 0  # requests unanswered within the request timeout
 
     def onset_to_command_s(self) -> list[float]:
@@ -145,16 +168,35 @@ class Fleet:
         self.rng = random.Random(spec.seed)
         self.workers: dict[str, SimWorker] = {}
         self.seen = Observations()
-        self._queue: list[tuple[float, int, str]] = []  # (when, tie-break, worker key): who to look at next
+        # (when, tie-break, worker key): who to look at next
+        self._queue: list[tuple[float, int, str]] = []
         self._ties = itertools.count()
         for j in range(spec.jobs):
             job = f"{spec.job_prefix}-{j}"
-            slow = set(self.rng.sample(range(spec.workers_per_job), max(1, round(spec.stragglers * spec.workers_per_job))))
+            slow = set(
+                self.rng.sample(
+                    range(spec.workers_per_job),
+                    max(1, round(spec.stragglers * spec.workers_per_job)),
+                )
+            )
             for w in range(spec.workers_per_job):
-                onset = start + self.rng.uniform(spec.onset_from_s, spec.onset_until_s) if w in slow else None
-                worker = SimWorker(job, f"w{w}", w, spec.step_s * self.rng.uniform(0.95, 1.05), onset, spec.factor,
-                                   spec.quota, f"sim-{spec.seed}", start + self.rng.uniform(0, spec.report_interval_s),
-                                   start + self.rng.uniform(0, spec.heartbeat_interval_s))
+                onset = (
+                    start + self.rng.uniform(spec.onset_from_s, spec.onset_until_s)
+                    if w in slow
+                    else None
+                )
+                worker = SimWorker(
+                    job,
+                    f"w{w}",
+                    w,
+                    spec.step_s * self.rng.uniform(0.95, 1.05),
+                    onset,
+                    spec.factor,
+                    spec.quota,
+                    f"sim-{spec.seed}",
+                    start + self.rng.uniform(0, spec.report_interval_s),
+                    start + self.rng.uniform(0, spec.heartbeat_interval_s),
+                )
                 self.workers[worker.key] = worker
                 self._schedule(worker)
 
@@ -214,53 +256,113 @@ class Fleet:
     def _shards(self, worker: SimWorker, now: float) -> list[Outgoing]:
         out = []
         if worker.training is not None and now >= worker.training_until:
-            out.append(self._progress(worker, ProgressKind.DONE, now, shard_id=worker.training[0],
-                                      attempt=worker.training[1]))
+            out.append(
+                self._progress(
+                    worker,
+                    ProgressKind.DONE,
+                    now,
+                    shard_id=worker.training[0],
+                    attempt=worker.training[1],
+                )
+            )
             worker.training = None
         if worker.training is None and worker.held:
             worker.training = worker.held.popleft()
             worker.training_until = now + self.spec.shard_s * worker.slowdown(now)
         if worker.asked is not None and now >= worker.asked[1] + self.spec.request_timeout_s:
-            worker.asked = None  # its answer was lost (e.g. with a sharder killed before sending it)
+            # its answer was lost (e.g. with a sharder killed before sending it)
+            worker.asked = None
             self.seen.asked_again += 1
-        if worker.training is None and not worker.held and worker.asked is None and not worker.finished \
-                and (worker.retry_at is None or now >= worker.retry_at):
-            request = self._progress(worker, ProgressKind.REQUESTED, now, quota=worker.quota, dataset=self.spec.dataset)
+        if (
+            worker.training is None
+            and not worker.held
+            and worker.asked is None
+            and not worker.finished
+            and (worker.retry_at is None or now >= worker.retry_at)
+        ):
+            request = self._progress(
+                worker, ProgressKind.REQUESTED, now, quota=worker.quota, dataset=self.spec.dataset
+            )
             worker.asked, worker.retry_at = (worker.progress_seq, now), None
             out.append(request)
         return out
 
     def _report(self, worker: SimWorker, end: float) -> Outgoing:
-        """The interval's steps, summed up by the agent's own :func:`~antdt.worker.steps.summarize`."""
+        """The interval's steps, summed up by the agent's own
+        :func:`~antdt.worker.steps.summarize`."""
         interval, size = self.spec.report_interval_s, self.spec.batch_size
         step = worker.step_s * worker.slowdown(end)
-        steps = [StepRecord(worker.step + i, step * self.rng.uniform(1 - self.spec.noise, 1 + self.spec.noise), 0.0,
-                            0.0, size, size) for i in range(max(1, round(interval / step)))]
+        steps = [
+            StepRecord(
+                worker.step + i,
+                step * self.rng.uniform(1 - self.spec.noise, 1 + self.spec.noise),
+                0.0,
+                0.0,
+                size,
+                size,
+            )
+            for i in range(max(1, round(interval / step)))
+        ]
         worker.step += len(steps)
         worker.report_seq += 1
         summary = summarize(steps)
         report = trusted(
-            WorkerMetrics, job_id=worker.job_id, worker_id=worker.worker_id, rank=worker.rank,
-            node_id=f"node-{worker.worker_id}", seq=worker.report_seq, incarnation=worker.incarnation,
-            window_start=self.utc(end - interval), window_end=self.utc(end), step_count=summary.step_count,
-            first_step=summary.first_step, last_step=summary.last_step, compute=summary.compute,
-            data_wait_s=summary.data_wait_s, sync_wait_s=summary.sync_wait_s, samples=summary.samples,
-            local_batch_size=size, resources=_RESOURCES, world_size=self.spec.workers_per_job)
+            WorkerMetrics,
+            job_id=worker.job_id,
+            worker_id=worker.worker_id,
+            rank=worker.rank,
+            node_id=f"node-{worker.worker_id}",
+            seq=worker.report_seq,
+            incarnation=worker.incarnation,
+            window_start=self.utc(end - interval),
+            window_end=self.utc(end),
+            step_count=summary.step_count,
+            first_step=summary.first_step,
+            last_step=summary.last_step,
+            compute=summary.compute,
+            data_wait_s=summary.data_wait_s,
+            sync_wait_s=summary.sync_wait_s,
+            samples=summary.samples,
+            local_batch_size=size,
+            resources=IDLE_RESOURCES,
+            world_size=self.spec.workers_per_job,
+        )
         return Outgoing("worker", "metrics", worker.job_id, report, worker.key)
 
     def _lifecycle(self, worker: SimWorker, event: LifecycleEvent, now: float) -> Outgoing:
-        record = trusted(WorkerLifecycle, job_id=worker.job_id, worker_id=worker.worker_id,
-                         incarnation=worker.incarnation, event=event, timestamp=self.utc(now), host="loadgen",
-                         node_id=f"node-{worker.worker_id}", pid=1, rank=worker.rank)
+        record = trusted(
+            WorkerLifecycle,
+            job_id=worker.job_id,
+            worker_id=worker.worker_id,
+            incarnation=worker.incarnation,
+            event=event,
+            timestamp=self.utc(now),
+            host="loadgen",
+            node_id=f"node-{worker.worker_id}",
+            pid=1,
+            rank=worker.rank,
+        )
         return Outgoing("worker", "lifecycle", worker.job_id, record, worker.key)
 
     def _progress(self, worker: SimWorker, kind: ProgressKind, now: float, **fields) -> Outgoing:
         worker.progress_seq += 1
-        record = trusted(ShardProgress, job_id=worker.job_id, worker_id=worker.worker_id,
-                         incarnation=worker.incarnation, seq=worker.progress_seq, kind=kind, epoch=worker.epoch,
-                         shard_id=fields.get("shard_id"), step=None, error=None, attempt=fields.get("attempt"),
-                         quota=fields.get("quota"), dataset=fields.get("dataset"), version=None,
-                         timestamp=self.utc(now))
+        record = trusted(
+            ShardProgress,
+            job_id=worker.job_id,
+            worker_id=worker.worker_id,
+            incarnation=worker.incarnation,
+            seq=worker.progress_seq,
+            kind=kind,
+            epoch=worker.epoch,
+            shard_id=fields.get("shard_id"),
+            step=None,
+            error=None,
+            attempt=fields.get("attempt"),
+            quota=fields.get("quota"),
+            dataset=fields.get("dataset"),
+            version=None,
+            timestamp=self.utc(now),
+        )
         return Outgoing("shard", "progress", worker.job_id, record, worker.key)
 
     # ------------------------------------------------------------ receiving
@@ -270,7 +372,11 @@ class Fleet:
         if worker is None or worker.asked is None or answer.in_reply_to != worker.asked[0]:
             return  # another fleet's, or an answer to a request already answered
         sent = worker.asked[1]
-        self.seen.grants.append(Grant(sent - self.start, now - sent, (answer.timestamp - self.utc(sent)).total_seconds()))
+        self.seen.grants.append(
+            Grant(
+                sent - self.start, now - sent, (answer.timestamp - self.utc(sent)).total_seconds()
+            )
+        )
         worker.asked = None
         if answer.status is AssignmentStatus.GRANTED:
             worker.held.extend((shard.shard_id, shard.attempt) for shard in answer.shards)
@@ -294,7 +400,15 @@ class Fleet:
             self.seen.commands_to_the_unhurried += 1
         if command.action is CommandAction.SET_SHARD_QUOTA and command.shard_quota:
             worker.quota = command.shard_quota
-        ack = trusted(CommandAck, command_id=command.command_id, job_id=command.job_id, worker_id=worker.worker_id,
-                      status=AckStatus.APPLIED, reason=None, applied_step=worker.step,
-                      controller_epoch=command.controller_epoch, timestamp=self.utc(now))
+        ack = trusted(
+            CommandAck,
+            command_id=command.command_id,
+            job_id=command.job_id,
+            worker_id=worker.worker_id,
+            status=AckStatus.APPLIED,
+            reason=None,
+            applied_step=worker.step,
+            controller_epoch=command.controller_epoch,
+            timestamp=self.utc(now),
+        )
         return Outgoing("worker", "acks", command.job_id, ack, key)

@@ -1,4 +1,5 @@
-"""In-band batch sizing for synchronous training: LB-BSP at every step, inside the step's all-reduce.
+"""In-band batch sizing for synchronous training: LB-BSP at every step, inside the step's
+all-reduce.
 
 Each step every rank puts its sample count and its compute time into its own
 two slots of the all-reduce's integer counters (:meth:`InBandSizer.encode`);
@@ -28,19 +29,35 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from antdt.sizing.step_model import EVIDENCE_KEPT, StepModel, balance, fixed_part_between, fixed_parts, worth_moving
+from antdt.sizing.step_model import (
+    EVIDENCE_KEPT,
+    StepModel,
+    balance,
+    fixed_part_between,
+    fixed_parts,
+    worth_moving,
+)
 
-#: Compute times travel as integers of this many seconds (exact in the all-reduce's float32 up to hours).
+#: Compute times travel as integers of this many seconds (exact in the all-reduce's float32 up to
+#: hours).
 TICK_S = 1e-4
 #: Steps a rank sits out before it gets one sample again, to time it (module docstring).
 PROBE_EVERY = 20
 
 
 class InBandSizer:
-    """Every rank's next batch size from every rank's last step; identical on every rank (module docstring)."""
+    """Every rank's next batch size from every rank's last step; identical on every rank (module
+    docstring)."""
 
-    def __init__(self, world: int, rank: int, sizes: Sequence[int], low: int = 0, high: int | None = None,
-                 min_gain: float = 0.05):
+    def __init__(
+        self,
+        world: int,
+        rank: int,
+        sizes: Sequence[int],
+        low: int = 0,
+        high: int | None = None,
+        min_gain: float = 0.05,
+    ):
         if len(sizes) != world or not 0 <= rank < world:
             raise ValueError(f"need one size per rank of {world}, and rank {rank} among them")
         self.world, self.rank = world, rank
@@ -51,7 +68,8 @@ class InBandSizer:
         self.resizes = 0
         self._steps = 0
         self._seen = [0] * world  # full steps seen per rank (the first one is not evidence)
-        self._last: list[tuple[int, float] | None] = [None] * world  # (samples, seconds) of the rank's latest step
+        # (samples, seconds) of the rank's latest step
+        self._last: list[tuple[int, float] | None] = [None] * world
         self._last_at = [0] * world  # ... and which step that was
         self._idle = [0] * world  # steps sat out in a row
         self._evidence = [deque(maxlen=EVIDENCE_KEPT) for _ in range(world)]
@@ -62,13 +80,15 @@ class InBandSizer:
         return self.sizes[self.rank]
 
     def encode(self, samples: int, compute_s: float) -> list[int]:
-        """This rank's counters for the step's all-reduce: zeros except its own (samples, compute ticks)."""
+        """This rank's counters for the step's all-reduce: zeros except its own (samples, compute
+        ticks)."""
         slots = [0] * (2 * self.world)
         slots[2 * self.rank], slots[2 * self.rank + 1] = samples, max(0, round(compute_s / TICK_S))
         return slots
 
     def decide(self, sums: Sequence[int]) -> int:
-        """Take in every rank's step (the summed counters); returns this rank's size for the next step."""
+        """Take in every rank's step (the summed counters); returns this rank's size for the next
+        step."""
         self._steps += 1
         for rank in range(self.world):
             self._observe(rank, sums[2 * rank], sums[2 * rank + 1] * TICK_S)
@@ -93,15 +113,18 @@ class InBandSizer:
                 self.sizes[rank], self._idle[rank] = 1, 0
 
     def _observe(self, rank: int, samples: int, step_s: float) -> None:
-        """A step with samples updates the rank's model (its compute time excludes waiting for data, so a
-        short batch times true); only full steps, after the first, count as fixed-part evidence."""
+        """A step with samples updates the rank's model (its compute time excludes waiting for data,
+        so a short batch times true); only full steps, after the first, count as fixed-part
+        evidence."""
         if samples == 0 or step_s <= 0:
             return
         full = samples == self.sizes[rank]
         self._seen[rank] += full
         last = self._last[rank]
-        consecutive = last is not None and self._last_at[rank] == self._steps - 1  # (not across steps sat out)
-        if full and consecutive and last[0] != samples and self._seen[rank] > 2:  # not against the first step
+        # (not across steps sat out)
+        consecutive = last is not None and self._last_at[rank] == self._steps - 1
+        # not against the first step
+        if full and consecutive and last[0] != samples and self._seen[rank] > 2:
             found = fixed_part_between(last[0], last[1], samples, step_s)
             if found is not None:
                 self._evidence[rank].append(found)
@@ -110,5 +133,7 @@ class InBandSizer:
     def restore(self, sizes: Sequence[int]) -> None:
         """The sizes a checkpoint kept (the models are learnt again in a few steps)."""
         if len(sizes) != self.world or sum(sizes) != self.total:
-            raise ValueError(f"a checkpoint's sizes {list(sizes)} are not {self.world} summing to {self.total}")
+            raise ValueError(
+                f"a checkpoint's sizes {list(sizes)} are not {self.world} summing to {self.total}"
+            )
         self.sizes = list(sizes)

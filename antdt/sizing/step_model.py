@@ -1,4 +1,5 @@
-"""A worker's step time as a fixed part plus a per-sample part, and the batch split that evens it out.
+"""A worker's step time as a fixed part plus a per-sample part, and the batch split that evens it
+out.
 
 A step of ``x`` samples takes ``t = scale * (fixed + x)``: ``fixed`` is the
 per-step cost (kernel launches, the optimizer, the all-reduce's set-up) in
@@ -26,7 +27,8 @@ from datetime import datetime
 
 @dataclass(frozen=True)
 class StepWindow:
-    """One report's steps: how many, their mean batch and mean compute time (a step-time model's data point).
+    """One report's steps: how many, their mean batch and mean compute time (a step-time model's
+    data point).
 
     ``size`` is the batch size the worker was set to; a window is *full* when
     every step had it (a short batch at an epoch's end, or a feed running
@@ -50,7 +52,8 @@ class StepWindow:
 
 #: Two reports count as seeing one speed when they are this close in time.
 PAIR_GAP_S = 3.0
-#: ... and their batch sizes must differ by this fraction of the larger to tell the fixed part apart.
+#: ... and their batch sizes must differ by this fraction of the larger to tell the fixed part
+#: apart.
 MIN_SPREAD = 0.2
 #: Evidence (summed spreads) a worker needs before its own fixed part is trusted over the job's.
 OWN_EVIDENCE = 0.5
@@ -60,7 +63,8 @@ EVIDENCE_KEPT = 16
 
 @dataclass(frozen=True)
 class StepModel:
-    """``step_s(x) = scale * (fixed + x)``; a step of no samples is no step (0 s: the worker computes nothing)."""
+    """``step_s(x) = scale * (fixed + x)``; a step of no samples is no step (0 s: the worker
+    computes nothing)."""
 
     scale: float
     fixed: float
@@ -70,12 +74,14 @@ class StepModel:
 
     @classmethod
     def through(cls, batch: float, step_s: float, fixed: float) -> StepModel:
-        """The model with fixed part ``fixed`` whose line passes through a step of ``batch`` samples in ``step_s``."""
+        """The model with fixed part ``fixed`` whose line passes through a step of ``batch`` samples
+        in ``step_s``."""
         return cls(step_s / (fixed + batch), fixed)
 
 
 def fixed_part_evidence(windows: Sequence[StepWindow]) -> dict[datetime, tuple[float, float]]:
-    """(fixed part, weight) from each pair of consecutive reports at clearly different batch sizes, by the later's time.
+    """(fixed part, weight) from each pair of consecutive reports at clearly different batch sizes,
+    by the later's time.
 
     From ``t1 = s (A + x1)`` and ``t2 = s (A + x2)`` at one speed ``s``:
     ``A = (t2 x1 - t1 x2) / (t1 - t2)``. The weight is the batch spread: a pair
@@ -88,14 +94,19 @@ def fixed_part_evidence(windows: Sequence[StepWindow]) -> dict[datetime, tuple[f
     for before, after in zip(windows, windows[1:]):
         close = (after.at - before.at).total_seconds() <= PAIR_GAP_S
         clean = before.full and after.full and not before.opening
-        found = fixed_part_between(before.batch, before.step_s, after.batch, after.step_s) if close and clean else None
+        found = (
+            fixed_part_between(before.batch, before.step_s, after.batch, after.step_s)
+            if close and clean
+            else None
+        )
         if found is not None:
             evidence[after.at] = found
     return evidence
 
 
 def fixed_part_between(x1: float, t1: float, x2: float, t2: float) -> tuple[float, float] | None:
-    """(fixed part, weight) from two steps of ``x1`` and ``x2`` samples at one speed; None if they say nothing."""
+    """(fixed part, weight) from two steps of ``x1`` and ``x2`` samples at one speed; None if they
+    say nothing."""
     spread = abs(x1 - x2) / max(x1, x2)
     if spread < MIN_SPREAD or t1 == t2:
         return None
@@ -117,7 +128,8 @@ def weighted_median(pairs: Iterable[tuple[float, float]]) -> float | None:
 
 
 def fixed_parts(evidence: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
-    """Each worker's fixed part: its own evidence when it has enough, else the job's, else 0 (never negative)."""
+    """Each worker's fixed part: its own evidence when it has enough, else the job's, else 0 (never
+    negative)."""
     pooled = weighted_median(pair for pairs in evidence.values() for pair in pairs)
     parts = {}
     for worker, pairs in evidence.items():
@@ -128,7 +140,8 @@ def fixed_parts(evidence: dict[str, list[tuple[float, float]]]) -> dict[str, flo
 
 
 def current_model(windows: Sequence[StepWindow], since_step: int, fixed: float) -> StepModel | None:
-    """The worker's model now: ``scale`` from its latest report, if it has a step from ``since_step`` on; else None.
+    """The worker's model now: ``scale`` from its latest report, if it has a step from
+    ``since_step`` on; else None.
 
     A report that straddles a batch change is as good as any: its mean batch
     and mean step time lie on the same line.
@@ -140,7 +153,8 @@ def current_model(windows: Sequence[StepWindow], since_step: int, fixed: float) 
 
 
 def balance(total: int, models: Sequence[StepModel], low: int, high: int) -> list[int] | None:
-    """Integer batch sizes in [low, high] summing to ``total`` with the shortest slowest step; None if impossible.
+    """Integer batch sizes in [low, high] summing to ``total`` with the shortest slowest step; None
+    if impossible.
 
     The real-valued optimum gives every worker the step time ``T`` at which
     ``sum(clamp(T / scale - fixed, low, high)) == total`` (found by
@@ -149,7 +163,12 @@ def balance(total: int, models: Sequence[StepModel], low: int, high: int) -> lis
     (which keeps the integer split optimal).
     """
     n = len(models)
-    if n == 0 or n * low > total or n * high < total or any(m.scale <= 0 or m.fixed < 0 for m in models):
+    if (
+        n == 0
+        or n * low > total
+        or n * high < total
+        or any(m.scale <= 0 or m.fixed < 0 for m in models)
+    ):
         return None
 
     def sizes_at(level: float) -> list[float]:
@@ -161,10 +180,14 @@ def balance(total: int, models: Sequence[StepModel], low: int, high: int) -> lis
         lo, hi = (mid, hi) if sum(sizes_at(mid)) < total else (lo, mid)
     sizes = [min(math.floor(x + 1e-9), high) for x in sizes_at(hi)]
     while sum(sizes) > total:  # the bisection's level can overshoot by a hair
-        worst = max((i for i in range(n) if sizes[i] > low), key=lambda i: models[i].step_s(sizes[i]))
+        worst = max(
+            (i for i in range(n) if sizes[i] > low), key=lambda i: models[i].step_s(sizes[i])
+        )
         sizes[worst] -= 1
     while sum(sizes) < total:
-        best = min((i for i in range(n) if sizes[i] < high), key=lambda i: models[i].step_s(sizes[i] + 1))
+        best = min(
+            (i for i in range(n) if sizes[i] < high), key=lambda i: models[i].step_s(sizes[i] + 1)
+        )
         sizes[best] += 1
     return sizes
 
@@ -173,8 +196,11 @@ def slowest_step_s(models: Sequence[StepModel], sizes: Sequence[int]) -> float:
     return max(m.step_s(x) for m, x in zip(models, sizes))
 
 
-def worth_moving(models: Sequence[StepModel], current: Sequence[int], split: Sequence[int], min_gain: float) -> bool:
-    """Move to ``split``: the current sizes miss the global batch, or the slowest step shortens by ``min_gain``."""
+def worth_moving(
+    models: Sequence[StepModel], current: Sequence[int], split: Sequence[int], min_gain: float
+) -> bool:
+    """Move to ``split``: the current sizes miss the global batch, or the slowest step shortens by
+    ``min_gain``."""
     if sum(current) != sum(split):
         return True
     return slowest_step_s(models, current) > slowest_step_s(models, split) * (1 + min_gain)

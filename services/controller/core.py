@@ -15,8 +15,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from antdt.control import ConfigLayers
-from antdt.schemas.models import ControlComponent, ControlConfig, MitigationCommand, StragglerVerdict, WorkerMetrics
+from antdt.control.topic import ConfigLayers
+from antdt.schemas.models import (
+    ControlComponent,
+    ControlConfig,
+    MitigationCommand,
+    StragglerVerdict,
+    WorkerMetrics,
+)
 from antdt.services.controller import dd, nd  # noqa: F401 - registers the built-in policies
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.policy import Decision, load_policy
@@ -36,7 +42,9 @@ class ControllerCore:
     """Policies plus safety, per job (see the module docstring)."""
 
     def __init__(self, defaults: ControllerConfig | None = None, stamp: Stamp | None = None):
-        self.config = ConfigLayers(ControlComponent.CONTROLLER, defaults or ControllerConfig(), check=validate_policy)
+        self.config = ConfigLayers(
+            ControlComponent.CONTROLLER, defaults or ControllerConfig(), check=validate_policy
+        )
         validate_policy(self.config.defaults)
         self.stamp = stamp or Stamp(epoch=1)
         self.jobs: dict[str, JobView] = {}
@@ -49,7 +57,8 @@ class ControllerCore:
         return self.jobs[job_id]
 
     def recall(self, commands: Iterable[MitigationCommand]) -> int:
-        """Take in commands issued before (by a predecessor): their effects and their verdicts. Returns the count."""
+        """Take in commands issued before (by a predecessor): their effects and their verdicts.
+        Returns the count."""
         count = 0
         for command in commands:
             self.job(command.job_id).on_issued(command)
@@ -59,7 +68,8 @@ class ControllerCore:
         return count
 
     def forget(self, job_ids: Iterable[str]) -> None:
-        """Drop jobs another controller took over: if they come back, their commands are recalled afresh."""
+        """Drop jobs another controller took over: if they come back, their commands are recalled
+        afresh."""
         for job_id in list(job_ids):
             self.jobs.pop(job_id, None)
             self.rate.buckets.pop(job_id, None)
@@ -83,10 +93,13 @@ class ControllerCore:
         return self._decide(job, report, now)
 
     def apply(self, control: ControlConfig) -> bool:
-        """Apply a control record meant for the controller; ConfigError (nothing applied) if invalid."""
+        """Apply a control record meant for the controller; ConfigError (nothing applied) if
+        invalid."""
         return self.config.apply(control, self.jobs) is not None
 
-    def _decide(self, job: JobView, event: StragglerVerdict | WorkerMetrics, now: datetime) -> Outcome:
+    def _decide(
+        self, job: JobView, event: StragglerVerdict | WorkerMetrics, now: datetime
+    ) -> Outcome:
         config = self.config.for_job(job.job_id)
         policy = load_policy(config.policy)
         decision: Decision = policy.decide(job, event, config, now)
@@ -94,11 +107,21 @@ class ControllerCore:
             if decision.memo is not None:  # what the policy learnt, without acting on it
                 job.memo[policy.name] = decision.memo
             return Outcome(skipped=decision.skipped)
-        if not self.rate.allow(job.job_id, len(decision.intents), config.max_commands_per_minute, now):
-            return Outcome(skipped=(*decision.skipped, f"rate limit: {len(decision.intents)} command(s) over "
-                                    f"{config.max_commands_per_minute}/min for {job.job_id}"))
+        if not self.rate.allow(
+            job.job_id, len(decision.intents), config.max_commands_per_minute, now
+        ):
+            return Outcome(
+                skipped=(
+                    *decision.skipped,
+                    f"rate limit: {len(decision.intents)} command(s) over "
+                    f"{config.max_commands_per_minute}/min for {job.job_id}",
+                )
+            )
         verdict = event if isinstance(event, StragglerVerdict) else None
-        commands = tuple(build_command(i, job.job_id, verdict, policy.name, config, self.stamp, now) for i in decision.intents)
+        commands = tuple(
+            build_command(i, job.job_id, verdict, policy.name, config, self.stamp, now)
+            for i in decision.intents
+        )
         for command in commands:
             job.on_issued(command)
         if decision.memo is not None:

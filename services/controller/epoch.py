@@ -6,7 +6,7 @@ epoch and show the current one without loading the controller's metrics.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from antdt.schemas.models import ControlComponent, ControlConfig
 
@@ -15,8 +15,14 @@ EPOCH_KEY = "controller.epoch"
 
 def epoch_claim(epoch: int, controller_id: str) -> ControlConfig:
     """The control record by which a controller takes ``epoch``."""
-    return ControlConfig(config_id=f"epoch-{epoch}-{controller_id}", job_id=None, component=ControlComponent.CONTROLLER,
-                         changes={EPOCH_KEY: str(epoch)}, issued_by=controller_id, issued_at=datetime.now(timezone.utc))
+    return ControlConfig(
+        config_id=f"epoch-{epoch}-{controller_id}",
+        job_id=None,
+        component=ControlComponent.CONTROLLER,
+        changes={EPOCH_KEY: str(epoch)},
+        issued_by=controller_id,
+        issued_at=datetime.now(UTC),
+    )
 
 
 def claimed_epoch(change: ControlConfig) -> int | None:

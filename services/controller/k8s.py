@@ -1,4 +1,5 @@
-"""Optional node remediation on Kubernetes: the controller's commands, carried out on pods and nodes.
+"""Optional node remediation on Kubernetes: the controller's commands, carried out on pods and
+nodes.
 
 Why: an agent can restart its own process, but a process restarted inside the
 same pod stays on the same slow node. On Kubernetes the controller can do
@@ -57,11 +58,19 @@ class KubernetesSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ANTDT_K8S_", extra="ignore", frozen=True)
 
-    remediation: bool = Field(False, description="act on pods and nodes (needs the remediation RBAC)")
-    namespace: str | None = Field(None, description="the workers' namespace; default the controller pod's own")
+    remediation: bool = Field(
+        False, description="act on pods and nodes (needs the remediation RBAC)"
+    )
+    namespace: str | None = Field(
+        None, description="the workers' namespace; default the controller pod's own"
+    )
     degraded_label: str = Field("antdt.io/degraded", pattern=_LABEL_PATTERN, max_length=317)
-    api_url: str | None = Field(None, description="API server; default from KUBERNETES_SERVICE_HOST/PORT")
-    service_account_dir: Path = Field(SERVICE_ACCOUNT, description="token, ca.crt and namespace of the pod")
+    api_url: str | None = Field(
+        None, description="API server; default from KUBERNETES_SERVICE_HOST/PORT"
+    )
+    service_account_dir: Path = Field(
+        SERVICE_ACCOUNT, description="token, ca.crt and namespace of the pod"
+    )
     timeout_s: float = Field(5.0, gt=0, le=60)
 
 
@@ -98,7 +107,11 @@ class KubernetesApi:
         self.url = url.rstrip("/")
         self._token = token
         self._timeout_s = timeout_s
-        self._ssl = ssl.create_default_context(cafile=str(ca_file)) if ca_file and url.startswith("https") else None
+        self._ssl = (
+            ssl.create_default_context(cafile=str(ca_file))
+            if ca_file and url.startswith("https")
+            else None
+        )
 
     @classmethod
     def from_settings(cls, settings: KubernetesSettings) -> KubernetesApi:
@@ -109,7 +122,8 @@ class KubernetesApi:
         return cls(url, token, ca_file if ca_file.is_file() else None, settings.timeout_s)
 
     def send(self, call: Call) -> int:
-        """The HTTP status of ``call``; raises ``urllib.error.URLError`` only when the server is unreachable."""
+        """The HTTP status of ``call``; raises ``urllib.error.URLError`` only when the server is
+        unreachable."""
         data = json.dumps(call.body).encode() if call.body is not None else None
         request = urllib.request.Request(self.url + call.path, data=data, method=call.method)
         request.add_header("Content-Type", call.content_type)
@@ -117,17 +131,24 @@ class KubernetesApi:
         if self._token:
             request.add_header("Authorization", f"Bearer {self._token}")
         try:
-            with urllib.request.urlopen(request, timeout=self._timeout_s, context=self._ssl) as response:
+            with urllib.request.urlopen(
+                request, timeout=self._timeout_s, context=self._ssl
+            ) as response:
                 return response.status
         except urllib.error.HTTPError as error:
             return error.code
 
 
 def _in_cluster_url() -> str:
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    host, port = (
+        os.environ.get("KUBERNETES_SERVICE_HOST"),
+        os.environ.get("KUBERNETES_SERVICE_PORT", "443"),
+    )
     if not host:
-        raise ConfigError("ANTDT_K8S_REMEDIATION is on but this is not a pod (no KUBERNETES_SERVICE_HOST); "
-                          "set ANTDT_K8S_API_URL")
+        raise ConfigError(
+            "ANTDT_K8S_REMEDIATION is on but this is not a pod (no KUBERNETES_SERVICE_HOST); "
+            "set ANTDT_K8S_API_URL"
+        )
     return f"https://{host}:{port}"
 
 
@@ -141,19 +162,33 @@ def calls_for(command: MitigationCommand, namespace: str, degraded_label: str) -
     node = command.parameters.get("node")
     if command.action is CommandAction.MARK_NODE_DEGRADED and node:
         patch = {"metadata": {"labels": {degraded_label: "true"}}}
-        return [Call("PATCH", f"/api/v1/nodes/{quote(node, safe='')}", patch, "application/merge-patch+json")]
+        return [
+            Call(
+                "PATCH",
+                f"/api/v1/nodes/{quote(node, safe='')}",
+                patch,
+                "application/merge-patch+json",
+            )
+        ]
     return []
 
 
 class KubernetesActuator:
     """Carries out commands on the cluster from a background thread; see the module docstring."""
 
-    def __init__(self, api: KubernetesApi, namespace: str, degraded_label: str = "antdt.io/degraded",
-                 queue_size: int = 1000):
+    def __init__(
+        self,
+        api: KubernetesApi,
+        namespace: str,
+        degraded_label: str = "antdt.io/degraded",
+        queue_size: int = 1000,
+    ):
         self.api = api
         self.namespace = namespace
         self.degraded_label = degraded_label
-        self._queue: queue.Queue[tuple[MitigationCommand, list[Call]] | None] = queue.Queue(maxsize=queue_size)
+        self._queue: queue.Queue[tuple[MitigationCommand, list[Call]] | None] = queue.Queue(
+            maxsize=queue_size
+        )
         self._thread = threading.Thread(target=self._drain, name="antdt-k8s-actuator", daemon=True)
 
     @classmethod
@@ -166,8 +201,12 @@ class KubernetesActuator:
 
     def start(self) -> KubernetesActuator:
         self._thread.start()
-        log.info("kubernetes remediation on: pods in %s, nodes labelled %s via %s",
-                 self.namespace, self.degraded_label, self.api.url)
+        log.info(
+            "kubernetes remediation on: pods in %s, nodes labelled %s via %s",
+            self.namespace,
+            self.degraded_label,
+            self.api.url,
+        )
         return self
 
     def submit(self, command: MitigationCommand) -> None:
@@ -179,7 +218,11 @@ class KubernetesActuator:
             self._queue.put_nowait((command, calls))
         except queue.Full:
             metrics.K8S_ACTIONS.labels(command.action.value, Outcome.FAILED.value).inc()
-            log.error("kubernetes: queue full, %s %s not carried out", command.action.value, command.target_worker)
+            log.error(
+                "kubernetes: queue full, %s %s not carried out",
+                command.action.value,
+                command.target_worker,
+            )
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Finish what is queued (up to ``timeout_s``) and stop."""
@@ -212,7 +255,12 @@ class KubernetesActuator:
             return Outcome.DONE
         if status == 404 and call.method == "DELETE":
             return Outcome.GONE
-        log.error("kubernetes: %s %s answered %d (check the remediation RBAC)", call.method, call.path, status)
+        log.error(
+            "kubernetes: %s %s answered %d (check the remediation RBAC)",
+            call.method,
+            call.path,
+            status,
+        )
         return Outcome.FAILED
 
 

@@ -55,11 +55,14 @@ NOTHING = Decision()
 class Policy(Protocol):
     name: str
 
-    def decide(self, job: JobView, event: Event, config: ControllerConfig, now: datetime) -> Decision: ...
+    def decide(
+        self, job: JobView, event: Event, config: ControllerConfig, now: datetime
+    ) -> Decision: ...
 
 
 _REGISTRY: dict[str, Policy] = {}
-_IMPORTED: dict[str, Policy] = {}  # import path -> the policy loaded from it (the controller asks per event)
+# import path -> the policy loaded from it (the controller asks per event)
+_IMPORTED: dict[str, Policy] = {}
 
 
 def register(policy: Policy) -> Policy:
@@ -80,13 +83,19 @@ def load_policy(name: str) -> Policy:
         return _IMPORTED[name]
     module_name, sep, attribute = name.partition(":")
     if not sep or not module_name or not attribute:
-        raise ConfigError(f"unknown policy {name!r}: not one of {', '.join(registered())} nor module:attribute")
+        raise ConfigError(
+            f"unknown policy {name!r}: not one of {', '.join(registered())} nor module:attribute"
+        )
     try:
         target = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot load policy {name!r}: {exc}") from None
     policy = target() if isinstance(target, type) else target
-    if not callable(getattr(policy, "decide", None)) or not isinstance(getattr(policy, "name", None), str):
-        raise ConfigError(f"{name!r} is not a policy (needs a name and decide(job, event, config, now))")
+    if not callable(getattr(policy, "decide", None)) or not isinstance(
+        getattr(policy, "name", None), str
+    ):
+        raise ConfigError(
+            f"{name!r} is not a policy (needs a name and decide(job, event, config, now))"
+        )
     _IMPORTED[name] = policy
     return policy

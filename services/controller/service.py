@@ -45,7 +45,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
@@ -55,18 +55,18 @@ from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import decode_or_deadletter, poll_batch, resume_or_end
 from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
-from antdt.control import ControlFollower, apply_and_count, control_topic
+from antdt.control.topic import ControlFollower, apply_and_count, control_topic
 from antdt.errors import BusError, ConfigError
+from antdt.runtime.service_loop import LoopService
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import ControlConfig, MitigationCommand, StragglerVerdict, WorkerMetrics
 from antdt.services.controller import metrics
-from antdt.services.controller.audit import read_commands
+from antdt.services.controller.command_log import read_commands
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.core import ControllerCore, Outcome
 from antdt.services.controller.epoch import claimed_epoch, epoch_claim
 from antdt.services.controller.k8s import KubernetesActuator
 from antdt.services.controller.safety import Stamp
-from antdt.service_loop import LoopService
 from antdt.settings import Settings
 from antdt.topics import worker_key
 
@@ -87,20 +87,33 @@ class ServiceConfig:
 class ControllerService(LoopService):
     """See the module docstring."""
 
-    def __init__(self, settings: Settings, defaults: ControllerConfig | None = None, config: ServiceConfig | None = None,
-                 controller_id: str | None = None, actuator: KubernetesActuator | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        defaults: ControllerConfig | None = None,
+        config: ServiceConfig | None = None,
+        controller_id: str | None = None,
+        actuator: KubernetesActuator | None = None,
+    ):
         self.settings = settings
         self.actuator = actuator
         self.config = config or ServiceConfig()
-        self.controller_id = controller_id or f"controller-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.controller_id = (
+            controller_id
+            or f"controller-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        )
         self.codec: Codec = make_codec(settings.schema_registry_url)
         self.core = ControllerCore(defaults)
         self.ready = threading.Event()
         self.highest_epoch = 0
         self.held: set[int] = set()  # the input partitions this controller holds
         self._producer = make_producer(settings, client_id=self.controller_id, **{"linger.ms": 0})
-        self._deadletter = DeadLetter.for_settings(self._producer, settings, "controller", counter=metrics.DEADLETTERED)
-        self._follower = ControlFollower(settings, self.codec, client_id=f"{self.controller_id}-control")
+        self._deadletter = DeadLetter.for_settings(
+            self._producer, settings, "controller", counter=metrics.DEADLETTERED
+        )
+        self._follower = ControlFollower(
+            settings, self.codec, client_id=f"{self.controller_id}-control"
+        )
         self._commands_topic = settings.topic("controller", "commands")
         self._inputs = [settings.topic("monitor", "verdicts"), settings.topic("worker", "metrics")]
         self._partitions = 0  # of each input topic
@@ -114,14 +127,24 @@ class ControllerService(LoopService):
 
     def start(self) -> ControllerService:
         """Create topics, fold the control history, join the group (jobs come with partitions)."""
-        self._partitions = self._co_partitioned(ensure_topics(make_admin(self.settings), self.settings))
+        self._partitions = self._co_partitioned(
+            ensure_topics(make_admin(self.settings), self.settings)
+        )
         for change in self._follower.catch_up():
             self._on_control(change)
-        self._consumer = make_consumer(self.settings, group_id=f"{self.settings.topic_prefix}.controller",
-                                       client_id=self.controller_id,
-                                       **{"partition.assignment.strategy": "range"})  # co-partitioned: same numbers
-        self._consumer.subscribe(self._inputs, on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                 on_lost=self._on_lost)
+        self._consumer = make_consumer(
+            self.settings,
+            group_id=f"{self.settings.topic_prefix}.controller",
+            client_id=self.controller_id,
+            # co-partitioned: same numbers
+            **{"partition.assignment.strategy": "range"},
+        )
+        self._consumer.subscribe(
+            self._inputs,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
         self._watch = shared_watch(self.settings)
         self._rewinder = Rewinder(self._consumer, self._watch, group=True)
         self._follower.follow_resets(self._watch)
@@ -131,17 +154,22 @@ class ControllerService(LoopService):
         return self
 
     def _co_partitioned(self, counts: dict[str, int]) -> int:
-        """The input topics' common partition count; ConfigError if they differ (a job would have two owners)."""
+        """The input topics' common partition count; ConfigError if they differ (a job would have
+        two owners)."""
         found = {counts[topic] for topic in self._inputs}
         if len(found) != 1:
-            raise ConfigError(f"{' and '.join(self._inputs)} must have as many partitions (found "
-                              f"{', '.join(f'{t}: {counts[t]}' for t in self._inputs)}): add partitions to the smaller")
+            raise ConfigError(
+                f"{' and '.join(self._inputs)} must have as many partitions (found "
+                f"{', '.join(f'{t}: {counts[t]}' for t in self._inputs)}): "
+                "add partitions to the smaller"
+            )
         return found.pop()
 
     # ------------------------------------------------------------ jobs taken over and given up
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """New partitions: a new epoch, the jobs' recent commands recalled, input resumed where the group left it."""
+        """New partitions: a new epoch, the jobs' recent commands recalled, input resumed where the
+        group left it."""
         held = {tp.partition for tp in partitions}
         kept, self._revoked = held & self._revoked, set()
         self._forget(self.held - kept)
@@ -152,35 +180,56 @@ class ControllerService(LoopService):
         consumer.assign(resume_or_end(consumer, partitions))
         metrics.PARTITIONS.set(len(held))
         self.ready.set()
-        log.info("controller %s holds partitions %s with epoch %d", self.controller_id, sorted(held), self.core.stamp.epoch)
+        log.info(
+            "controller %s holds partitions %s with epoch %d",
+            self.controller_id,
+            sorted(held),
+            self.core.stamp.epoch,
+        )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Partitions given up in a rebalance; their jobs are kept until we know whether they come back."""
+        """Partitions given up in a rebalance; their jobs are kept until we know whether they come
+        back."""
         self._revoked |= {tp.partition for tp in partitions}
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Partitions lost without a rebalance (our session expired): someone else may hold them already."""
+        """Partitions lost without a rebalance (our session expired): someone else may hold them
+        already."""
         lost = {tp.partition for tp in partitions}
         self._forget(lost)
         self.held -= lost
 
     def _forget(self, partitions: set[int]) -> None:
         if partitions:
-            self.core.forget([job for job in self.core.jobs if partition_for(job, self._partitions) in partitions])
+            self.core.forget(
+                [
+                    job
+                    for job in self.core.jobs
+                    if partition_for(job, self._partitions) in partitions
+                ]
+            )
 
     def _recall_recent_commands(self, partitions: set[int]) -> None:
         """Rebuild the taken-over jobs' budgets, cooldowns and quotas from the audit log."""
-        since = datetime.now(timezone.utc) - RECALL
-        commands = (c for c in read_commands(self.settings, self.codec, start=since)
-                    if partition_for(c.job_id, self._partitions) in partitions)
+        since = datetime.now(UTC) - RECALL
+        commands = (
+            c
+            for c in read_commands(self.settings, self.codec, start=since)
+            if partition_for(c.job_id, self._partitions) in partitions
+        )
         recalled = self.core.recall(commands)
-        log.info("recalled %d command(s) issued since %s", recalled, since.isoformat(timespec="seconds"))
+        log.info(
+            "recalled %d command(s) issued since %s", recalled, since.isoformat(timespec="seconds")
+        )
 
     def _claim_epoch(self, timeout_s: float = 30.0) -> None:
-        """Append ``highest + 1`` and read on until it comes back: the first claim of an epoch wins."""
+        """Append ``highest + 1`` and read on until it comes back: the first claim of an epoch
+        wins."""
         while True:
             claim = epoch_claim(self.highest_epoch + 1, self.controller_id)
-            self._producer.produce(control_topic(self.settings), key=b"*", value=self.codec.encode(claim))
+            self._producer.produce(
+                control_topic(self.settings), key=b"*", value=self.codec.encode(claim)
+            )
             flush_or_raise(self._producer)
             winner = None
             for change in self._follow_until(claim.config_id, timeout_s):
@@ -189,12 +238,15 @@ class ControllerService(LoopService):
                 self._on_control(change)
             if winner == self.controller_id:
                 key = self.settings.signing_key
-                self.core.stamp = Stamp(claimed_epoch(claim), key.get_secret_value().encode() if key else None)
+                self.core.stamp = Stamp(
+                    claimed_epoch(claim), key.get_secret_value().encode() if key else None
+                )
                 metrics.EPOCH.set(self.core.stamp.epoch)
                 return
 
     def _follow_until(self, config_id: str, timeout_s: float):
-        """Control records from where the follower is, up to and including the one with ``config_id``."""
+        """Control records from where the follower is, up to and including the one with
+        ``config_id``."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for change in self._follower.poll(timeout_s=0.1):
@@ -227,7 +279,9 @@ class ControllerService(LoopService):
             return 0
         published: list[MitigationCommand] = []
         for message in messages:
-            event = decode_or_deadletter(message, self.codec, self._deadletter, expected=(StragglerVerdict, WorkerMetrics))
+            event = decode_or_deadletter(
+                message, self.codec, self._deadletter, expected=(StragglerVerdict, WorkerMetrics)
+            )
             if event is not None:
                 published += self._publish(self._decide_or_deadletter(message, event))
         if published:
@@ -236,8 +290,11 @@ class ControllerService(LoopService):
         self._consumer.commit(asynchronous=True)
         return len(messages)
 
-    def _decide_or_deadletter(self, message: Message, event: StragglerVerdict | WorkerMetrics) -> Outcome:
-        """The decision on one event; a policy that fails on it costs that record, not the controller.
+    def _decide_or_deadletter(
+        self, message: Message, event: StragglerVerdict | WorkerMetrics
+    ) -> Outcome:
+        """The decision on one event; a policy that fails on it costs that record, not the
+        controller.
 
         The failure is a bug (the event passed every check of its model), so
         it is logged with its traceback; nothing was published for it, and
@@ -246,12 +303,17 @@ class ControllerService(LoopService):
         try:
             return self._decide(event)
         except Exception as exc:
-            log.exception("deciding failed for %s[%d]@%d", message.topic(), message.partition(), message.offset())
+            log.exception(
+                "deciding failed for %s[%d]@%d",
+                message.topic(),
+                message.partition(),
+                message.offset(),
+            )
             self._deadletter.send(SourceRecord.from_confluent(message), exc)
             return Outcome()
 
     def _decide(self, event: StragglerVerdict | WorkerMetrics) -> Outcome:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         if isinstance(event, StragglerVerdict):
             metrics.VERDICTS.inc()
             return self.core.on_verdict(event, now)
@@ -265,7 +327,13 @@ class ControllerService(LoopService):
             key = worker_key(command.job_id, command.target_worker).encode()
             self._producer.produce(self._commands_topic, key=key, value=self.codec.encode(command))
             metrics.COMMANDS.labels(command.action.value, str(command.dry_run).lower()).inc()
-            log.info("command %s %s %s: %s", command.command_id, command.action.value, key.decode(), command.reason)
+            log.info(
+                "command %s %s %s: %s",
+                command.command_id,
+                command.action.value,
+                key.decode(),
+                command.reason,
+            )
         self._producer.poll(0)
         return list(outcome.commands)
 
@@ -290,9 +358,14 @@ class ControllerService(LoopService):
             return
         claim = epoch_claim(self.core.stamp.epoch, self.controller_id)
         refresh_metadata(self._producer)
-        self._producer.produce(control_topic(self.settings), key=b"*", value=self.codec.encode(claim))
+        self._producer.produce(
+            control_topic(self.settings), key=b"*", value=self.codec.encode(claim)
+        )
         flush_or_raise(self._producer)
-        log.warning("the bus was reset: epoch %d claimed again; reading the input from the beginning", self.core.stamp.epoch)
+        log.warning(
+            "the bus was reset: epoch %d claimed again; reading the input from the beginning",
+            self.core.stamp.epoch,
+        )
 
     # ------------------------------------------------------------ control
 

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from antdt.schemas.models import WORKER_ROLE, CommandAction, MitigationCommand, StragglerVerdict, VerdictKind, WorkerMetrics
+from antdt.schemas.models import (
+    WORKER_ROLE,
+    CommandAction,
+    MitigationCommand,
+    StragglerVerdict,
+    VerdictKind,
+    WorkerMetrics,
+)
 from antdt.sizing.step_model import StepWindow
 
 DISRUPTIVE = (CommandAction.RESTART, CommandAction.EVICT)
@@ -37,7 +44,8 @@ class WorkerView:
     acted_at: datetime | None = None  # last RESTART/EVICT, until the worker is back
     last_seen: datetime | None = None
     world_size: int | None = None  # its synchronous group's ranks, as it last reported
-    windows: deque = field(default_factory=lambda: deque(maxlen=WINDOWS_KEPT))  # recent StepWindows, oldest first
+    # recent StepWindows, oldest first
+    windows: deque = field(default_factory=lambda: deque(maxlen=WINDOWS_KEPT))
 
 
 @dataclass(frozen=True)
@@ -85,10 +93,18 @@ class JobView:
         if report.samples and report.compute.sum_s > 0:
             view.samples_per_s = report.samples / report.compute.sum_s
             if report.step_count:
-                view.windows.append(StepWindow(
-                    report.window_end, report.first_step, report.last_step, report.step_count,
-                    report.samples / report.step_count, report.compute.sum_s / report.step_count,
-                    report.local_batch_size, opening=not view.windows))
+                view.windows.append(
+                    StepWindow(
+                        report.window_end,
+                        report.first_step,
+                        report.last_step,
+                        report.step_count,
+                        report.samples / report.step_count,
+                        report.compute.sum_s / report.step_count,
+                        report.local_batch_size,
+                        opening=not view.windows,
+                    )
+                )
 
     def on_verdict(self, verdict: StragglerVerdict) -> None:
         view = self.worker(verdict.worker_id)
@@ -109,32 +125,46 @@ class JobView:
             self.degraded_nodes.add(command.parameters.get("node", view.node_id))
         if command.action in DISRUPTIVE:
             view.acted_at = command.issued_at
-        self.actions.append(ActionRecord(command.issued_at, command.target_worker, view.node_id, command.action))
+        self.actions.append(
+            ActionRecord(command.issued_at, command.target_worker, view.node_id, command.action)
+        )
 
     # ------------------------------------------------------------ questions policies ask
 
     def present(self, now: datetime, silent_after_s: float) -> list[WorkerView]:
-        """The workers still in the job: all but those whose reports stopped ``silent_after_s`` ago."""
-        return [w for w in self.workers.values()
-                if w.last_seen is None or (now - w.last_seen).total_seconds() < silent_after_s]
+        """The workers still in the job: all but those whose reports stopped ``silent_after_s``
+        ago."""
+        return [
+            w
+            for w in self.workers.values()
+            if w.last_seen is None or (now - w.last_seen).total_seconds() < silent_after_s
+        ]
 
     def disruptive_since(self, since: datetime) -> list[ActionRecord]:
         return [a for a in self.actions if a.at >= since and a.action in DISRUPTIVE]
 
     def acted_on(self, now: datetime, timeout: timedelta) -> list[WorkerView]:
         """Workers restarted or evicted and not back yet (within ``timeout``)."""
-        return [w for w in self.workers.values() if w.acted_at is not None and now - w.acted_at < timeout]
+        return [
+            w
+            for w in self.workers.values()
+            if w.acted_at is not None and now - w.acted_at < timeout
+        ]
 
-    def last_action_on(self, worker_id: str | None = None, node_id: str | None = None) -> datetime | None:
+    def last_action_on(
+        self, worker_id: str | None = None, node_id: str | None = None
+    ) -> datetime | None:
         for record in reversed(self.actions):
             if record.action in DISRUPTIVE and (
-                (worker_id is not None and record.worker_id == worker_id) or (node_id is not None and record.node_id == node_id)
+                (worker_id is not None and record.worker_id == worker_id)
+                or (node_id is not None and record.node_id == node_id)
             ):
                 return record.at
         return None
 
 
 def group_size(workers: list[WorkerView]) -> int | None:
-    """The synchronous group's size as the most recent report says (None if no worker reports one)."""
+    """The synchronous group's size as the most recent report says (None if no worker reports
+    one)."""
     reported = [w for w in workers if w.world_size is not None and w.last_seen is not None]
     return max(reported, key=lambda w: w.last_seen).world_size if reported else None

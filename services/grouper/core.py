@@ -1,4 +1,5 @@
-"""The grouper's decisions, without Kafka: which ready workers average their models together, and when.
+"""The grouper's decisions, without Kafka: which ready workers average their models together, and
+when.
 
 Per job, workers announce readiness after each local step
 (:class:`~antdt.schemas.models.GroupReady`). :class:`GroupFormer` keeps them
@@ -28,24 +29,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from antdt.control import refuse_broken
+from antdt.control.topic import refuse_broken
 from antdt.schemas.models import WHOLE_GROUP_REASONS, GroupReady, GroupReason
 
 
 @dataclass(frozen=True)
 class GrouperConfig:
-    """P, how long the first of a group may wait for the others, and how often every rank checkpoints."""
+    """P, how long the first of a group may wait for the others, and how often every rank
+    checkpoints."""
 
     group_size: int = 2
     deadline_s: float = 0.05
     checkpoint_every_s: float = 60.0  # 0: no checkpoints
 
     def __post_init__(self) -> None:
-        refuse_broken("grouper config", (
-            (self.group_size < 2, "group_size must be >= 2"),
-            (self.deadline_s < 0, "deadline_s must be >= 0"),
-            (self.checkpoint_every_s < 0, "checkpoint_every_s must be >= 0"),
-        ))
+        refuse_broken(
+            "grouper config",
+            (
+                (self.group_size < 2, "group_size must be >= 2"),
+                (self.deadline_s < 0, "deadline_s must be >= 0"),
+                (self.checkpoint_every_s < 0, "checkpoint_every_s must be >= 0"),
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,8 @@ class JobGroups:
     world: int
     last_whole_at: float
     waiting: dict[int, Waiting] = field(default_factory=dict)  # insertion order is arrival order
-    answered: dict[int, tuple[str, int]] = field(default_factory=dict)  # rank -> (incarnation, last seq grouped)
+    # rank -> (incarnation, last seq grouped)
+    answered: dict[int, tuple[str, int]] = field(default_factory=dict)
     next_id: int = 1
 
 
@@ -92,7 +98,8 @@ class GroupFormer:
     """Forms every job's groups. Time is passed in (seconds, any monotonic clock)."""
 
     def __init__(self, config: GrouperConfig | None = None, first_id: int = 1):
-        """``first_id``: the first group id of a job (a restarted grouper starts above its predecessor's)."""
+        """``first_id``: the first group id of a job (a restarted grouper starts above its
+        predecessor's)."""
         self.config = config or GrouperConfig()
         self.first_id = first_id
         self.jobs: dict[str, JobGroups] = {}
@@ -102,8 +109,12 @@ class GroupFormer:
         """Take one announcement; the groups it completes."""
         job = self.jobs.get(event.job_id)
         if job is None or event.generation > job.generation:
-            job = self.jobs[event.job_id] = JobGroups(event.generation, event.world_size, now,
-                                                      next_id=job.next_id if job else self.first_id)
+            job = self.jobs[event.job_id] = JobGroups(
+                event.generation,
+                event.world_size,
+                now,
+                next_id=job.next_id if job else self.first_id,
+            )
         elif event.generation < job.generation:
             self.ignored += 1
             return []
@@ -111,21 +122,29 @@ class GroupFormer:
             return []
         job.world = event.world_size
         previous = job.waiting.get(event.rank)
-        if previous is None or (previous.incarnation, previous.seq) != (event.incarnation, event.seq):
-            job.waiting.pop(event.rank, None)  # sent again, an announcement keeps its place in the queue
-            job.waiting[event.rank] = Waiting(event.rank, event.worker_id, event.incarnation, event.seq, now,
-                                              event.finished)
+        if previous is None or (previous.incarnation, previous.seq) != (
+            event.incarnation,
+            event.seq,
+        ):
+            # sent again, an announcement keeps its place in the queue
+            job.waiting.pop(event.rank, None)
+            job.waiting[event.rank] = Waiting(
+                event.rank, event.worker_id, event.incarnation, event.seq, now, event.finished
+            )
         return self._form(event.job_id, job, now)
 
     @staticmethod
     def _already_grouped(job: JobGroups, event: GroupReady) -> bool:
-        """An announcement sent again after its group formed (its answer was slow to arrive): not a new one."""
+        """An announcement sent again after its group formed (its answer was slow to arrive): not a
+        new one."""
         incarnation, seq = job.answered.get(event.rank, ("", 0))
         return incarnation == event.incarnation and event.seq <= seq
 
     def tick(self, now: float) -> list[Formed]:
         """The groups whose deadline or checkpoint time has come."""
-        return [formed for job_id, job in self.jobs.items() for formed in self._form(job_id, job, now)]
+        return [
+            formed for job_id, job in self.jobs.items() for formed in self._form(job_id, job, now)
+        ]
 
     def _form(self, job_id: str, job: JobGroups, now: float) -> list[Formed]:
         whole = self._whole(job, now)
@@ -136,8 +155,12 @@ class GroupFormer:
         formed = []
         candidates = [w for w in job.waiting.values() if not w.finished]
         while len(candidates) >= self.config.group_size:
-            formed.append(self._group(job_id, job, candidates[:self.config.group_size], GroupReason.QUORUM, now))
-            candidates = candidates[self.config.group_size:]
+            formed.append(
+                self._group(
+                    job_id, job, candidates[: self.config.group_size], GroupReason.QUORUM, now
+                )
+            )
+            candidates = candidates[self.config.group_size :]
         if candidates:
             still_coming = job.world - sum(1 for w in job.waiting.values() if w.finished)
             if len(candidates) == still_coming:
@@ -156,14 +179,27 @@ class GroupFormer:
 
     def _checkpoint_due(self, job: JobGroups, now: float) -> bool:
         every = self.config.checkpoint_every_s
-        return bool(every) and now - job.last_whole_at >= every and not any(w.finished for w in job.waiting.values())
+        return (
+            bool(every)
+            and now - job.last_whole_at >= every
+            and not any(w.finished for w in job.waiting.values())
+        )
 
-    def _group(self, job_id: str, job: JobGroups, members: list[Waiting], reason: GroupReason, now: float) -> Formed:
+    def _group(
+        self, job_id: str, job: JobGroups, members: list[Waiting], reason: GroupReason, now: float
+    ) -> Formed:
         for member in members:
             del job.waiting[member.rank]
             job.answered[member.rank] = (member.incarnation, member.seq)
         if reason in WHOLE_GROUP_REASONS:
             job.last_whole_at = now
-        formed = Formed(job_id, job.next_id, job.generation, reason, tuple(sorted(members, key=lambda m: m.rank)), now)
+        formed = Formed(
+            job_id,
+            job.next_id,
+            job.generation,
+            reason,
+            tuple(sorted(members, key=lambda m: m.rank)),
+            now,
+        )
         job.next_id += 1
         return formed

@@ -18,7 +18,9 @@ from antdt.settings import Settings
 
 def read_copies(settings: Settings, codec: Codec, job_id: str) -> list[GroupFormed]:
     """Every member's copy of the job's groups."""
-    return list(read_whole_topic(settings, codec, settings.topic("group", "formed"), GroupFormed, job_id))
+    return list(
+        read_whole_topic(settings, codec, settings.topic("group", "formed"), GroupFormed, job_id)
+    )
 
 
 def one_per_group(copies: list[GroupFormed]) -> list[GroupFormed]:
@@ -40,7 +42,9 @@ def summary(copies: list[GroupFormed]) -> dict:
             per_worker[member] = per_worker.get(member, 0) + 1
     return {
         "groups": len(groups),
-        "by_reason": {reason.value: sum(1 for g in groups if g.reason is reason) for reason in GroupReason},
+        "by_reason": {
+            reason.value: sum(1 for g in groups if g.reason is reason) for reason in GroupReason
+        },
         "mean_partial_size": round(statistics.fmean(partial), 3) if partial else None,
         "wait_ms_p50": waits[len(waits) // 2] if waits else None,
         "wait_ms_p99": waits[min(len(waits) - 1, int(0.99 * len(waits)))] if waits else None,

@@ -44,14 +44,20 @@ from antdt.bus.clients import make_admin, make_consumer, make_producer
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.markers import send_marker
 from antdt.bus.murmur2 import partition_for
-from antdt.bus.readers import MisroutedRecord, assign_now, check_key, decode_or_deadletter, poll_batch
+from antdt.bus.readers import (
+    MisroutedRecord,
+    assign_now,
+    check_key,
+    decode_or_deadletter,
+    poll_batch,
+)
 from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
+from antdt.runtime.service_loop import LoopService
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import GroupFormed, GroupReady
 from antdt.schemas.types import utc_now
-from antdt.service_loop import LoopService
 from antdt.services.grouper import metrics
-from antdt.services.grouper.core import Formed, GroupFormer, GrouperConfig
+from antdt.services.grouper.core import Formed, GrouperConfig, GroupFormer
 from antdt.settings import Settings
 from antdt.topics import topic_spec, worker_key
 
@@ -64,14 +70,23 @@ POLL_S = 0.005
 class GrouperService(LoopService):
     """Consumes announcements, forms groups, tells each member. See the module docstring."""
 
-    def __init__(self, settings: Settings, config: GrouperConfig | None = None, instance_id: str | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        config: GrouperConfig | None = None,
+        instance_id: str | None = None,
+    ):
         self.settings = settings
-        self.instance_id = instance_id or f"grouper-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.instance_id = (
+            instance_id or f"grouper-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        )
         self.codec: Codec = make_codec(settings.schema_registry_url)
         self.former = GroupFormer(config, first_id=int(time.time() * 1000))
         self.ready = threading.Event()
         self._producer = make_producer(settings, client_id=self.instance_id, **{"linger.ms": 0})
-        self._deadletter = DeadLetter.for_settings(self._producer, settings, "grouper", counter=metrics.DEADLETTERED)
+        self._deadletter = DeadLetter.for_settings(
+            self._producer, settings, "grouper", counter=metrics.DEADLETTERED
+        )
         self._ready_topic = topic_spec("group", "ready").full_name(settings.topic_prefix)
         self._formed_topic = topic_spec("group", "formed").full_name(settings.topic_prefix)
         self._formed_partitions = 1
@@ -83,22 +98,29 @@ class GrouperService(LoopService):
         counts = ensure_topics(make_admin(self.settings), self.settings)
         self._formed_partitions = counts[self._formed_topic]
         self._consumer = make_consumer(self.settings, client_id=self.instance_id, low_latency=True)
-        assign_now(self._consumer, [TopicPartition(self._ready_topic, p, self._end_of(p))
-                                    for p in range(counts[self._ready_topic])])
+        assign_now(
+            self._consumer,
+            [
+                TopicPartition(self._ready_topic, p, self._end_of(p))
+                for p in range(counts[self._ready_topic])
+            ],
+        )
         self._watch = shared_watch(self.settings)
         self._rewinder = Rewinder(self._consumer, self._watch)
         self.ready.set()
         return self
 
     def _end_of(self, partition: int) -> int:
-        """Where ``partition`` ends now: looked up before assigning, so what is written once ready is read.
+        """Where ``partition`` ends now: looked up before assigning, so what is written once ready
+        is read.
 
         (Assigning at OFFSET_END would look the end up at the first fetch,
         later.) A high watermark that lags the real end, as the embedded
         broker's can, only makes the grouper read a few old announcements.
         """
-        _, high = self._consumer.get_watermark_offsets(TopicPartition(self._ready_topic, partition), timeout=10.0,
-                                                       cached=False)
+        _, high = self._consumer.get_watermark_offsets(
+            TopicPartition(self._ready_topic, partition), timeout=10.0, cached=False
+        )
         return max(0, high)
 
     def close(self) -> None:
@@ -108,11 +130,15 @@ class GrouperService(LoopService):
             self._watch = None
 
     def step(self) -> int:
-        """One batch of announcements, then whatever deadlines have passed; returns the records read."""
-        if self._rewinder is not None and self._rewinder.check():  # the bus came back empty: read it from 0
+        """One batch of announcements, then whatever deadlines have passed; returns the records
+        read."""
+        # the bus came back empty: read it from 0
+        if self._rewinder is not None and self._rewinder.check():
             refresh_metadata(self._producer)
             metrics.BUS_RESETS.inc()
-            log.warning("the bus was reset: reading announcements from the beginning of the new topics")
+            log.warning(
+                "the bus was reset: reading announcements from the beginning of the new topics"
+            )
         messages = poll_batch(self._consumer, 1000, POLL_S)
         formed: list[Formed] = []
         for message in messages:
@@ -139,7 +165,8 @@ class GrouperService(LoopService):
         return formed
 
     def _publish(self, groups: list[Formed]) -> None:
-        """Each member's record, then a marker on each partition written (see the module docstring)."""
+        """Each member's record, then a marker on each partition written (see the module
+        docstring)."""
         touched: dict[int, bytes] = {}
         now = utc_now()
         for group in groups:
@@ -149,13 +176,24 @@ class GrouperService(LoopService):
                 waited_s = max(0.0, group.at - member.since)
                 metrics.WAIT_SECONDS.observe(waited_s)
                 record = GroupFormed(
-                    job_id=group.job_id, worker_id=member.worker_id, group_id=group.group_id,
-                    generation=group.generation, reason=group.reason, members=[m.worker_id for m in group.members],
-                    ranks=group.ranks, in_reply_to=member.seq, waited_ms=round(waited_s * 1000), timestamp=now,
+                    job_id=group.job_id,
+                    worker_id=member.worker_id,
+                    group_id=group.group_id,
+                    generation=group.generation,
+                    reason=group.reason,
+                    members=[m.worker_id for m in group.members],
+                    ranks=group.ranks,
+                    in_reply_to=member.seq,
+                    waited_ms=round(waited_s * 1000),
+                    timestamp=now,
                 )
                 key = worker_key(group.job_id, member.worker_id).encode()
-                self._producer.produce(self._formed_topic, key=key, value=self.codec.encode(record, self._formed_topic),
-                                       on_delivery=_logged)
+                self._producer.produce(
+                    self._formed_topic,
+                    key=key,
+                    value=self.codec.encode(record, self._formed_topic),
+                    on_delivery=_logged,
+                )
                 touched[partition_for(key, self._formed_partitions)] = key
         for partition, key in touched.items():
             send_marker(self._producer, self._formed_topic, key, partition=partition)

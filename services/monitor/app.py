@@ -13,11 +13,11 @@ Data flow (one Faust worker process; run several, they split the jobs):
   batch is acknowledged (at-least-once; redelivered reports are dropped by
   the detector's per-worker sequence check).
 * Thresholds and windows change at run time from ``control.config``
-  (:mod:`antdt.control`): the history is folded before the worker starts
+  (:mod:`antdt.control.topic`): the history is folded before the worker starts
   consuming, then followed every ``control_poll_s``.
 
 Liveness, readiness and Prometheus metrics are served by
-:class:`antdt.observability.HealthServer`; ready means the control history is
+:class:`antdt.runtime.observability.HealthServer`; ready means the control history is
 applied and the consumer has its partitions.
 """
 
@@ -34,7 +34,7 @@ from antdt.bus.clients import make_admin
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.faust_app import FaustRecordSink, make_faust_app
 from antdt.bus.readers import check_key
-from antdt.control import ControlFollower, apply_and_count
+from antdt.control.topic import ControlFollower, apply_and_count
 from antdt.errors import AntdtError
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import ControlConfig, StragglerVerdict
@@ -61,21 +61,33 @@ class MonitorConfig:
 class MonitorService:
     """The Faust app, its engine and its control follower (see the module docstring)."""
 
-    def __init__(self, settings: Settings, defaults: DetectorConfig | None = None, config: MonitorConfig | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        defaults: DetectorConfig | None = None,
+        config: MonitorConfig | None = None,
+    ):
         self.settings = settings
         self.config = config or MonitorConfig()
         codec = make_codec(settings.schema_registry_url)
-        self.engine = MonitorEngine(codec, defaults, self.config.idle_job_s, self.config.max_clock_jump_s)
+        self.engine = MonitorEngine(
+            codec, defaults, self.config.idle_job_s, self.config.max_clock_jump_s
+        )
         self.app = make_faust_app(settings, "monitor", topic_allow_declare=False)
         self.ready = threading.Event()
         self._partitions_assigned = False
         self._control_applied = False
         prefix = settings.topic_prefix
-        self._metrics_topic = self.app.topic(topic_spec("worker", "metrics").full_name(prefix), value_serializer="raw")
+        self._metrics_topic = self.app.topic(
+            topic_spec("worker", "metrics").full_name(prefix), value_serializer="raw"
+        )
         self._verdicts_topic = self.app.topic(topic_spec("monitor", "verdicts").full_name(prefix))
-        self._deadletter = DeadLetter.for_settings(FaustRecordSink(self.app), settings, "monitor",
-                                                   counter=metrics.DEADLETTERED)
-        self._follower = ControlFollower(settings, codec, client_id=f"{settings.client_id}-monitor-control")
+        self._deadletter = DeadLetter.for_settings(
+            FaustRecordSink(self.app), settings, "monitor", counter=metrics.DEADLETTERED
+        )
+        self._follower = ControlFollower(
+            settings, codec, client_id=f"{settings.client_id}-monitor-control"
+        )
         self._define_agents()
 
     # ------------------------------------------------------------ lifecycle
@@ -137,13 +149,16 @@ class MonitorService:
     def _verdicts_for(self, message: Any, wall: float) -> list[StragglerVerdict]:
         try:
             report = self.engine.decode(message.value, message.topic)
-            check_key(message.key, report.job_id)  # a job's detector lives with the partition its id hashes to
+            # a job's detector lives with the partition its id hashes to
+            check_key(message.key, report.job_id)
             metrics.REPORT_AGE_SECONDS.observe(max(wall - report.window_end.timestamp(), 0.0))
             return self.engine.observe(report)
         except AntdtError as exc:
             self._reject(message, exc)
         except Exception as exc:  # a bug must cost one record, not the service
-            log.exception("processing failed for %s[%d]@%d", message.topic, message.partition, message.offset)
+            log.exception(
+                "processing failed for %s[%d]@%d", message.topic, message.partition, message.offset
+            )
             self._reject(message, exc)
         return []
 

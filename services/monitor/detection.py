@@ -45,15 +45,14 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
-from antdt.control import refuse_broken, with_text_changes
-
+from antdt.control.topic import refuse_broken, with_text_changes
 from antdt.schemas.models import (
     Evidence,
     EvidenceCause,
-    StragglerClass,
     StepTimeStats,
+    StragglerClass,
     StragglerVerdict,
     VerdictKind,
     VerdictWindow,
@@ -63,8 +62,8 @@ from antdt.schemas.models import (
 
 MAD_SCALE = 1.4826
 
-#: Per-sample times at or below this are not measurements (a picosecond): a job whose median
-#: is that small has reported no time at all, and ratios against it would be meaningless or infinite.
+#: Per-sample times at or below this are not measurements (a picosecond): a job whose median is that
+#: small has reported no time at all, and ratios against it would be meaningless or infinite.
 MEASURABLE_S = 1e-12
 
 
@@ -85,26 +84,33 @@ class DetectorConfig:
     join_grace_ticks: int = 3
 
     def __post_init__(self) -> None:
-        refuse_broken("detector config", (
-            (self.window_s <= 0, "window_s must be > 0"),
-            (not 0 < self.step_s <= self.window_s, "step_s must be in (0, window_s]"),
-            (self.recent_reports < 1, "recent_reports must be >= 1"),
-            (not 1.0 < self.clear_ratio < self.straggler_ratio, "need 1 < clear_ratio < straggler_ratio"),
-            (not 0.0 < self.leader_ratio < 1.0, "leader_ratio must be in (0, 1)"),
-            (self.z_threshold < 0, "z_threshold must be >= 0"),
-            (self.k < 1, "k must be >= 1"),
-            (self.persistent_s <= 0, "persistent_s must be > 0"),
-            (self.min_workers < 2, "min_workers must be >= 2"),
-            (self.join_grace_ticks < 0, "join_grace_ticks must be >= 0"),
-        ))
+        refuse_broken(
+            "detector config",
+            (
+                (self.window_s <= 0, "window_s must be > 0"),
+                (not 0 < self.step_s <= self.window_s, "step_s must be in (0, window_s]"),
+                (self.recent_reports < 1, "recent_reports must be >= 1"),
+                (
+                    not 1.0 < self.clear_ratio < self.straggler_ratio,
+                    "need 1 < clear_ratio < straggler_ratio",
+                ),
+                (not 0.0 < self.leader_ratio < 1.0, "leader_ratio must be in (0, 1)"),
+                (self.z_threshold < 0, "z_threshold must be >= 0"),
+                (self.k < 1, "k must be >= 1"),
+                (self.persistent_s <= 0, "persistent_s must be > 0"),
+                (self.min_workers < 2, "min_workers must be >= 2"),
+                (self.join_grace_ticks < 0, "join_grace_ticks must be >= 0"),
+            ),
+        )
 
     def with_changes(self, changes: dict[str, str]) -> DetectorConfig:
-        """A copy with ``changes`` (field name -> text, as the control topic carries them) applied."""
+        """A copy with ``changes`` (field name -> text, as the control topic carries them)
+        applied."""
         return with_text_changes(self, changes, "detector config")
 
 
 @dataclass
-class Episode:
+class VerdictEpisode:
     kind: VerdictKind
     classification: StragglerClass
     started: datetime
@@ -127,13 +133,15 @@ class WorkerTrack:
     busy_s: float = 0.0
     samples: int = 0
     best_window: float | None = None
-    best_ratio: float | None = None  # its lowest window statistic / the job median so far: its best standing
-    warmed: bool = False  # its first report with samples was seen (and left out: it carries the warm-up)
+    # its lowest window statistic / the job median so far: its best standing
+    best_ratio: float | None = None
+    # its first report with samples was seen (and left out: it carries the warm-up)
+    warmed: bool = False
     ticks_seen: int = 0
     over: int = 0
     under: int = 0
     fast: int = 0
-    episode: Episode | None = None
+    episode: VerdictEpisode | None = None
 
     def add(self, report: WorkerMetrics) -> None:
         self.reports.append(report)
@@ -173,7 +181,8 @@ class JobDetector:
     """Detects stragglers and leaders in one job (see the module docstring)."""
 
     def __init__(self, job_id: str, config: DetectorConfig | None = None, pairs: bool = False):
-        """``pairs``: judge a group of two (a two-shard parameter server) against its faster member."""
+        """``pairs``: judge a group of two (a two-shard parameter server) against its faster
+        member."""
         self.job_id = job_id
         self.config = config or DetectorConfig()
         self.pairs = pairs
@@ -197,13 +206,18 @@ class JobDetector:
             restarted = self._forget(track, report.window_end)
             track = None
         if track is None:
-            track = self.workers[report.worker_id] = WorkerTrack(report.worker_id, report.node_id, report.incarnation)
+            track = self.workers[report.worker_id] = WorkerTrack(
+                report.worker_id, report.node_id, report.incarnation
+            )
         if report.seq <= track.last_seq:
             return restarted  # redelivered (input is at-least-once): seen already
         track.last_seq = report.seq
-        if not track.warmed:  # a process's first steps pay its one-time costs: kept as a sign of life, not timed
+        # a process's first steps pay its one-time costs: kept as a sign of life, not timed
+        if not track.warmed:
             track.warmed = report.samples > 0
-            report = report.model_copy(update={"samples": 0, "data_wait_s": 0.0, "compute": _NO_TIME})
+            report = report.model_copy(
+                update={"samples": 0, "data_wait_s": 0.0, "compute": _NO_TIME}
+            )
         track.add(report)
         if self.clock is None or report.window_end > self.clock:
             self.clock = report.window_end
@@ -218,9 +232,18 @@ class JobDetector:
         if track.episode is None:
             return []
         track.episode = None
-        neutral = (0.0, 1.0, 1.0)  # relative, individual, ratio: nothing measured against the new process yet
-        return [self._verdict(track, (VerdictKind.CLEARED, StragglerClass.NONE), now,
-                              now - timedelta(seconds=self.config.window_s), neutral, evidence=[])]
+        # relative, individual, ratio: nothing measured against the new process yet
+        neutral = (0.0, 1.0, 1.0)
+        return [
+            self._verdict(
+                track,
+                (VerdictKind.CLEARED, StragglerClass.NONE),
+                now,
+                now - timedelta(seconds=self.config.window_s),
+                neutral,
+                evidence=[],
+            )
+        ]
 
     def _rebaseline(self, now: datetime) -> None:
         """Drop reports older than the window; recompute the job's median and spread."""
@@ -234,18 +257,23 @@ class JobDetector:
             value = track.window_stat()
             if value is not None:
                 stats[track.worker_id] = value
-                track.best_window = value if track.best_window is None else min(track.best_window, value)
+                track.best_window = (
+                    value if track.best_window is None else min(track.best_window, value)
+                )
         self.stats = stats
         self.baseline = self._baseline_of(stats)
         if self.baseline is not None and self.baseline[0] > MEASURABLE_S:
             for worker, value in stats.items():
                 track = self.workers[worker]
                 ratio = value / self.baseline[0]
-                track.best_ratio = ratio if track.best_ratio is None else min(track.best_ratio, ratio)
+                track.best_ratio = (
+                    ratio if track.best_ratio is None else min(track.best_ratio, ratio)
+                )
 
     def _baseline_of(self, stats: dict[str, float]) -> tuple[float, float] | None:
         """(median, spread) of the window statistics; None with too few workers."""
-        if self.pairs and len(stats) == 2:  # a pair's median is its mean and every z is +-0.67: the ratio decides
+        # a pair's median is its mean and every z is +-0.67: the ratio decides
+        if self.pairs and len(stats) == 2:
             fastest = min(stats.values())
             return fastest, max(0.01 * fastest, 1e-12)
         if len(stats) < self.config.min_workers:
@@ -260,7 +288,8 @@ class JobDetector:
         config = self.config
         median, spread = self.baseline
         track.ticks_seen += 1
-        if median <= MEASURABLE_S:  # no time measured (all of it at a barrier): nothing to compare against
+        # no time measured (all of it at a barrier): nothing to compare against
+        if median <= MEASURABLE_S:
             return []
         window_stat = track.window_stat() or self.stats[track.worker_id]
         recent = track.recent_stat(config.recent_reports) or window_stat
@@ -274,7 +303,9 @@ class JobDetector:
         window_start = now - timedelta(seconds=config.window_s)
         return [self._verdict(track, due, now, window_start, scores)]
 
-    def _step(self, track: WorkerTrack, now: datetime, ratio: float, z: float, slowed: bool) -> tuple | None:
+    def _step(
+        self, track: WorkerTrack, now: datetime, ratio: float, z: float, slowed: bool
+    ) -> tuple | None:
         """Advance the worker's hysteresis; return (kind, class) when a verdict is due.
 
         ``slowed``: the worker stands worse against the job now than at its
@@ -287,22 +318,33 @@ class JobDetector:
         track.fast = track.fast + 1 if quick else 0
         episode = track.episode
         if episode is None:
-            kind = VerdictKind.STRAGGLER if track.over >= config.k else VerdictKind.LEADER if track.fast >= config.k else None
+            kind = (
+                VerdictKind.STRAGGLER
+                if track.over >= config.k
+                else VerdictKind.LEADER
+                if track.fast >= config.k
+                else None
+            )
             if kind is None:
                 return None
             began = now - timedelta(seconds=config.step_s * (config.k - 1))
             joined = track.ticks_seen <= config.k + config.join_grace_ticks or not slowed
             classification = StragglerClass.DETERMINISTIC if joined else StragglerClass.TRANSIENT
-            track.episode = Episode(kind, classification, began)
+            track.episode = VerdictEpisode(kind, classification, began)
             track.under = 0
             return kind, classification
-        back = ratio < config.clear_ratio if episode.kind is VerdictKind.STRAGGLER else ratio > 1 / config.clear_ratio
+        back = (
+            ratio < config.clear_ratio
+            if episode.kind is VerdictKind.STRAGGLER
+            else ratio > 1 / config.clear_ratio
+        )
         track.under = track.under + 1 if back else 0
         if track.under >= config.k:
             track.episode = None
             return VerdictKind.CLEARED, StragglerClass.NONE
         long_enough = (now - episode.started).total_seconds() >= config.persistent_s
-        still_slow = slow if episode.kind is VerdictKind.STRAGGLER else quick  # not merely inside the hysteresis band
+        # not merely inside the hysteresis band
+        still_slow = slow if episode.kind is VerdictKind.STRAGGLER else quick
         if episode.classification is StragglerClass.TRANSIENT and long_enough and still_slow:
             episode.classification = StragglerClass.PERSISTENT
             return episode.kind, StragglerClass.PERSISTENT
@@ -316,12 +358,20 @@ class JobDetector:
         episode_start = track.episode.started if track.episode else None
         return trusted(
             StragglerVerdict,
-            verdict_id=f"{self.job_id}:{track.worker_id}:{int(now.timestamp() * 1000)}:{kind.value}",
-            job_id=self.job_id, worker_id=track.worker_id, node_id=track.node_id, kind=kind,
-            classification=classification, relative_score=float(relative), individual_score=float(individual),
+            verdict_id=(
+                f"{self.job_id}:{track.worker_id}:{int(now.timestamp() * 1000)}:{kind.value}"
+            ),
+            job_id=self.job_id,
+            worker_id=track.worker_id,
+            node_id=track.node_id,
+            kind=kind,
+            classification=classification,
+            relative_score=float(relative),
+            individual_score=float(individual),
             speed_ratio=float(ratio),
             window=trusted(VerdictWindow, start=window_start, end=now, reports=len(track.reports)),
-            episode_start=episode_start, issued_at=now,
+            episode_start=episode_start,
+            issued_at=now,
             evidence=evidence_for(track, self.workers) if evidence is None else evidence,
         )
 
@@ -345,14 +395,50 @@ def _gpu_memory_percent(report: WorkerMetrics) -> float | None:
 #: way (a GPU both busier and slower hints at a competitor, an idle one at
 #: starvation or throttling).
 _RESOURCE_CHECKS = (
-    (EvidenceCause.CPU_STEAL, "resources.cpu_steal_percent", lambda r: r.resources.cpu_steal_percent, "add", 5.0),
+    (
+        EvidenceCause.CPU_STEAL,
+        "resources.cpu_steal_percent",
+        lambda r: r.resources.cpu_steal_percent,
+        "add",
+        5.0,
+    ),
     (EvidenceCause.CPU_CONTENTION, "resources.load_1m", lambda r: r.resources.load_1m, "add", 0.5),
-    (EvidenceCause.MEMORY_PRESSURE, "resources.host_memory_percent", lambda r: r.resources.host_memory_percent, "add", 15.0),
-    (EvidenceCause.IO, "resources.io_read_bytes", lambda r: r.resources.io_read_bytes + r.resources.io_write_bytes, "times", 3.0),
-    (EvidenceCause.NETWORK, "resources.net_recv_bytes", lambda r: r.resources.net_recv_bytes + r.resources.net_sent_bytes, "times", 3.0),
-    (EvidenceCause.GPU, "resources.gpu_utilization_percent", lambda r: r.resources.gpu_utilization_percent, "apart", 20.0),
+    (
+        EvidenceCause.MEMORY_PRESSURE,
+        "resources.host_memory_percent",
+        lambda r: r.resources.host_memory_percent,
+        "add",
+        15.0,
+    ),
+    (
+        EvidenceCause.IO,
+        "resources.io_read_bytes",
+        lambda r: r.resources.io_read_bytes + r.resources.io_write_bytes,
+        "times",
+        3.0,
+    ),
+    (
+        EvidenceCause.NETWORK,
+        "resources.net_recv_bytes",
+        lambda r: r.resources.net_recv_bytes + r.resources.net_sent_bytes,
+        "times",
+        3.0,
+    ),
+    (
+        EvidenceCause.GPU,
+        "resources.gpu_utilization_percent",
+        lambda r: r.resources.gpu_utilization_percent,
+        "apart",
+        20.0,
+    ),
     (EvidenceCause.GPU, "resources.gpu_memory_percent", _gpu_memory_percent, "add", 15.0),
-    (EvidenceCause.DATA_WAIT, "data_wait_s", lambda r: r.data_wait_s / max(r.compute.sum_s + r.data_wait_s, 1e-9), "add", 0.2),
+    (
+        EvidenceCause.DATA_WAIT,
+        "data_wait_s",
+        lambda r: r.data_wait_s / max(r.compute.sum_s + r.data_wait_s, 1e-9),
+        "add",
+        0.2,
+    ),
 )
 
 
@@ -374,11 +460,19 @@ def evidence_for(track: WorkerTrack, workers: dict[str, WorkerTrack]) -> list[Ev
             continue
         baseline = statistics.median(others)
         if _stands_out(value, baseline, test, margin):
-            found.append(trusted(Evidence, cause=cause, metric=metric, value=float(value), baseline=float(baseline),
-                                 detail=None))
+            found.append(
+                trusted(
+                    Evidence,
+                    cause=cause,
+                    metric=metric,
+                    value=float(value),
+                    baseline=float(baseline),
+                    detail=None,
+                )
+            )
     return found
 
 
 def utc(seconds: float) -> datetime:
     """Seconds since the epoch as an aware datetime (for traces and tests)."""
-    return datetime.fromtimestamp(seconds, timezone.utc)
+    return datetime.fromtimestamp(seconds, UTC)

@@ -24,27 +24,33 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from antdt.control import ConfigLayers
+from antdt.control.topic import ConfigLayers
 from antdt.errors import AntdtError
 from antdt.schemas.codec import Codec
-from antdt.schemas.models import WORKER_ROLE, ControlComponent, ControlConfig, StragglerVerdict, WorkerMetrics
+from antdt.schemas.models import (
+    WORKER_ROLE,
+    ControlComponent,
+    ControlConfig,
+    StragglerVerdict,
+    WorkerMetrics,
+)
 from antdt.services.monitor.detection import DetectorConfig, JobDetector
 
 #: Report dates the monitor accepts (see MonitorEngine._refuse_implausible).
-EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
-LATEST = datetime(2200, 1, 1, tzinfo=timezone.utc)
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST = datetime(2200, 1, 1, tzinfo=UTC)
 #: The most compute or waiting time one report may claim (about 11.6 days).
 MAX_REPORT_S = 1e6
-
 
 
 @dataclass
 class JobEntry:
     detector: JobDetector  # the workers'
     last_seen: float
-    roles: dict[str, JobDetector] = field(default_factory=dict)  # every other role's (parameter servers)
+    # every other role's (parameter servers)
+    roles: dict[str, JobDetector] = field(default_factory=dict)
 
     def for_role(self, role: str) -> JobDetector:
         if role == WORKER_ROLE:
@@ -60,8 +66,13 @@ class JobEntry:
 class MonitorEngine:
     """Decode, route by job, detect; configuration changes at run time."""
 
-    def __init__(self, codec: Codec, defaults: DetectorConfig | None = None, idle_job_s: float = 600.0,
-                 max_clock_jump_s: float = 3600.0):
+    def __init__(
+        self,
+        codec: Codec,
+        defaults: DetectorConfig | None = None,
+        idle_job_s: float = 600.0,
+        max_clock_jump_s: float = 3600.0,
+    ):
         self._codec = codec
         self.config = ConfigLayers(ControlComponent.MONITOR, defaults or DetectorConfig())
         self.idle_job_s = idle_job_s
@@ -88,7 +99,9 @@ class MonitorEngine:
         entry = self.jobs.get(report.job_id)
         self._refuse_implausible(report, entry.detector.clock if entry is not None else None)
         if entry is None:
-            entry = self.jobs[report.job_id] = JobEntry(JobDetector(report.job_id, self.config_for(report.job_id)), 0.0)
+            entry = self.jobs[report.job_id] = JobEntry(
+                JobDetector(report.job_id, self.config_for(report.job_id)), 0.0
+            )
         entry.last_seen = time.monotonic() if now is None else now
         return entry.for_role(report.role).observe(report)
 
@@ -107,14 +120,26 @@ class MonitorEngine:
           real jump that large does not happen.
         """
         if report.window_start < EARLIEST or report.window_end > LATEST:
-            raise AntdtError(f"window {report.window_start.isoformat()} - {report.window_end.isoformat()} "
-                             f"is outside {EARLIEST.year}-{LATEST.year}")
-        longest = max(report.compute.sum_s, report.compute.max_s, report.data_wait_s, report.sync_wait_s)
+            raise AntdtError(
+                f"window {report.window_start.isoformat()} - {report.window_end.isoformat()} "
+                f"is outside {EARLIEST.year}-{LATEST.year}"
+            )
+        longest = max(
+            report.compute.sum_s, report.compute.max_s, report.data_wait_s, report.sync_wait_s
+        )
         if longest > MAX_REPORT_S:
-            raise AntdtError(f"{longest:g} s of compute or waiting in one report (at most {MAX_REPORT_S:g})")
-        if job_clock is not None and (report.window_end - job_clock).total_seconds() > self.max_clock_jump_s:
-            raise AntdtError(f"window_end {report.window_end.isoformat()} is more than {self.max_clock_jump_s:g} s "
-                             f"after job {report.job_id}'s latest report ({job_clock.isoformat()})")
+            raise AntdtError(
+                f"{longest:g} s of compute or waiting in one report (at most {MAX_REPORT_S:g})"
+            )
+        if (
+            job_clock is not None
+            and (report.window_end - job_clock).total_seconds() > self.max_clock_jump_s
+        ):
+            raise AntdtError(
+                f"window_end {report.window_end.isoformat()} is more than "
+                f"{self.max_clock_jump_s:g} s "
+                f"after job {report.job_id}'s latest report ({job_clock.isoformat()})"
+            )
 
     def forget_idle(self, now: float | None = None) -> list[str]:
         """Drop jobs silent for ``idle_job_s``; their ids."""
@@ -130,7 +155,8 @@ class MonitorEngine:
         return self.config.for_job(job_id)
 
     def apply(self, control: ControlConfig) -> bool:
-        """Apply a control record if it is meant for the monitor; ConfigError (nothing applied) if invalid."""
+        """Apply a control record if it is meant for the monitor; ConfigError (nothing applied) if
+        invalid."""
         configs = self.config.apply(control, self.jobs)
         if configs is None:
             return False

@@ -51,7 +51,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from antdt.schemas.models import DatasetSpec, ShardLogEvent, ShardSnapshot, ShardState, ShardTransition as T
+from antdt.schemas.models import DatasetSpec, ShardLogEvent, ShardSnapshot, ShardState
+from antdt.schemas.models import ShardTransition as T
 
 _SETTLED = (ShardState.DONE, ShardState.QUARANTINED)
 
@@ -104,14 +105,24 @@ class EpochAudit:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "epoch": self.epoch, "status": self.status.value, "passes": self.passes, "rewinds": self.rewinds,
-            "shards": self.shards, "samples": self.samples, "shards_done": self.shards_done,
-            "samples_done_once": self.samples_done_once, "samples_pending": self.samples_pending,
+            "epoch": self.epoch,
+            "status": self.status.value,
+            "passes": self.passes,
+            "rewinds": self.rewinds,
+            "shards": self.shards,
+            "samples": self.samples,
+            "shards_done": self.shards_done,
+            "samples_done_once": self.samples_done_once,
+            "samples_pending": self.samples_pending,
             "samples_applied_twice": self.samples_applied_twice,
-            "duplicate_done": self.duplicate_done, "not_holder_done": self.not_holder_done,
-            "gaps": [list(gap) for gap in self.gaps], "gap_samples": self.gap_samples,
+            "duplicate_done": self.duplicate_done,
+            "not_holder_done": self.not_holder_done,
+            "gaps": [list(gap) for gap in self.gaps],
+            "gap_samples": self.gap_samples,
             "quarantined": {str(k): v for k, v in self.quarantined.items()},
-            "leases_expired": self.leases_expired, "released": self.released, "retries": self.retries,
+            "leases_expired": self.leases_expired,
+            "released": self.released,
+            "retries": self.retries,
             "violations": self.violations,
         }
 
@@ -134,7 +145,8 @@ class AuditReport:
     epochs: list[EpochAudit]
     log_violations: list[str]
     allow_quarantine: bool = False
-    from_snapshot_seq: int | None = None  # the log before this seq is gone; audited from a snapshot taken there
+    # the log before this seq is gone; audited from a snapshot taken there
+    from_snapshot_seq: int | None = None
 
     @property
     def violations(self) -> list[str]:
@@ -149,7 +161,8 @@ class AuditReport:
         return next((e for e in self.epochs if e.epoch == number), None)
 
     def for_epoch(self, number: int) -> AuditReport:
-        """The same report restricted to one epoch (log-wide findings kept); KeyError if never opened."""
+        """The same report restricted to one epoch (log-wide findings kept); KeyError if never
+        opened."""
         entry = self.epoch(number)
         if entry is None:
             raise KeyError(number)
@@ -158,13 +171,22 @@ class AuditReport:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data."""
         return {
-            "job_id": self.job_id, "ok": self.ok, "finished": self.finished,
+            "job_id": self.job_id,
+            "ok": self.ok,
+            "finished": self.finished,
             "dataset": None if self.dataset is None else self.dataset.model_dump(mode="json"),
-            "events": self.events, "applied": self.applied, "fenced": self.fenced,
-            "duplicate_seqs": self.duplicate_seqs, "seq_gaps": [list(gap) for gap in self.seq_gaps],
-            "rewinds": self.rewinds, "writer_epoch": self.writer_epoch, "last_seq": self.last_seq,
-            "allow_quarantine": self.allow_quarantine, "from_snapshot_seq": self.from_snapshot_seq,
-            "epochs": [e.to_dict() for e in self.epochs], "violations": self.violations,
+            "events": self.events,
+            "applied": self.applied,
+            "fenced": self.fenced,
+            "duplicate_seqs": self.duplicate_seqs,
+            "seq_gaps": [list(gap) for gap in self.seq_gaps],
+            "rewinds": self.rewinds,
+            "writer_epoch": self.writer_epoch,
+            "last_seq": self.last_seq,
+            "allow_quarantine": self.allow_quarantine,
+            "from_snapshot_seq": self.from_snapshot_seq,
+            "epochs": [e.to_dict() for e in self.epochs],
+            "violations": self.violations,
         }
 
 
@@ -177,11 +199,13 @@ class _Shard:
     length: int
     state: ShardState = ShardState.TODO
     holder: str | None = None  # while DOING
-    last_holder: str | None = None  # whose late DONE is still good work (nobody was granted it since)
+    # whose late DONE is still good work (nobody was granted it since)
+    last_holder: str | None = None
     done_seq: int | None = None
     done_by: str | None = None
     reason: str | None = None
-    applied: dict[int, list[int]] = field(default_factory=dict)  # sample -> seqs of the APPLIED events naming it
+    # sample -> seqs of the APPLIED events naming it
+    applied: dict[int, list[int]] = field(default_factory=dict)
 
     def unapplied(self) -> int:
         return sum(1 for i in range(self.start, self.start + self.length) if i not in self.applied)
@@ -225,7 +249,10 @@ def shard_ranges(spec: DatasetSpec) -> list[tuple[int, int]]:
     Shard ``i`` covers samples ``[i * shard_size, min(size, (i + 1) * shard_size))``.
     """
     count = -(-spec.size // spec.shard_size)
-    return [(i * spec.shard_size, min(spec.shard_size, spec.size - i * spec.shard_size)) for i in range(count)]
+    return [
+        (i * spec.shard_size, min(spec.shard_size, spec.size - i * spec.shard_size))
+        for i in range(count)
+    ]
 
 
 def _ranges_text(ranges: list[tuple[int, int]], limit: int = 5) -> str:
@@ -271,13 +298,19 @@ class Auditor:
         shards = auditor._pass.shards
         for entry in snapshot.shards:
             if not 0 <= entry.shard_id < len(shards):
-                auditor._log_violation(f"snapshot at seq {snapshot.seq}: unknown shard {entry.shard_id}")
+                auditor._log_violation(
+                    f"snapshot at seq {snapshot.seq}: unknown shard {entry.shard_id}"
+                )
                 continue
             shard = shards[entry.shard_id]
             shard.state, shard.reason = entry.state, entry.reason
-            shard.holder = shard.last_holder = entry.worker_id if entry.state is ShardState.DOING else None
+            shard.holder = shard.last_holder = (
+                entry.worker_id if entry.state is ShardState.DOING else None
+            )
             shard.done_seq = entry.done_seq if entry.state is ShardState.DONE else None
-            shard.applied = {sample: [group.seq] for group in entry.applied for sample in group.samples}
+            shard.applied = {
+                sample: [group.seq] for group in entry.applied for sample in group.samples
+            }
         if snapshot.finished:
             auditor._pass.closed, auditor.finished = True, True
             auditor._completed[snapshot.epoch] = auditor._pass
@@ -298,7 +331,9 @@ class Auditor:
         if self.job_id is None:
             self.job_id = event.job_id
         if event.job_id != self.job_id:
-            self._log_violation(f"seq {event.seq}: event of job {event.job_id} in the log of job {self.job_id}")
+            self._log_violation(
+                f"seq {event.seq}: event of job {event.job_id} in the log of job {self.job_id}"
+            )
             return False
         return True
 
@@ -313,7 +348,8 @@ class Auditor:
             self.fenced += 1
             if event.writer_epoch > self.writer_epoch:
                 self._log_violation(
-                    f"seq {event.seq}: {event.transition.value} from writer epoch {event.writer_epoch}, "
+                    f"seq {event.seq}: {event.transition.value} "
+                    f"from writer epoch {event.writer_epoch}, "
                     f"which was never elected (current {self.writer_epoch})"
                 )
             return False
@@ -331,12 +367,14 @@ class Auditor:
             self._log_violation(f"seqs {missing[0]}..{missing[1]} are missing: events were lost")
 
     def _duplicate_seq(self, event: ShardLogEvent) -> None:
-        """A redelivered event is harmless; a different event under the same seq is a conflicting write."""
+        """A redelivered event is harmless; a different event under the same seq is a conflicting
+        write."""
         self.duplicate_seqs += 1
         first = self._seen.get((event.writer_epoch, event.seq))
         if first is not None and first.model_dump() != event.model_dump():
             self._log_violation(
-                f"seq {event.seq}: two different events ({first.transition.value}, {event.transition.value}) "
+                f"seq {event.seq}: two different events "
+                f"({first.transition.value}, {event.transition.value}) "
                 f"from writer epoch {event.writer_epoch}"
             )
 
@@ -359,20 +397,27 @@ class Auditor:
                 shards[shard_id].state, shards[shard_id].done_seq = ShardState.DONE, seq
                 shards[shard_id].apply_all(seq)
             else:
-                self._violation(epoch, f"seq {seq}: rewind restores unknown shard {shard_id} as DONE")
+                self._violation(
+                    epoch, f"seq {seq}: rewind restores unknown shard {shard_id} as DONE"
+                )
         for commit in partial:
             if 0 <= commit.shard_id < len(shards):
                 shards[commit.shard_id].applied.update({sample: [seq] for sample in commit.samples})
             else:
-                self._violation(epoch, f"seq {seq}: rewind restores samples of unknown shard {commit.shard_id}")
+                self._violation(
+                    epoch, f"seq {seq}: rewind restores samples of unknown shard {commit.shard_id}"
+                )
         self._pass = _Pass(epoch, seq, shards)
 
     def _abandon_open_pass(self) -> None:
         if self._pass is not None and not self._pass.closed:
             self._abandoned[self._pass.epoch] = self._pass
 
-    def _shard_of(self, event: ShardLogEvent, shard_id: int | None = None) -> tuple[_Pass, _Shard] | None:
-        """The shard a shard transition (or one commit of an APPLIED) is about, if that makes sense right now."""
+    def _shard_of(
+        self, event: ShardLogEvent, shard_id: int | None = None
+    ) -> tuple[_Pass, _Shard] | None:
+        """The shard a shard transition (or one commit of an APPLIED) is about, if that makes sense
+        right now."""
         current = self._pass
         shard_id = event.shard_id if shard_id is None else shard_id
         what = f"seq {event.seq}: {event.transition.value}"
@@ -380,7 +425,9 @@ class Auditor:
             self._violation(event.epoch, f"{what} while no epoch is open")
             return None
         if event.epoch != current.epoch:
-            self._violation(event.epoch, f"{what} for epoch {event.epoch} while epoch {current.epoch} is open")
+            self._violation(
+                event.epoch, f"{what} for epoch {event.epoch} while epoch {current.epoch} is open"
+            )
             return None
         if shard_id is None or shard_id >= len(current.shards):
             self._violation(current.epoch, f"{what} of unknown shard {shard_id}")
@@ -390,7 +437,9 @@ class Auditor:
     def _must_be_doing(self, event: ShardLogEvent, shard: _Shard) -> None:
         if shard.state is not ShardState.DOING:
             self._violation(
-                event.epoch, f"seq {event.seq}: {event.transition.value} of shard {event.shard_id}, which is {shard.state.value}"
+                event.epoch,
+                f"seq {event.seq}: {event.transition.value} of shard {event.shard_id}, "
+                f"which is {shard.state.value}",
             )
 
     @staticmethod
@@ -404,21 +453,33 @@ class Auditor:
 
     def _dataset_defined(self, event: ShardLogEvent) -> None:
         if self.dataset is not None and self.dataset != event.dataset:
-            self._log_violation(f"seq {event.seq}: dataset redefined from {self.dataset!r} to {event.dataset!r}")
+            self._log_violation(
+                f"seq {event.seq}: dataset redefined from {self.dataset!r} to {event.dataset!r}"
+            )
             return
         self.dataset = event.dataset
 
     def _epoch_opened(self, event: ShardLogEvent) -> None:
         if self.dataset is None:
-            self._log_violation(f"seq {event.seq}: epoch {event.epoch} opened before the dataset was defined")
+            self._log_violation(
+                f"seq {event.seq}: epoch {event.epoch} opened before the dataset was defined"
+            )
             return
         current = self._pass
         expected = 0 if current is None else current.epoch + 1
         if current is not None and not current.closed:
-            self._violation(current.epoch, f"seq {event.seq}: epoch {event.epoch} opened while epoch {current.epoch} is still open")
+            self._violation(
+                current.epoch,
+                f"seq {event.seq}: epoch {event.epoch} opened "
+                f"while epoch {current.epoch} is still open",
+            )
             self._abandon_open_pass()
         if event.epoch != expected or event.epoch >= self.dataset.epochs:
-            self._violation(event.epoch, f"seq {event.seq}: opened out of order (expected epoch {expected} of {self.dataset.epochs})")
+            self._violation(
+                event.epoch,
+                f"seq {event.seq}: opened out of order "
+                f"(expected epoch {expected} of {self.dataset.epochs})",
+            )
         self._open(event.epoch, event.seq)
 
     def _granted(self, event: ShardLogEvent) -> None:
@@ -427,9 +488,16 @@ class Auditor:
             return
         _, shard = found
         if shard.state is not ShardState.TODO:
-            self._violation(event.epoch, f"seq {event.seq}: shard {event.shard_id} granted to {event.worker_id} while {shard.state.value}"
-                            + (f" by {shard.holder}" if shard.holder else ""))
-        shard.state, shard.holder, shard.last_holder = ShardState.DOING, event.worker_id, event.worker_id
+            self._violation(
+                event.epoch,
+                f"seq {event.seq}: shard {event.shard_id} granted to {event.worker_id} "
+                f"while {shard.state.value}" + (f" by {shard.holder}" if shard.holder else ""),
+            )
+        shard.state, shard.holder, shard.last_holder = (
+            ShardState.DOING,
+            event.worker_id,
+            event.worker_id,
+        )
         shard.done_seq = shard.done_by = None
 
     def _applied(self, event: ShardLogEvent) -> None:
@@ -443,17 +511,29 @@ class Auditor:
             late = shard.state is ShardState.TODO and shard.last_holder == holder
             if not (holds or late):
                 held = f"held by {shard.holder}" if shard.holder else shard.state.value.lower()
-                self._violation(event.epoch, f"seq {event.seq}: samples of shard {commit.shard_id} applied under "
-                                f"{holder}'s grant, which it did not have ({held})")
-            outside = [s for s in commit.samples if not shard.start <= s < shard.start + shard.length]
+                self._violation(
+                    event.epoch,
+                    f"seq {event.seq}: samples of shard {commit.shard_id} applied under "
+                    f"{holder}'s grant, which it did not have ({held})",
+                )
+            outside = [
+                s for s in commit.samples if not shard.start <= s < shard.start + shard.length
+            ]
             if outside:
-                self._violation(event.epoch, f"seq {event.seq}: samples {outside[:5]} are not in shard {commit.shard_id}")
+                self._violation(
+                    event.epoch,
+                    f"seq {event.seq}: samples {outside[:5]} are not in shard {commit.shard_id}",
+                )
             for sample in commit.samples:
                 seqs = shard.applied.setdefault(sample, [])
                 seqs.append(event.seq)
                 if len(seqs) == 2:
                     current.applied_twice.add(sample)
-                    self._violation(event.epoch, f"sample {sample} applied twice in one pass (seq {seqs[0]} and seq {event.seq})")
+                    self._violation(
+                        event.epoch,
+                        f"sample {sample} applied twice in one pass "
+                        f"(seq {seqs[0]} and seq {event.seq})",
+                    )
 
     def _done(self, event: ShardLogEvent) -> None:
         found = self._shard_of(event)
@@ -462,20 +542,43 @@ class Auditor:
         current, shard = found
         worker, shard_id = event.worker_id, event.shard_id
         if shard.state is not ShardState.DONE and shard.unapplied():
-            self._violation(event.epoch, f"seq {event.seq}: shard {shard_id} DONE with {shard.unapplied()} of its "
-                            f"{shard.length} samples never applied")
+            self._violation(
+                event.epoch,
+                f"seq {event.seq}: shard {shard_id} DONE with {shard.unapplied()} of its "
+                f"{shard.length} samples never applied",
+            )
         if shard.state is ShardState.DONE:
             current.duplicate_done.add(shard_id)
-            first = f"seq {shard.done_seq} by {shard.done_by}" if shard.done_by else f"restored at seq {shard.done_seq}"
-            self._violation(event.epoch, f"shard {shard_id} DONE twice in one pass ({first}, seq {event.seq} by {worker})")
+            first = (
+                f"seq {shard.done_seq} by {shard.done_by}"
+                if shard.done_by
+                else f"restored at seq {shard.done_seq}"
+            )
+            self._violation(
+                event.epoch,
+                f"shard {shard_id} DONE twice in one pass ({first}, seq {event.seq} by {worker})",
+            )
             return
         holds = shard.state is ShardState.DOING and shard.holder == worker
-        late = shard.state is ShardState.TODO and shard.last_holder is not None and shard.last_holder == worker
+        late = (
+            shard.state is ShardState.TODO
+            and shard.last_holder is not None
+            and shard.last_holder == worker
+        )
         if not (holds or late):
             current.not_holder_done.add(shard_id)
             holder = f"held by {shard.holder}" if shard.holder else shard.state.value.lower()
-            self._violation(event.epoch, f"seq {event.seq}: shard {shard_id} DONE credited to {worker}, who did not hold it ({holder})")
-        shard.state, shard.holder, shard.done_seq, shard.done_by = ShardState.DONE, None, event.seq, worker
+            self._violation(
+                event.epoch,
+                f"seq {event.seq}: shard {shard_id} DONE credited to {worker}, "
+                f"who did not hold it ({holder})",
+            )
+        shard.state, shard.holder, shard.done_seq, shard.done_by = (
+            ShardState.DONE,
+            None,
+            event.seq,
+            worker,
+        )
 
     def _failed(self, event: ShardLogEvent) -> None:
         found = self._shard_of(event)
@@ -492,7 +595,11 @@ class Auditor:
             return
         _, shard = found
         self._must_be_doing(event, shard)
-        shard.state, shard.holder, shard.reason = ShardState.QUARANTINED, None, event.reason or "quarantined"
+        shard.state, shard.holder, shard.reason = (
+            ShardState.QUARANTINED,
+            None,
+            event.reason or "quarantined",
+        )
 
     def _lease_expired(self, event: ShardLogEvent) -> None:
         found = self._shard_of(event)
@@ -515,13 +622,21 @@ class Auditor:
     def _epoch_closed(self, event: ShardLogEvent) -> None:
         current = self._pass
         if current is None or current.closed or current.epoch != event.epoch:
-            state = "no epoch" if current is None else f"epoch {current.epoch} ({'closed' if current.closed else 'open'})"
+            state = (
+                "no epoch"
+                if current is None
+                else f"epoch {current.epoch} ({'closed' if current.closed else 'open'})"
+            )
             self._violation(event.epoch, f"seq {event.seq}: closed while {state} was current")
             return
         gaps = current.gaps()
         if gaps:
             samples = sum(end - start for start, end in gaps)
-            self._violation(event.epoch, f"seq {event.seq}: closed with {samples} samples neither DONE nor QUARANTINED: {_ranges_text(gaps)}")
+            self._violation(
+                event.epoch,
+                f"seq {event.seq}: closed with {samples} samples neither DONE nor QUARANTINED: "
+                f"{_ranges_text(gaps)}",
+            )
         current.closed = True
         self._completed[current.epoch] = current
         self.finished = event.epoch >= self.dataset.epochs - 1
@@ -530,7 +645,11 @@ class Auditor:
         self.rewinds += 1
         self._epoch_rewinds[event.epoch] += 1
         current = self._pass
-        if current is not None and event.epoch == current.epoch and event.version >= current.opened_seq:
+        if (
+            current is not None
+            and event.epoch == current.epoch
+            and event.version >= current.opened_seq
+        ):
             self._rewind_within(current, event.version)
         elif self.dataset is None:
             self._log_violation(f"seq {event.seq}: rewind before the dataset was defined")
@@ -539,15 +658,22 @@ class Auditor:
             self._open(event.epoch, event.seq, done=event.shard_ids, partial=event.commits)
 
     def _rewind_within(self, current: _Pass, version: int) -> None:
-        """Work after the version is undone; in-flight and reclaimed work is void (the model lost it)."""
+        """Work after the version is undone; in-flight and reclaimed work is void (the model lost
+        it)."""
         if current.closed:  # the last epoch, reopened: its completed pass stays on record
             current = copy.deepcopy(current)
             current.closed = False
             self._pass = current
         self.finished = False
         for shard in current.shards:
-            shard.applied = {sample: kept for sample, seqs in shard.applied.items() if (kept := [s for s in seqs if s <= version])}
-            if shard.state is ShardState.DOING or (shard.state is ShardState.DONE and shard.done_seq > version):
+            shard.applied = {
+                sample: kept
+                for sample, seqs in shard.applied.items()
+                if (kept := [s for s in seqs if s <= version])
+            }
+            if shard.state is ShardState.DOING or (
+                shard.state is ShardState.DONE and shard.done_seq > version
+            ):
                 self._to_todo(shard)
             if shard.state is not ShardState.DONE:
                 shard.last_holder = None
@@ -564,10 +690,20 @@ class Auditor:
                 log_violations.extend(found)
         epochs = [self._epoch_audit(epoch, allow_quarantine) for epoch in sorted(self._passes)]
         return AuditReport(
-            job_id=self.job_id, dataset=self.dataset, finished=self.finished, events=self.events,
-            applied=self.applied, fenced=self.fenced, duplicate_seqs=self.duplicate_seqs,
-            seq_gaps=list(self.seq_gaps), rewinds=self.rewinds, writer_epoch=self.writer_epoch,
-            last_seq=self.last_seq, epochs=epochs, log_violations=log_violations, allow_quarantine=allow_quarantine,
+            job_id=self.job_id,
+            dataset=self.dataset,
+            finished=self.finished,
+            events=self.events,
+            applied=self.applied,
+            fenced=self.fenced,
+            duplicate_seqs=self.duplicate_seqs,
+            seq_gaps=list(self.seq_gaps),
+            rewinds=self.rewinds,
+            writer_epoch=self.writer_epoch,
+            last_seq=self.last_seq,
+            epochs=epochs,
+            log_violations=log_violations,
+            allow_quarantine=allow_quarantine,
             from_snapshot_seq=self.from_snapshot_seq,
         )
 
@@ -582,22 +718,44 @@ class Auditor:
     def _epoch_audit(self, epoch: int, allow_quarantine: bool) -> EpochAudit:
         chosen, status = self._reported_pass(epoch)
         done = [s for s in chosen.shards if s.state is ShardState.DONE]
-        once = [s for i, s in enumerate(chosen.shards) if s.state is ShardState.DONE and i not in chosen.duplicate_done]
-        quarantined = {i: s.reason for i, s in enumerate(chosen.shards) if s.state is ShardState.QUARANTINED}
+        once = [
+            s
+            for i, s in enumerate(chosen.shards)
+            if s.state is ShardState.DONE and i not in chosen.duplicate_done
+        ]
+        quarantined = {
+            i: s.reason for i, s in enumerate(chosen.shards) if s.state is ShardState.QUARANTINED
+        }
         violations = list(self._epoch_violations.get(epoch, []))
         if quarantined and not allow_quarantine:
-            violations.append(f"epoch {epoch}: {len(quarantined)} shard(s) quarantined, their samples untrained: "
-                              + "; ".join(f"shard {i}: {reason}" for i, reason in sorted(quarantined.items())[:5]))
+            violations.append(
+                f"epoch {epoch}: {len(quarantined)} shard(s) quarantined, their samples untrained: "
+                + "; ".join(f"shard {i}: {reason}" for i, reason in sorted(quarantined.items())[:5])
+            )
         return EpochAudit(
-            epoch=epoch, status=status, passes=self._passes[epoch], rewinds=self._epoch_rewinds[epoch],
-            shards=len(chosen.shards), samples=sum(s.length for s in chosen.shards),
-            shards_done=len(done), samples_done_once=sum(s.length for s in once),
-            samples_pending=0 if status is EpochStatus.COMPLETE else sum(s.length for s in chosen.shards if s.state not in _SETTLED),
-            samples_applied_twice=sum(1 for s in chosen.shards for seqs in s.applied.values() if len(seqs) > 1),
-            duplicate_done=sorted(chosen.duplicate_done), not_holder_done=sorted(chosen.not_holder_done),
-            gaps=chosen.gaps() if status is EpochStatus.COMPLETE else [], quarantined=quarantined,
-            leases_expired=chosen.leases_expired, released=chosen.released, retries=chosen.retries,
-            violations=violations, counts=self._counts(chosen),
+            epoch=epoch,
+            status=status,
+            passes=self._passes[epoch],
+            rewinds=self._epoch_rewinds[epoch],
+            shards=len(chosen.shards),
+            samples=sum(s.length for s in chosen.shards),
+            shards_done=len(done),
+            samples_done_once=sum(s.length for s in once),
+            samples_pending=0
+            if status is EpochStatus.COMPLETE
+            else sum(s.length for s in chosen.shards if s.state not in _SETTLED),
+            samples_applied_twice=sum(
+                1 for s in chosen.shards for seqs in s.applied.values() if len(seqs) > 1
+            ),
+            duplicate_done=sorted(chosen.duplicate_done),
+            not_holder_done=sorted(chosen.not_holder_done),
+            gaps=chosen.gaps() if status is EpochStatus.COMPLETE else [],
+            quarantined=quarantined,
+            leases_expired=chosen.leases_expired,
+            released=chosen.released,
+            retries=chosen.retries,
+            violations=violations,
+            counts=self._counts(chosen),
         )
 
     def _counts(self, chosen: _Pass) -> list[int]:
@@ -630,7 +788,9 @@ _HANDLERS = {
 
 
 def audit_log(
-    events: Iterable[ShardLogEvent], job_id: str | None = None, allow_quarantine: bool = False,
+    events: Iterable[ShardLogEvent],
+    job_id: str | None = None,
+    allow_quarantine: bool = False,
     snapshot: ShardSnapshot | None = None,
 ) -> AuditReport:
     """Audit a job's events, given in log order (``job_id`` defaults to the first event's).
@@ -644,7 +804,8 @@ def audit_log(
 
 
 def compare_with_ledger(report: AuditReport, ledgers: dict[int, Sequence[int]]) -> list[str]:
-    """Where the model's ledger (epoch -> count per sample) and the log's fold disagree, or are not all ones.
+    """Where the model's ledger (epoch -> count per sample) and the log's fold disagree, or are not
+    all ones.
 
     Each finding is one line. The ledger counts the updates the model applied
     per sample; the log's counts come from its APPLIED records: for an
@@ -658,13 +819,21 @@ def compare_with_ledger(report: AuditReport, ledgers: dict[int, Sequence[int]]) 
             continue
         ledger = [int(c) for c in ledger]
         if len(ledger) != len(epoch.counts):
-            findings.append(f"epoch {epoch.epoch}: the ledger has {len(ledger)} samples, the dataset {len(epoch.counts)}")
+            findings.append(
+                f"epoch {epoch.epoch}: the ledger has {len(ledger)} samples, "
+                f"the dataset {len(epoch.counts)}"
+            )
             continue
         findings += _not_all_ones(f"epoch {epoch.epoch}: the ledger", ledger)
         differ = [i for i, (log, model) in enumerate(zip(epoch.counts, ledger)) if log != model]
         if differ:
-            first = ", ".join(f"sample {i}: log {epoch.counts[i]}, ledger {ledger[i]}" for i in differ[:3])
-            findings.append(f"epoch {epoch.epoch}: the log and the ledger disagree on {len(differ)} samples ({first})")
+            first = ", ".join(
+                f"sample {i}: log {epoch.counts[i]}, ledger {ledger[i]}" for i in differ[:3]
+            )
+            findings.append(
+                f"epoch {epoch.epoch}: the log and the ledger disagree on "
+                f"{len(differ)} samples ({first})"
+            )
     return findings
 
 
@@ -681,7 +850,8 @@ def _not_all_ones(what: str, counts: list[int]) -> list[str]:
 
 @dataclass
 class LedgerCheck:
-    """The ledger files of a run, and what comparing them with the log found (empty: all ones, agreeing)."""
+    """The ledger files of a run, and what comparing them with the log found (empty: all ones,
+    agreeing)."""
 
     files: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
@@ -692,12 +862,21 @@ class LedgerCheck:
         return bool(self.files) and not self.findings
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "files": self.files, "findings": self.findings, "compared_with_log": self.compared_epochs}
+        return {
+            "ok": self.ok,
+            "files": self.files,
+            "findings": self.findings,
+            "compared_with_log": self.compared_epochs,
+        }
 
 
 def check_ledgers(run_dir: Path, report: AuditReport | None) -> LedgerCheck:
-    """Every ledger the run wrote (one per parameter-server shard, or rank 0's) all ones and, with a log, agreeing with it."""
-    from antdt.worker.ledger import FILE_PATTERN, read_ledgers  # torch: only when there are ledgers to read
+    """Every ledger the run wrote (one per parameter-server shard, or rank 0's) all ones and, with a
+    log, agreeing with it."""
+    from antdt.worker.ledger import (  # torch: only when there are ledgers to read
+        FILE_PATTERN,
+        read_ledgers,
+    )
 
     check = LedgerCheck()
     owners = sorted(p for p in run_dir.glob("ps-*") if p.is_dir()) or [run_dir]
@@ -708,16 +887,32 @@ def check_ledgers(run_dir: Path, report: AuditReport | None) -> LedgerCheck:
         if report is not None:
             covered = {e.epoch for e in report.epochs}
             check.compared_epochs = sorted(covered & set(ledgers))
-            check.findings += [f"{where}: {f}" for f in compare_with_ledger(report, {e: ledgers[e] for e in covered if e in ledgers})]
+            check.findings += [
+                f"{where}: {f}"
+                for f in compare_with_ledger(
+                    report, {e: ledgers[e] for e in covered if e in ledgers}
+                )
+            ]
             ledgers = {e: v for e, v in ledgers.items() if e not in covered}
         for epoch, counts in sorted(ledgers.items()):
             if not (counts == 1).all():
-                check.findings.append(f"{where}: epoch {epoch}: {int((counts == 0).sum())} samples never trained, "
-                                      f"{int((counts > 1).sum())} trained more than once")
+                check.findings.append(
+                    f"{where}: epoch {epoch}: {int((counts == 0).sum())} samples never trained, "
+                    f"{int((counts > 1).sum())} trained more than once"
+                )
     if not check.files:
         check.findings.append(f"no ledger file under {run_dir}")
     return check
 
 
-__all__ = ["AuditReport", "Auditor", "EpochAudit", "EpochStatus", "LedgerCheck", "audit_log", "check_ledgers",
-           "compare_with_ledger", "shard_ranges"]
+__all__ = [
+    "AuditReport",
+    "Auditor",
+    "EpochAudit",
+    "EpochStatus",
+    "LedgerCheck",
+    "audit_log",
+    "check_ledgers",
+    "compare_with_ledger",
+    "shard_ranges",
+]

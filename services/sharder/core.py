@@ -9,43 +9,37 @@ duplicate, late or stale report changes nothing.
 
 What each report does (the state machine is in :mod:`state`):
 
-* REQUESTED: optionally defines the dataset (first request) and the worker's
-  quota, then grants TODO shards, lowest grant rank first, until the worker
-  is reading its quota (held shards it has read to the end, ``read_shards``,
-  do not count). A quota of 0 gives back everything the worker holds
-  (RELEASED, progress kept: a synchronous rank that sits steps out drops
-  what it had buffered, and the rest of those shards is granted to others). Answers GRANTED (everything it holds, each shard with the
-  samples already applied), WAIT (nothing free now, but shards are in flight
-  elsewhere), EPOCH_END (the worker's epoch is over) or FINISHED.
-* COMMIT: samples whose training update is in the model. Without an
-  ``update_id`` the update is already applied (synchronous training): the
-  samples are recorded, whatever the grants say, so the log tells the truth
-  (a repeat is the audit's to report), except a grant a REWOUND took back:
-  the restored model lost its updates. With one, the update waits at the
-  parameter servers, which apply it when they read the APPLIED event: the
-  commit is recorded only if every sample belongs to a grant its holder
-  still has (or had, with nobody granted the shard since) and none is
-  applied yet. Otherwise nothing is recorded, the answer is REFUSED, and the
-  grants the commit named that are still held go back to TODO (their holder
-  drops the update's samples, so the rest of those shards is granted again).
-  A shard whose every sample is applied is DONE.
-* STARTED / DONE / FAILED: accepted only from the holder of that attempt
-  (DONE also from the last holder of a reclaimed shard nobody took since).
-  DONE (a whole-shard commit, for workers that do not commit samples)
-  records the shard's remaining samples as applied and is idempotent.
-  FAILED returns the shard to TODO, or quarantines it once it has had
-  ``max_attempts`` tries.
+* REQUESTED: optionally defines the dataset (first request) and the worker's quota, then grants TODO
+  shards, lowest grant rank first, until the worker is reading its quota (held shards it has read to
+  the end, ``read_shards``, do not count). A quota of 0 gives back everything the worker holds
+  (RELEASED, progress kept: a synchronous rank that sits steps out drops what it had buffered, and
+  the rest of those shards is granted to others). Answers GRANTED (everything it holds, each shard
+  with the samples already applied), WAIT (nothing free now, but shards are in flight elsewhere),
+  EPOCH_END (the worker's epoch is over) or FINISHED.
+* COMMIT: samples whose training update is in the model. Without an ``update_id`` the update is
+  already applied (synchronous training): the samples are recorded, whatever the grants say, so the
+  log tells the truth (a repeat is the audit's to report), except a grant a REWOUND took back: the
+  restored model lost its updates. With one, the update waits at the parameter servers, which apply
+  it when they read the APPLIED event: the commit is recorded only if every sample belongs to a
+  grant its holder still has (or had, with nobody granted the shard since) and none is applied yet.
+  Otherwise nothing is recorded, the answer is REFUSED, and the grants the commit named that are
+  still held go back to TODO (their holder drops the update's samples, so the rest of those shards
+  is granted again). A shard whose every sample is applied is DONE.
+* STARTED / DONE / FAILED: accepted only from the holder of that attempt (DONE also from the last
+  holder of a reclaimed shard nobody took since). DONE (a whole-shard commit, for workers that do
+  not commit samples) records the shard's remaining samples as applied and is idempotent. FAILED
+  returns the shard to TODO, or quarantines it once it has had ``max_attempts`` tries.
 * Any report renews the worker's leases when less than half remains.
-* CHECKPOINT: issues a version (the seq of a CHECKPOINT event) to store with
-  a model checkpoint. REWIND: see :meth:`ShardCore.rewind`.
-* The clock: leases that ran out go back to TODO. A worker that left: all its
-  shards go back to TODO.
-* After each change, if nothing is TODO or DOING, the epoch closes and the
-  next opens (or the job is finished).
-* A report that no history could make valid (a shard id beyond the dataset,
-  a committed sample outside its shard, a rewind before any dataset, a
-  dataset too large to hold, a dataset that contradicts the job's) raises :class:`ProgressRejected` before anything
-  changes; the service dead-letters it.
+* CHECKPOINT: issues a version (the seq of a CHECKPOINT event) to store with a model checkpoint.
+  REWIND: see :meth:`ShardCore.rewind`.
+* The clock: leases that ran out go back to TODO. A worker that left: all its shards go back to
+  TODO.
+* After each change, if nothing is TODO or DOING, the epoch closes and the next opens (or the job is
+  finished).
+* A report that no history could make valid (a shard id beyond the dataset, a committed sample
+  outside its shard, a rewind before any dataset, a dataset too large to hold, a dataset that
+  contradicts the job's) raises :class:`ProgressRejected` before anything changes; the service
+  dead-letters it.
 """
 
 from __future__ import annotations
@@ -63,8 +57,10 @@ from antdt.schemas.models import (
     ShardLogEvent,
     ShardProgress,
     ShardState,
-    ShardTransition as T,
     trusted,
+)
+from antdt.schemas.models import (
+    ShardTransition as T,
 )
 from antdt.services.sharder.state import JobState, from_ms, to_ms
 
@@ -107,18 +103,31 @@ class ShardCore:
 
     # ------------------------------------------------------------ event creation
 
-    def _emit(self, events: list[ShardLogEvent], transition: T, now_ms: int, **fields) -> ShardLogEvent:
+    def _emit(
+        self, events: list[ShardLogEvent], transition: T, now_ms: int, **fields
+    ) -> ShardLogEvent:
         state = self.state
         if state.writer_epoch < 1:
             raise RuntimeError("elect a writer (ShardCore.elect) before making decisions")
         event = trusted(
-            ShardLogEvent, job_id=state.job_id, seq=state.last_seq + 1, writer_epoch=state.writer_epoch, transition=transition,
-            epoch=fields.pop("epoch", state.epoch), shard_id=fields.pop("shard_id", None),
-            worker_id=fields.pop("worker_id", None), attempt=fields.pop("attempt", None),
-            lease_expires=from_ms(fields.pop("lease_ms", None)), quota=fields.pop("quota", None),
-            reason=fields.pop("reason", None), dataset=fields.pop("dataset", None),
-            version=fields.pop("version", None), shard_ids=fields.pop("shard_ids", []),
-            commits=fields.pop("commits", []), update_id=fields.pop("update_id", None), cause=fields.pop("cause", None),
+            ShardLogEvent,
+            job_id=state.job_id,
+            seq=state.last_seq + 1,
+            writer_epoch=state.writer_epoch,
+            transition=transition,
+            epoch=fields.pop("epoch", state.epoch),
+            shard_id=fields.pop("shard_id", None),
+            worker_id=fields.pop("worker_id", None),
+            attempt=fields.pop("attempt", None),
+            lease_expires=from_ms(fields.pop("lease_ms", None)),
+            quota=fields.pop("quota", None),
+            reason=fields.pop("reason", None),
+            dataset=fields.pop("dataset", None),
+            version=fields.pop("version", None),
+            shard_ids=fields.pop("shard_ids", []),
+            commits=fields.pop("commits", []),
+            update_id=fields.pop("update_id", None),
+            cause=fields.pop("cause", None),
             timestamp=from_ms(now_ms),
         )
         assert not fields, f"unknown event fields {sorted(fields)}"
@@ -142,12 +151,28 @@ class ShardCore:
     def election_event(self, writer_epoch: int, now_ms: int, writer: str) -> ShardLogEvent:
         """The WRITER_ELECTED event that fences every writer with a lower epoch (not applied)."""
         if writer_epoch <= self.state.writer_epoch:
-            raise ValueError(f"writer epoch {writer_epoch} does not exceed {self.state.writer_epoch}")
+            raise ValueError(
+                f"writer epoch {writer_epoch} does not exceed {self.state.writer_epoch}"
+            )
         return trusted(
-            ShardLogEvent, job_id=self.state.job_id, seq=self.state.last_seq + 1, writer_epoch=writer_epoch,
-            transition=T.WRITER_ELECTED, epoch=self.state.epoch, shard_id=None, worker_id=None, attempt=None,
-            lease_expires=None, quota=None, reason=f"writer {writer}", dataset=None, version=None, shard_ids=[],
-            commits=[], update_id=None, timestamp=from_ms(now_ms),
+            ShardLogEvent,
+            job_id=self.state.job_id,
+            seq=self.state.last_seq + 1,
+            writer_epoch=writer_epoch,
+            transition=T.WRITER_ELECTED,
+            epoch=self.state.epoch,
+            shard_id=None,
+            worker_id=None,
+            attempt=None,
+            lease_expires=None,
+            quota=None,
+            reason=f"writer {writer}",
+            dataset=None,
+            version=None,
+            shard_ids=[],
+            commits=[],
+            update_id=None,
+            timestamp=from_ms(now_ms),
         )
 
     # ------------------------------------------------------------ reports
@@ -173,7 +198,9 @@ class ShardCore:
             ProgressKind.COMMIT: self._commit,
         }.get(report.kind)
         if handler is None:
-            raise ProgressRejected("REWIND needs the log; the service handles it through ShardCore.rewind")
+            raise ProgressRejected(
+                "REWIND needs the log; the service handles it through ShardCore.rewind"
+            )
         handler(report, now_ms, out)
         return out
 
@@ -188,37 +215,59 @@ class ShardCore:
         """
         dataset = self.state.dataset
         if dataset is None and report.kind is ProgressKind.REWIND:
-            raise ProgressRejected(f"job {self.state.job_id} has no dataset yet: there is nothing to rewind")
+            raise ProgressRejected(
+                f"job {self.state.job_id} has no dataset yet: there is nothing to rewind"
+            )
         if report.dataset is not None and dataset is None:
             self._refuse_unmanageable(report.dataset)
             dataset = report.dataset  # the report defines it: its shard ids are checked against it
         elif dataset is None:
             return
-        for shard_id in [report.shard_id, *(c.shard_id for c in report.commits), *report.read_shards]:
+        for shard_id in [
+            report.shard_id,
+            *(c.shard_id for c in report.commits),
+            *report.read_shards,
+        ]:
             if shard_id is not None and shard_id >= dataset.shard_count:
                 raise ProgressRejected(
-                    f"shard {shard_id} does not exist: job {self.state.job_id} has {dataset.shard_count} shards"
+                    f"shard {shard_id} does not exist: "
+                    f"job {self.state.job_id} has {dataset.shard_count} shards"
                 )
         for commit in report.commits:
             start = commit.shard_id * dataset.shard_size
             end = min(start + dataset.shard_size, dataset.size)
             outside = [s for s in commit.samples if not start <= s < end]
             if outside:
-                raise ProgressRejected(f"samples {outside[:5]} are not in shard {commit.shard_id} [{start}, {end})")
+                raise ProgressRejected(
+                    f"samples {outside[:5]} are not in shard {commit.shard_id} [{start}, {end})"
+                )
 
     def _refuse_unmanageable(self, dataset: DatasetSpec) -> None:
         if dataset.shard_count > self.config.max_shards:
-            raise ProgressRejected(f"{dataset.shard_count} shards is more than this sharder holds ({self.config.max_shards})")
+            raise ProgressRejected(
+                f"{dataset.shard_count} shards is more than "
+                f"this sharder holds ({self.config.max_shards})"
+            )
         if dataset.lease_s > self.config.max_lease_s:
-            raise ProgressRejected(f"lease_s {dataset.lease_s:g} is longer than {self.config.max_lease_s:g} s")
+            raise ProgressRejected(
+                f"lease_s {dataset.lease_s:g} is longer than {self.config.max_lease_s:g} s"
+            )
 
     def _define_dataset(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
         if self.state.dataset is None:
-            self._emit(out.events, T.DATASET_DEFINED, now_ms, dataset=report.dataset, worker_id=report.worker_id, epoch=0)
+            self._emit(
+                out.events,
+                T.DATASET_DEFINED,
+                now_ms,
+                dataset=report.dataset,
+                worker_id=report.worker_id,
+                epoch=0,
+            )
             self._emit(out.events, T.EPOCH_OPENED, now_ms, epoch=0)
         elif report.dataset != self.state.dataset:
             raise ProgressRejected(
-                f"job {self.state.job_id} is sharded as {self.state.dataset!r}; {report.worker_id} sent {report.dataset!r}"
+                f"job {self.state.job_id} is sharded as {self.state.dataset!r}; "
+                f"{report.worker_id} sent {report.dataset!r}"
             )
 
     def _requested(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
@@ -233,13 +282,17 @@ class ShardCore:
             out.assignment = self._answer(report, AssignmentStatus.FINISHED, now_ms)
             return
         if report.epoch < state.epoch:
-            out.assignment = self._answer(report, AssignmentStatus.EPOCH_END, now_ms, epoch=report.epoch)
+            out.assignment = self._answer(
+                report, AssignmentStatus.EPOCH_END, now_ms, epoch=report.epoch
+            )
             return
         if report.epoch == state.epoch:
             self._grant_up_to_quota(worker, now_ms, out, read=set(report.read_shards))
         out.assignment = self.assignment_for(worker, now_ms, in_reply_to=report.seq)
 
-    def _grant_up_to_quota(self, worker: str, now_ms: int, out: Outcome, read: set[int] = frozenset()) -> None:
+    def _grant_up_to_quota(
+        self, worker: str, now_ms: int, out: Outcome, read: set[int] = frozenset()
+    ) -> None:
         state = self.state
         quota = state.quotas.get(worker, self.config.default_quota)
         lease_ms = now_ms + int(state.dataset.lease_s * 1000)
@@ -248,7 +301,15 @@ class ShardCore:
             if shard_id is None:
                 return
             attempt = state.slots[shard_id].attempt
-            self._emit(out.events, T.GRANTED, now_ms, shard_id=shard_id, worker_id=worker, attempt=attempt, lease_ms=lease_ms)
+            self._emit(
+                out.events,
+                T.GRANTED,
+                now_ms,
+                shard_id=shard_id,
+                worker_id=worker,
+                attempt=attempt,
+                lease_ms=lease_ms,
+            )
 
     def _holds(self, report: ShardProgress) -> bool:
         """Is the report about the grant the worker holds now?"""
@@ -262,18 +323,39 @@ class ShardCore:
     def _started(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
         if self._holds(report) and not self.state.slots[report.shard_id].started:
             lease_ms = now_ms + int(self.state.dataset.lease_s * 1000)
-            self._emit(out.events, T.STARTED, now_ms, shard_id=report.shard_id, worker_id=report.worker_id,
-                       attempt=self.state.slots[report.shard_id].attempt, lease_ms=lease_ms)
+            self._emit(
+                out.events,
+                T.STARTED,
+                now_ms,
+                shard_id=report.shard_id,
+                worker_id=report.worker_id,
+                attempt=self.state.slots[report.shard_id].attempt,
+                lease_ms=lease_ms,
+            )
 
     def _done(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
         if self._holds(report) or self._late_done_from_last_holder(report):
             slot = self.state.slots[report.shard_id]
             rest = slot.remaining()
             if rest:
-                commit = trusted(ShardCommit, holder=report.worker_id, shard_id=slot.shard_id, attempt=slot.attempt,
-                                 samples=rest)
-                self._emit(out.events, T.APPLIED, now_ms, worker_id=report.worker_id, commits=[commit])
-            self._emit(out.events, T.DONE, now_ms, shard_id=report.shard_id, worker_id=report.worker_id, attempt=slot.attempt)
+                commit = trusted(
+                    ShardCommit,
+                    holder=report.worker_id,
+                    shard_id=slot.shard_id,
+                    attempt=slot.attempt,
+                    samples=rest,
+                )
+                self._emit(
+                    out.events, T.APPLIED, now_ms, worker_id=report.worker_id, commits=[commit]
+                )
+            self._emit(
+                out.events,
+                T.DONE,
+                now_ms,
+                shard_id=report.shard_id,
+                worker_id=report.worker_id,
+                attempt=slot.attempt,
+            )
             self._close_epoch_if_complete(now_ms, out)
 
     # ------------------------------------------------------------ commits
@@ -281,9 +363,12 @@ class ShardCore:
     def _commit(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
         state = self.state
         if report.update_id is None:
-            self._record_applied(report, self._not_applied_yet(self._still_in_model(report.commits)), now_ms, out)
+            self._record_applied(
+                report, self._not_applied_yet(self._still_in_model(report.commits)), now_ms, out
+            )
             return
-        if report.update_id in state.updates and report.epoch == state.epoch:  # a redelivery: recorded already
+        # a redelivery: recorded already
+        if report.update_id in state.updates and report.epoch == state.epoch:
             out.assignment = self.assignment_for(report.worker_id, now_ms, in_reply_to=report.seq)
             return
         refusal = self._refusal(report)
@@ -298,45 +383,73 @@ class ShardCore:
             out.assignment = self.assignment_for(report.worker_id, now_ms, in_reply_to=report.seq)
 
     def _grant_of(self, report: ShardProgress, commit: ShardCommit) -> str | None:
-        """How the commit's grant stands: "held", "late" (reclaimed, nobody granted it since), or None (gone)."""
+        """How the commit's grant stands: "held", "late" (reclaimed, nobody granted it since), or
+        None (gone)."""
         state = self.state
         if report.epoch != state.epoch:
             return None
         slot = state.slots[commit.shard_id]
         holder = commit.holder or report.worker_id
-        if slot.state is ShardState.DOING and slot.worker == holder and slot.attempt == commit.attempt:
+        if (
+            slot.state is ShardState.DOING
+            and slot.worker == holder
+            and slot.attempt == commit.attempt
+        ):
             return "held"
-        if slot.state is ShardState.TODO and slot.worker == holder and slot.attempt == commit.attempt + 1:
+        if (
+            slot.state is ShardState.TODO
+            and slot.worker == holder
+            and slot.attempt == commit.attempt + 1
+        ):
             return "late"
         return None
 
     def _refusal(self, report: ShardProgress) -> str | None:
-        """Why an update cannot be committed (its samples must then stay out of the model), or None."""
+        """Why an update cannot be committed (its samples must then stay out of the model), or
+        None."""
         for commit in report.commits:
             grant = self._grant_of(report, commit)
             if grant is None:
-                return (f"shard {commit.shard_id} attempt {commit.attempt} of epoch {report.epoch} is no longer "
-                        f"held by {commit.holder or report.worker_id}")
+                return (
+                    f"shard {commit.shard_id} attempt {commit.attempt} "
+                    f"of epoch {report.epoch} is no longer "
+                    f"held by {commit.holder or report.worker_id}"
+                )
             applied = self.state.slots[commit.shard_id].applied
             again = [s for s in commit.samples if s in applied]
             if again or len(set(commit.samples)) != len(commit.samples):
-                return f"samples {sorted(set(again))[:5] or commit.samples[:5]} of shard {commit.shard_id} are already in the model"
+                return (
+                    f"samples {sorted(set(again))[:5] or commit.samples[:5]} "
+                    f"of shard {commit.shard_id} are already in the model"
+                )
         return None
 
-    def _return_current_grants(self, report: ShardProgress, refusal: str, now_ms: int, out: Outcome) -> None:
-        """The holder drops a refused update's samples: the grants it still has go back to TODO, progress kept."""
+    def _return_current_grants(
+        self, report: ShardProgress, refusal: str, now_ms: int, out: Outcome
+    ) -> None:
+        """The holder drops a refused update's samples: the grants it still has go back to TODO,
+        progress kept."""
         for commit in report.commits:
             if self._grant_of(report, commit) == "held":
                 slot = self.state.slots[commit.shard_id]
-                self._emit(out.events, T.FAILED, now_ms, shard_id=slot.shard_id, worker_id=slot.worker,
-                           attempt=slot.attempt + 1, reason=f"commit refused: {refusal}"[:1000])
+                self._emit(
+                    out.events,
+                    T.FAILED,
+                    now_ms,
+                    shard_id=slot.shard_id,
+                    worker_id=slot.worker,
+                    attempt=slot.attempt + 1,
+                    reason=f"commit refused: {refusal}"[:1000],
+                )
 
     def _still_in_model(self, commits: list[ShardCommit]) -> list[ShardCommit]:
-        """The commits less those of grants a rewind took back: the restored model does not hold their updates."""
+        """The commits less those of grants a rewind took back: the restored model does not hold
+        their updates."""
         return [c for c in commits if c.attempt >= self.state.slots[c.shard_id].rewound_below]
 
     def _not_applied_yet(self, commits: list[ShardCommit]) -> list[ShardCommit]:
-        """The commits less their samples already recorded (input is at-least-once: a report may come twice).
+        """The commits less their samples already recorded (input is at-least-once: a report may
+        come twice).
 
         A sample trained twice for real is thereby recorded once too: the
         model's ledger, which counts every update it applies, shows it.
@@ -349,18 +462,36 @@ class ShardCore:
                 fresh.append(commit.model_copy(update={"samples": samples}))
         return fresh
 
-    def _record_applied(self, report: ShardProgress, commits: list[ShardCommit], now_ms: int, out: Outcome) -> None:
+    def _record_applied(
+        self, report: ShardProgress, commits: list[ShardCommit], now_ms: int, out: Outcome
+    ) -> None:
         """APPLIED for the commits, then DONE for every shard they complete."""
         if not commits or report.epoch != self.state.epoch or self.state.finished:
-            return  # nothing new, or an epoch that is over (all its samples are applied; the ledger shows any repeat)
-        named = [c if c.holder else c.model_copy(update={"holder": report.worker_id}) for c in commits]
-        self._emit(out.events, T.APPLIED, now_ms, worker_id=report.worker_id, commits=named,
-                   update_id=report.update_id)
+            # nothing new, or an epoch that is over (all its samples are applied; the ledger shows
+            # any repeat)
+            return
+        named = [
+            c if c.holder else c.model_copy(update={"holder": report.worker_id}) for c in commits
+        ]
+        self._emit(
+            out.events,
+            T.APPLIED,
+            now_ms,
+            worker_id=report.worker_id,
+            commits=named,
+            update_id=report.update_id,
+        )
         for shard_id in sorted({c.shard_id for c in commits}):
             slot = self.state.slots[shard_id]
             if slot.state in (ShardState.DOING, ShardState.TODO) and not slot.remaining():
-                self._emit(out.events, T.DONE, now_ms, shard_id=shard_id, worker_id=slot.worker or report.worker_id,
-                           attempt=slot.attempt)
+                self._emit(
+                    out.events,
+                    T.DONE,
+                    now_ms,
+                    shard_id=shard_id,
+                    worker_id=slot.worker or report.worker_id,
+                    attempt=slot.attempt,
+                )
         self._close_epoch_if_complete(now_ms, out)
 
     def _late_done_from_last_holder(self, report: ShardProgress) -> bool:
@@ -370,7 +501,9 @@ class ShardCore:
             return False
         slot = state.slots[report.shard_id]
         previous_attempt = report.attempt is None or report.attempt == slot.attempt - 1
-        return slot.state is ShardState.TODO and slot.worker == report.worker_id and previous_attempt
+        return (
+            slot.state is ShardState.TODO and slot.worker == report.worker_id and previous_attempt
+        )
 
     def _failed(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
         if not self._holds(report):
@@ -379,17 +512,38 @@ class ShardCore:
         attempt = slot.attempt + 1
         reason = (report.error or "failed")[:1000]
         if attempt - self.state.attempt_base >= self.state.dataset.max_attempts:
-            self._emit(out.events, T.QUARANTINED, now_ms, shard_id=slot.shard_id, worker_id=report.worker_id,
-                       attempt=attempt, reason=f"failed {attempt} times; last: {reason}")
+            self._emit(
+                out.events,
+                T.QUARANTINED,
+                now_ms,
+                shard_id=slot.shard_id,
+                worker_id=report.worker_id,
+                attempt=attempt,
+                reason=f"failed {attempt} times; last: {reason}",
+            )
             self._close_epoch_if_complete(now_ms, out)
         else:
-            self._emit(out.events, T.FAILED, now_ms, shard_id=slot.shard_id, worker_id=report.worker_id,
-                       attempt=attempt, reason=reason)
+            self._emit(
+                out.events,
+                T.FAILED,
+                now_ms,
+                shard_id=slot.shard_id,
+                worker_id=report.worker_id,
+                attempt=attempt,
+                reason=reason,
+            )
 
     def _checkpoint(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
-        event = self._emit(out.events, T.CHECKPOINT, now_ms, worker_id=report.worker_id,
-                           reason=f"checkpoint at step {report.step}" if report.step is not None else "checkpoint")
-        out.assignment = self.assignment_for(report.worker_id, now_ms, in_reply_to=report.seq, version=event.seq)
+        event = self._emit(
+            out.events,
+            T.CHECKPOINT,
+            now_ms,
+            worker_id=report.worker_id,
+            reason=f"checkpoint at step {report.step}" if report.step is not None else "checkpoint",
+        )
+        out.assignment = self.assignment_for(
+            report.worker_id, now_ms, in_reply_to=report.seq, version=event.seq
+        )
 
     def _renew_leases(self, worker: str, now_ms: int, out: Outcome) -> None:
         held = self.state.held.get(worker)
@@ -398,7 +552,9 @@ class ShardCore:
         lease_ms = int(self.state.dataset.lease_s * 1000)
         soonest = min(self.state.slots[i].lease_ms or 0 for i in held)
         if soonest - now_ms < lease_ms // 2:
-            self._emit(out.events, T.LEASE_RENEWED, now_ms, worker_id=worker, lease_ms=now_ms + lease_ms)
+            self._emit(
+                out.events, T.LEASE_RENEWED, now_ms, worker_id=worker, lease_ms=now_ms + lease_ms
+            )
 
     # ------------------------------------------------------------ the clock and departures
 
@@ -407,15 +563,26 @@ class ShardCore:
         out = Outcome()
         state = self.state
         expired = [
-            state.slots[i] for shards in state.held.values() for i in shards
+            state.slots[i]
+            for shards in state.held.values()
+            for i in shards
             if state.slots[i].lease_ms is not None and state.slots[i].lease_ms <= now_ms
         ]
         for slot in sorted(expired, key=lambda s: s.shard_id):
-            self._emit(out.events, T.LEASE_EXPIRED, now_ms, shard_id=slot.shard_id, worker_id=slot.worker,
-                       attempt=slot.attempt + 1, reason="lease expired")
+            self._emit(
+                out.events,
+                T.LEASE_EXPIRED,
+                now_ms,
+                shard_id=slot.shard_id,
+                worker_id=slot.worker,
+                attempt=slot.attempt + 1,
+                reason="lease expired",
+            )
         return out.events
 
-    def worker_left(self, worker: str, now_ms: int, reason: str = "worker left") -> list[ShardLogEvent]:
+    def worker_left(
+        self, worker: str, now_ms: int, reason: str = "worker left"
+    ) -> list[ShardLogEvent]:
         """Return every shard the worker holds to TODO."""
         out = Outcome()
         if self.state.held.get(worker):
@@ -438,26 +605,60 @@ class ShardCore:
             raise ProgressRejected(f"version {version} does not exist (log is at {state.last_seq})")
         out = Outcome()
         cause = request_id(report)
-        if cause in state.rewinds:  # a redelivered request: rewinding again would undo the work done since
-            out.assignment = self.assignment_for(report.worker_id, now_ms, in_reply_to=report.seq,
-                                                 version=state.rewinds[cause])
+        # a redelivered request: rewinding again would undo the work done since
+        if cause in state.rewinds:
+            out.assignment = self.assignment_for(
+                report.worker_id, now_ms, in_reply_to=report.seq, version=state.rewinds[cause]
+            )
             return out
         if version >= state.epoch_opened_seq:
-            self._emit(out.events, T.REWOUND, now_ms, version=version, worker_id=report.worker_id, cause=cause)
+            self._emit(
+                out.events,
+                T.REWOUND,
+                now_ms,
+                version=version,
+                worker_id=report.worker_id,
+                cause=cause,
+            )
         else:
             if target is None:
-                raise ValueError("a rewind across an epoch boundary needs the state folded up to the version")
+                raise ValueError(
+                    "a rewind across an epoch boundary needs the state folded up to the version"
+                )
             if target.last_seq != version or target.dataset is None:
-                raise ProgressRejected(f"version {version} is not a state of job {state.job_id} with a dataset "
-                                       f"(it predates the dataset, or a fenced writer issued it)")
+                raise ProgressRejected(
+                    f"version {version} is not a state of job {state.job_id} with a dataset "
+                    f"(it predates the dataset, or a fenced writer issued it)"
+                )
             done = [s.shard_id for s in target.slots if s.state is ShardState.DONE]
-            partial = [trusted(ShardCommit, holder=None, shard_id=s.shard_id, attempt=s.attempt, samples=sorted(s.applied))
-                       for s in target.slots if s.state is not ShardState.DONE and s.applied]
+            partial = [
+                trusted(
+                    ShardCommit,
+                    holder=None,
+                    shard_id=s.shard_id,
+                    attempt=s.attempt,
+                    samples=sorted(s.applied),
+                )
+                for s in target.slots
+                if s.state is not ShardState.DONE and s.applied
+            ]
             attempt = 1 + max([state.attempt_high, *(s.attempt for s in state.slots)])
-            self._emit(out.events, T.REWOUND, now_ms, version=version, worker_id=report.worker_id,
-                       epoch=target.epoch, shard_ids=done, attempt=attempt, commits=partial, cause=cause)
+            self._emit(
+                out.events,
+                T.REWOUND,
+                now_ms,
+                version=version,
+                worker_id=report.worker_id,
+                epoch=target.epoch,
+                shard_ids=done,
+                attempt=attempt,
+                commits=partial,
+                cause=cause,
+            )
         self._close_epoch_if_complete(now_ms, out)
-        out.assignment = self.assignment_for(report.worker_id, now_ms, in_reply_to=report.seq, version=out.events[0].seq)
+        out.assignment = self.assignment_for(
+            report.worker_id, now_ms, in_reply_to=report.seq, version=out.events[0].seq
+        )
         return out
 
     def _close_epoch_if_complete(self, now_ms: int, out: Outcome) -> None:
@@ -470,7 +671,9 @@ class ShardCore:
 
     # ------------------------------------------------------------ answers
 
-    def assignment_for(self, worker: str, now_ms: int, in_reply_to: int | None = None, version: int | None = None) -> ShardAssignment:
+    def assignment_for(
+        self, worker: str, now_ms: int, in_reply_to: int | None = None, version: int | None = None
+    ) -> ShardAssignment:
         """What the worker holds now, as an assignment."""
         state = self.state
         slots = state.held_by(worker)
@@ -482,22 +685,56 @@ class ShardCore:
             status = AssignmentStatus.WAIT
         lease = min((s.lease_ms for s in slots if s.lease_ms is not None), default=None)
         return trusted(
-            ShardAssignment, job_id=state.job_id, worker_id=worker, seq=state.last_seq, writer_epoch=state.writer_epoch,
-            epoch=state.epoch, status=status,
-            shards=[trusted(Shard, shard_id=s.shard_id, start=s.start, length=s.length, attempt=s.attempt,
-                            done=sorted(s.applied)) for s in slots],
-            lease_expires=from_ms(lease), quota=state.quotas.get(worker, self.config.default_quota),
-            in_reply_to=in_reply_to, version=version, reason=None, timestamp=from_ms(now_ms),
+            ShardAssignment,
+            job_id=state.job_id,
+            worker_id=worker,
+            seq=state.last_seq,
+            writer_epoch=state.writer_epoch,
+            epoch=state.epoch,
+            status=status,
+            shards=[
+                trusted(
+                    Shard,
+                    shard_id=s.shard_id,
+                    start=s.start,
+                    length=s.length,
+                    attempt=s.attempt,
+                    done=sorted(s.applied),
+                )
+                for s in slots
+            ],
+            lease_expires=from_ms(lease),
+            quota=state.quotas.get(worker, self.config.default_quota),
+            in_reply_to=in_reply_to,
+            version=version,
+            reason=None,
+            timestamp=from_ms(now_ms),
         )
 
-    def _answer(self, report: ShardProgress, status: AssignmentStatus, now_ms: int, epoch: int | None = None,
-                reason: str | None = None) -> ShardAssignment:
+    def _answer(
+        self,
+        report: ShardProgress,
+        status: AssignmentStatus,
+        now_ms: int,
+        epoch: int | None = None,
+        reason: str | None = None,
+    ) -> ShardAssignment:
         state = self.state
         return trusted(
-            ShardAssignment, job_id=state.job_id, worker_id=report.worker_id, seq=state.last_seq, writer_epoch=state.writer_epoch,
-            epoch=state.epoch if epoch is None else epoch, status=status, shards=[], lease_expires=None,
-            quota=state.quotas.get(report.worker_id, self.config.default_quota), in_reply_to=report.seq, version=None,
-            reason=reason, timestamp=from_ms(now_ms),
+            ShardAssignment,
+            job_id=state.job_id,
+            worker_id=report.worker_id,
+            seq=state.last_seq,
+            writer_epoch=state.writer_epoch,
+            epoch=state.epoch if epoch is None else epoch,
+            status=status,
+            shards=[],
+            lease_expires=None,
+            quota=state.quotas.get(report.worker_id, self.config.default_quota),
+            in_reply_to=report.seq,
+            version=None,
+            reason=reason,
+            timestamp=from_ms(now_ms),
         )
 
 

@@ -48,14 +48,6 @@ def snapshot_topic(settings: Settings) -> str:
     return topic_spec("shard", "snapshots").full_name(settings.topic_prefix)
 
 
-def writer_epoch_of(message: Message) -> int | None:
-    """The writer epoch header of a log record, if any."""
-    for name, value in message.headers() or ():
-        if name == WRITER_HEADER:
-            return int(value)
-    return None
-
-
 class LogWriter:
     """Appends events to the shard log; remembers the last offset written per job."""
 
@@ -73,9 +65,13 @@ class LogWriter:
             if remember:
                 self._recent.setdefault(event.job_id, deque(maxlen=RECENT_MAX)).append((now, event))
             self._producer.produce(
-                self._topic, key=event.job_id.encode(), value=self._codec.encode(event, self._topic),
-                headers=[(WRITER_HEADER, str(event.writer_epoch).encode())], on_delivery=self._delivered,
-                timestamp=int(event.timestamp.timestamp() * 1000),  # replay by time sees transition times
+                self._topic,
+                key=event.job_id.encode(),
+                value=self._codec.encode(event, self._topic),
+                headers=[(WRITER_HEADER, str(event.writer_epoch).encode())],
+                on_delivery=self._delivered,
+                # replay by time sees transition times
+                timestamp=int(event.timestamp.timestamp() * 1000),
             )
 
     def _delivered(self, error: KafkaError | None, message: Message) -> None:
@@ -97,7 +93,9 @@ class LogWriter:
         remaining = self._producer.flush(timeout_s)
         if remaining or self._errors:
             errors, self._errors = self._errors, []
-            raise BusError(f"shard log append failed: {remaining} undelivered, errors: {errors[:3]}")
+            raise BusError(
+                f"shard log append failed: {remaining} undelivered, errors: {errors[:3]}"
+            )
 
 
 def job_partition(settings: Settings, topic: str, job_id: str) -> int:
@@ -106,7 +104,12 @@ def job_partition(settings: Settings, topic: str, job_id: str) -> int:
 
 
 def read_until_marker(
-    settings: Settings, topic: str, key: bytes, start: int, producer: Producer, timeout_s: float = READ_TIMEOUT_S,
+    settings: Settings,
+    topic: str,
+    key: bytes,
+    start: int,
+    producer: Producer,
+    timeout_s: float = READ_TIMEOUT_S,
 ) -> Iterator[Message]:
     """Every record with ``key`` in its partition from ``start`` up to a fresh marker."""
     with consuming(settings, client_id="antdt-sharder-recovery") as consumer:
@@ -114,7 +117,11 @@ def read_until_marker(
 
 
 def read_job_log(
-    settings: Settings, job_id: str, codec: Codec, producer: Producer, start: int = OFFSET_BEGINNING,
+    settings: Settings,
+    job_id: str,
+    codec: Codec,
+    producer: Producer,
+    start: int = OFFSET_BEGINNING,
 ) -> Iterator[tuple[int, ShardLogEvent]]:
     """``(offset, event)`` for every event of the job from ``start`` to now."""
     topic = log_topic(settings)
@@ -122,9 +129,14 @@ def read_job_log(
         yield message.offset(), codec.decode(message.value(), topic)
 
 
-def earliest_snapshot(settings: Settings, job_id: str, codec: Codec, producer: Producer) -> ShardSnapshot | None:
-    """The oldest snapshot of the job still on the bus, or None: where an audit of a log that lost its beginning starts."""
-    for message in read_until_marker(settings, snapshot_topic(settings), job_id.encode(), OFFSET_BEGINNING, producer):
+def earliest_snapshot(
+    settings: Settings, job_id: str, codec: Codec, producer: Producer
+) -> ShardSnapshot | None:
+    """The oldest snapshot of the job still on the bus, or None: where an audit of a log that lost
+    its beginning starts."""
+    for message in read_until_marker(
+        settings, snapshot_topic(settings), job_id.encode(), OFFSET_BEGINNING, producer
+    ):
         return codec.decode(message.value())
     return None
 
@@ -140,9 +152,13 @@ def lacks_beginning(events: list[ShardLogEvent]) -> bool:
     return bool(events) and events[0].seq > 1
 
 
-def latest_snapshot(settings: Settings, job_id: str, codec: Codec, producer: Producer) -> ShardSnapshot | None:
+def latest_snapshot(
+    settings: Settings, job_id: str, codec: Codec, producer: Producer
+) -> ShardSnapshot | None:
     """The newest snapshot of the job, or None (only the winner is decoded)."""
     newest = None
-    for message in read_until_marker(settings, snapshot_topic(settings), job_id.encode(), OFFSET_BEGINNING, producer):
+    for message in read_until_marker(
+        settings, snapshot_topic(settings), job_id.encode(), OFFSET_BEGINNING, producer
+    ):
         newest = message
     return None if newest is None else codec.decode(newest.value())

@@ -34,7 +34,9 @@ class Recovered:
     seconds: float
 
 
-def recover_job(settings: Settings, job_id: str, codec: Codec, producer: Producer, use_snapshots: bool = True) -> Recovered:
+def recover_job(
+    settings: Settings, job_id: str, codec: Codec, producer: Producer, use_snapshots: bool = True
+) -> Recovered:
     """Latest snapshot (if any) plus every log event after it."""
     started = time.perf_counter()
     snapshot = latest_snapshot(settings, job_id, codec, producer) if use_snapshots else None
@@ -45,12 +47,21 @@ def recover_job(settings: Settings, job_id: str, codec: Codec, producer: Produce
     for offset, event in read_job_log(settings, job_id, codec, producer, start):
         state.apply(event)
         last_offset, replayed = offset, replayed + 1
-    return Recovered(state, last_offset, snapshot is not None, replayed, time.perf_counter() - started)
+    return Recovered(
+        state, last_offset, snapshot is not None, replayed, time.perf_counter() - started
+    )
 
 
 def take_over(
-    settings: Settings, job_id: str, codec: Codec, producer: Producer, log: LogWriter, writer: str,
-    config: CoreConfig, now_ms: int, use_snapshots: bool = True,
+    settings: Settings,
+    job_id: str,
+    codec: Codec,
+    producer: Producer,
+    log: LogWriter,
+    writer: str,
+    config: CoreConfig,
+    now_ms: int,
+    use_snapshots: bool = True,
 ) -> tuple[ShardCore, Recovered]:
     """Recover the job and become its writer (fencing every older writer)."""
     recovered = recover_job(settings, job_id, codec, producer, use_snapshots)
@@ -64,5 +75,8 @@ def take_over(
         recovered.last_offset = offset
         recovered.events_replayed += 1
     if recovered.state.writer != election.reason:
-        raise BusError(f"lost the election for job {job_id} to {recovered.state.writer} (epoch {recovered.state.writer_epoch})")
+        raise BusError(
+            f"lost the election for job {job_id} to {recovered.state.writer} "
+            f"(epoch {recovered.state.writer_epoch})"
+        )
     return core, recovered

@@ -29,7 +29,14 @@ from datetime import datetime
 from os import PathLike
 
 import fastavro
-from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from antdt.bus.clients import consuming, producing
 from antdt.bus.readers import assign_now, poll_batch
@@ -37,7 +44,13 @@ from antdt.schemas.codec import Codec, to_avro_dict
 from antdt.schemas.models import AvroModel, ShardLogEvent
 from antdt.schemas.store import default_store
 from antdt.services.sharder.audit import AuditReport, audit_log
-from antdt.services.sharder.eventlog import earliest_snapshot, job_partition, lacks_beginning, log_topic, read_until_marker
+from antdt.services.sharder.eventlog import (
+    earliest_snapshot,
+    job_partition,
+    lacks_beginning,
+    log_topic,
+    read_until_marker,
+)
 from antdt.services.sharder.state import from_ms, to_ms
 from antdt.settings import Settings
 
@@ -55,7 +68,8 @@ class StartPoint:
     """Where a windowed replay starts reading, and why."""
 
     offset: int
-    verified: bool  # True: the broker's offsets_for_times answer checked out; False: scan from the beginning
+    # True: the broker's offsets_for_times answer checked out; False: scan from the beginning
+    verified: bool
 
 
 def record_time_ms(message: Message) -> int | None:
@@ -64,10 +78,14 @@ def record_time_ms(message: Message) -> int | None:
     return None if kind == TIMESTAMP_NOT_AVAILABLE else value
 
 
-def broker_offset_for_time(consumer: Consumer, topic: str, partition: int, at_ms: int) -> int | None:
+def broker_offset_for_time(
+    consumer: Consumer, topic: str, partition: int, at_ms: int
+) -> int | None:
     """The broker's ``offsets_for_times`` answer, or None when it has none or fails (unverified)."""
     try:
-        [answer] = consumer.offsets_for_times([TopicPartition(topic, partition, at_ms)], timeout=LOOKUP_TIMEOUT_S)
+        [answer] = consumer.offsets_for_times(
+            [TopicPartition(topic, partition, at_ms)], timeout=LOOKUP_TIMEOUT_S
+        )
     except KafkaException as exc:
         log.warning("offsets_for_times on %s[%d] failed: %s", topic, partition, exc.args[0])
         return None
@@ -76,8 +94,11 @@ def broker_offset_for_time(consumer: Consumer, topic: str, partition: int, at_ms
     return answer.offset
 
 
-def read_records(consumer: Consumer, topic: str, partition: int, offset: int, count: int, timeout_s: float) -> list[Message]:
-    """Up to ``count`` records of any key from ``offset`` on, or fewer if they do not come within ``timeout_s``."""
+def read_records(
+    consumer: Consumer, topic: str, partition: int, offset: int, count: int, timeout_s: float
+) -> list[Message]:
+    """Up to ``count`` records of any key from ``offset`` on, or fewer if they do not come within
+    ``timeout_s``."""
     assign_now(consumer, [TopicPartition(topic, partition, offset)])
     records: list[Message] = []
     deadline = time.monotonic() + timeout_s
@@ -87,7 +108,8 @@ def read_records(consumer: Consumer, topic: str, partition: int, offset: int, co
 
 
 def answer_checks_out(records: list[Message], offset: int, at_ms: int) -> bool:
-    """Do ``records`` (the one before ``offset``, if any, then the one at it) make it the first at or after ``at_ms``?"""
+    """Do ``records`` (the one before ``offset``, if any, then the one at it) make it the first at
+    or after ``at_ms``?"""
     expected = [offset - 1, offset] if offset > 0 else [offset]
     if [r.offset() for r in records] != expected:
         return False  # missing, past the end, or not contiguous: cannot tell, so do not trust
@@ -97,8 +119,11 @@ def answer_checks_out(records: list[Message], offset: int, at_ms: int) -> bool:
     return times[-1] >= at_ms and (len(times) == 1 or times[0] < at_ms)
 
 
-def find_start(settings: Settings, topic: str, partition: int, at_ms: int, probe_timeout_s: float | None = None) -> StartPoint:
-    """The first offset at or after ``at_ms`` if the broker's answer checks out, else the beginning."""
+def find_start(
+    settings: Settings, topic: str, partition: int, at_ms: int, probe_timeout_s: float | None = None
+) -> StartPoint:
+    """The first offset at or after ``at_ms`` if the broker's answer checks out, else the
+    beginning."""
     with consuming(settings, client_id=CLIENT_ID) as consumer:
         offset = broker_offset_for_time(consumer, topic, partition, at_ms)
         if offset is not None:
@@ -107,15 +132,26 @@ def find_start(settings: Settings, topic: str, partition: int, at_ms: int, probe
             records = read_records(consumer, topic, partition, first, offset - first + 1, timeout_s)
             if answer_checks_out(records, offset, at_ms):
                 return StartPoint(offset, verified=True)
-    log.info("offsets_for_times(%s[%d], %d) answered %s, which the records do not confirm: scanning from the beginning",
-             topic, partition, at_ms, offset)
+    log.info(
+        "offsets_for_times(%s[%d], %d) answered %s, which the records do not confirm: "
+        "scanning from the beginning",
+        topic,
+        partition,
+        at_ms,
+        offset,
+    )
     return StartPoint(OFFSET_BEGINNING, verified=False)
 
 
 def replay_events(
-    settings: Settings, job_id: str, codec: Codec, start: datetime | None = None, end: datetime | None = None,
+    settings: Settings,
+    job_id: str,
+    codec: Codec,
+    start: datetime | None = None,
+    end: datetime | None = None,
 ) -> Iterator[tuple[int, datetime, ShardLogEvent]]:
-    """``(offset, record time, event)`` for each event of the job with record time in ``[start, end]``, in log order.
+    """``(offset, record time, event)`` for each event of the job with record time in ``[start,
+    end]``, in log order.
 
     Reads up to a marker written when the replay starts: events appended
     later are not included.
@@ -138,9 +174,15 @@ def replay_events(
             yield message.offset(), from_ms(ms), event
 
 
-def audit_job(settings: Settings, job_id: str, events: list[ShardLogEvent], codec: Codec,
-              allow_quarantine: bool = False) -> AuditReport:
-    """Audit the job's whole log; from the earliest snapshot if the log lost its beginning (a reset bus)."""
+def audit_job(
+    settings: Settings,
+    job_id: str,
+    events: list[ShardLogEvent],
+    codec: Codec,
+    allow_quarantine: bool = False,
+) -> AuditReport:
+    """Audit the job's whole log; from the earliest snapshot if the log lost its beginning (a reset
+    bus)."""
     snapshot = None
     if lacks_beginning(events):
         with producing(settings, client_id=CLIENT_ID) as producer:
@@ -152,8 +194,11 @@ def _within(ms: int, start_ms: int | None, end_ms: int | None) -> bool:
     return (start_ms is None or ms >= start_ms) and (end_ms is None or ms <= end_ms)
 
 
-def export_avro(events: Iterable[AvroModel], path: str | PathLike[str], record: type[AvroModel] = ShardLogEvent) -> int:
-    """Write ``events`` (all of type ``record``) to an Avro Object Container File; returns how many were written."""
+def export_avro(
+    events: Iterable[AvroModel], path: str | PathLike[str], record: type[AvroModel] = ShardLogEvent
+) -> int:
+    """Write ``events`` (all of type ``record``) to an Avro Object Container File; returns how many
+    were written."""
     schema = default_store().current(record.avro_name).raw
     written = 0
 

@@ -55,15 +55,22 @@ from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import MisroutedRecord, check_key, decode_or_deadletter, poll_batch
 from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
 from antdt.errors import BusError
+from antdt.runtime.service_loop import LoopService
 from antdt.schemas.codec import Codec, make_codec
-from antdt.schemas.models import LifecycleEvent, ProgressKind, ShardAssignment, ShardLogEvent, ShardProgress, WorkerLifecycle
+from antdt.schemas.models import (
+    LifecycleEvent,
+    ProgressKind,
+    ShardAssignment,
+    ShardLogEvent,
+    ShardProgress,
+    WorkerLifecycle,
+)
 from antdt.services.sharder import metrics
 from antdt.services.sharder.core import CoreConfig, ProgressRejected, ShardCore
 from antdt.services.sharder.eventlog import LogWriter, log_topic, read_job_log, snapshot_topic
 from antdt.services.sharder.recovery import take_over
 from antdt.services.sharder.snapshots import SnapshotWriter
 from antdt.services.sharder.state import Captured, JobState
-from antdt.service_loop import LoopService
 from antdt.settings import Settings
 from antdt.topics import topic_spec, worker_key
 
@@ -81,7 +88,8 @@ class SharderConfig:
     batch_size: int = 2000
     poll_timeout_s: float = 0.05
     use_snapshots: bool = True
-    #: Where periodic snapshots are built and encoded: a process of their own keeps the loop's interpreter free.
+    #: Where periodic snapshots are built and encoded: a process of their own keeps the loop's
+    #: interpreter free.
     snapshot_builder: Literal["thread", "process"] = "process"
 
 
@@ -89,7 +97,8 @@ class SharderConfig:
 #: (a 100k-shard snapshot is ~1.5 MB raw, a few hundred kB compressed, under Kafka's 1 MB default).
 LARGE_RECORDS = {"linger.ms": 0, "compression.type": "lz4", "message.max.bytes": 64 << 20}
 
-#: How long the state of a job whose partition was revoked is kept, should the bus turn out to have been reset.
+#: How long the state of a job whose partition was revoked is kept, should the bus turn out to have
+#: been reset.
 KEEP_REVOKED_S = 60.0
 
 
@@ -109,34 +118,54 @@ def wall_ms() -> int:
 class SharderService(LoopService):
     """Consumes reports, decides, logs, answers. See the module docstring."""
 
-    def __init__(self, settings: Settings, config: SharderConfig | None = None, writer_id: str | None = None):
+    def __init__(
+        self, settings: Settings, config: SharderConfig | None = None, writer_id: str | None = None
+    ):
         self.settings = settings
         self.config = config or SharderConfig()
-        self.writer_id = writer_id or f"sharder-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.writer_id = (
+            writer_id or f"sharder-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        )
         self.codec: Codec = make_codec(settings.schema_registry_url)
         self.jobs: dict[str, JobRuntime] = {}
         self.ready = threading.Event()
         self._core_config = CoreConfig(default_quota=self.config.default_quota)
         self._producer = make_producer(settings, client_id=self.writer_id, **LARGE_RECORDS)
         self._log = LogWriter(self._producer, log_topic(settings), self.codec)
-        # Snapshots and answers have producers of their own: the flush of the log before every batch of answers
-        # waits for the log's records only, not for a snapshot of megabytes nor for the last batch's answers.
-        self._snapshot_producer = make_producer(settings, client_id=f"{self.writer_id}-snapshots", **LARGE_RECORDS)
-        self._answer_producer = make_producer(settings, client_id=f"{self.writer_id}-answers", **LARGE_RECORDS)
-        self._snapshots = SnapshotWriter(self._snapshot_producer, snapshot_topic(settings), self.codec,
-                                         builder=self.config.snapshot_builder, registry_url=settings.schema_registry_url)
-        self._deadletter = DeadLetter.for_settings(self._producer, settings, "sharder", counter=metrics.DEADLETTERED)
+        # Snapshots and answers have producers of their own: the flush of the log before every batch
+        # of answers waits for the log's records only, not for a snapshot of megabytes nor for the
+        # last batch's answers.
+        self._snapshot_producer = make_producer(
+            settings, client_id=f"{self.writer_id}-snapshots", **LARGE_RECORDS
+        )
+        self._answer_producer = make_producer(
+            settings, client_id=f"{self.writer_id}-answers", **LARGE_RECORDS
+        )
+        self._snapshots = SnapshotWriter(
+            self._snapshot_producer,
+            snapshot_topic(settings),
+            self.codec,
+            builder=self.config.snapshot_builder,
+            registry_url=settings.schema_registry_url,
+        )
+        self._deadletter = DeadLetter.for_settings(
+            self._producer, settings, "sharder", counter=metrics.DEADLETTERED
+        )
         self._progress_topic = topic_spec("shard", "progress").full_name(settings.topic_prefix)
         self._lifecycle_topic = topic_spec("worker", "lifecycle").full_name(settings.topic_prefix)
-        self._assignments_topic = topic_spec("shard", "assignments").full_name(settings.topic_prefix)
+        self._assignments_topic = topic_spec("shard", "assignments").full_name(
+            settings.topic_prefix
+        )
         self._consumer = None
         self._progress_partitions = 1
         self._last_lease_check = 0.0
         self._watch = None
         self._rewinder: Rewinder | None = None
         self._revoked: dict[str, tuple[JobRuntime, float]] = {}
-        self._just_revoked: set[int] = set()  # progress partitions given up in the rebalance under way
-        self._incarnations: dict[tuple[str, str], str] = {}  # the latest incarnation that reported, per worker
+        # progress partitions given up in the rebalance under way
+        self._just_revoked: set[int] = set()
+        # the latest incarnation that reported, per worker
+        self._incarnations: dict[tuple[str, str], str] = {}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -146,10 +175,17 @@ class SharderService(LoopService):
         # Known now, while the topic exists: a revocation may come when it does not (a bus reset).
         self._progress_partitions = counts[self._progress_topic]
         self._consumer = make_consumer(
-            self.settings, group_id=f"{self.settings.topic_prefix}.sharder", client_id=self.writer_id, low_latency=True
+            self.settings,
+            group_id=f"{self.settings.topic_prefix}.sharder",
+            client_id=self.writer_id,
+            low_latency=True,
         )
-        self._consumer.subscribe([self._progress_topic, self._lifecycle_topic], on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._consumer.subscribe(
+            [self._progress_topic, self._lifecycle_topic],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
         self._watch = shared_watch(self.settings)
         self._rewinder = Rewinder(self._consumer, self._watch, group=True)
         self.ready.set()
@@ -180,22 +216,29 @@ class SharderService(LoopService):
         metrics.JOBS.set(len(self.jobs))
 
     def _on_assign(self, consumer, partitions) -> None:
-        """Jobs of partitions given back in the same rebalance stay ours as they were: nobody wrote for them between."""
-        back = {p.partition for p in partitions if p.topic == self._progress_topic} & self._just_revoked
+        """Jobs of partitions given back in the same rebalance stay ours as they were: nobody wrote
+        for them between."""
+        back = {
+            p.partition for p in partitions if p.topic == self._progress_topic
+        } & self._just_revoked
         self._just_revoked = set()
-        for job_id in [j for j in self._revoked if partition_for(j, self._progress_partitions) in back]:
+        for job_id in [
+            j for j in self._revoked if partition_for(j, self._progress_partitions) in back
+        ]:
             self.jobs[job_id] = self._revoked.pop(job_id)[0]
         metrics.JOBS.set(len(self.jobs))
 
     def _on_lost(self, consumer, partitions) -> None:
-        """Partitions lost without a rebalance (our session expired): another instance may have written for them."""
+        """Partitions lost without a rebalance (our session expired): another instance may have
+        written for them."""
         self._on_revoke(consumer, partitions)
         self._just_revoked = set()
 
     # ------------------------------------------------------------ bus reset
 
     def _after_bus_reset(self) -> None:
-        """If the bus was reset since the last look: input from the beginning, state re-published."""
+        """If the bus was reset since the last look: input from the beginning, state
+        re-published."""
         if self._rewinder is not None and self._rewinder.check():
             self._republish()
 
@@ -213,15 +256,19 @@ class SharderService(LoopService):
             refresh_metadata(producer)
         kept = {job_id: runtime for job_id, (runtime, _) in self._revoked.items()}
         jobs = {**kept, **self.jobs}
-        self._log.append_recent(jobs)  # log followers that were a moment behind find what they missed
-        for job_id, runtime in jobs.items():
+        # log followers that were a moment behind find what they missed
+        self._log.append_recent(jobs)
+        for runtime in jobs.values():
             if runtime.core.state.dataset is not None:
                 self._write_snapshot(runtime, log_offset=None)
         self._log.flush()
         flush_or_raise(self._snapshot_producer)
         metrics.BUS_RESETS.inc()
-        log.warning("the bus was reset: re-published the state of %d job(s); reading the input again from the beginning",
-                    len(self.jobs) + len(kept))
+        log.warning(
+            "the bus was reset: re-published the state of %d job(s); "
+            "reading the input again from the beginning",
+            len(self.jobs) + len(kept),
+        )
 
     # ------------------------------------------------------------ one cycle
 
@@ -245,11 +292,14 @@ class SharderService(LoopService):
         return len(messages)
 
     def _handle(self, message: Message, now_ms: int, events: list, answers: list) -> None:
-        value = decode_or_deadletter(message, self.codec, self._deadletter, expected=(ShardProgress, WorkerLifecycle))
+        value = decode_or_deadletter(
+            message, self.codec, self._deadletter, expected=(ShardProgress, WorkerLifecycle)
+        )
         if value is None:
             return
         try:
-            check_key(message.key(), value.job_id)  # the key decides which instance writes for the job
+            # the key decides which instance writes for the job
+            check_key(message.key(), value.job_id)
             if isinstance(value, ShardProgress):
                 self._on_report(value, now_ms, events, answers)
             else:
@@ -258,8 +308,14 @@ class SharderService(LoopService):
             self._deadletter.send(SourceRecord.from_confluent(message), exc)
         except (BusError, KafkaException):
             raise  # the bus failed, not the record: stop, and recover from the log on restart
-        except Exception as exc:  # a bug must cost one record, not the service (nor a crash loop on redelivery)
-            log.exception("processing failed for %s[%d]@%d", message.topic(), message.partition(), message.offset())
+        # a bug must cost one record, not the service (nor a crash loop on redelivery)
+        except Exception as exc:
+            log.exception(
+                "processing failed for %s[%d]@%d",
+                message.topic(),
+                message.partition(),
+                message.offset(),
+            )
             self._deadletter.send(SourceRecord.from_confluent(message), exc)
             self._forget_job(value.job_id)
 
@@ -277,7 +333,9 @@ class SharderService(LoopService):
         self._incarnations[(report.job_id, report.worker_id)] = report.incarnation
         runtime = self._job(report.job_id, now_ms, events)
         if report.kind is ProgressKind.REWIND:
-            outcome = runtime.core.rewind(report, now_ms, self._target_for_rewind(runtime, report, events))
+            outcome = runtime.core.rewind(
+                report, now_ms, self._target_for_rewind(runtime, report, events)
+            )
         else:
             outcome = runtime.core.on_progress(report, now_ms)
         events += outcome.events
@@ -316,21 +374,38 @@ class SharderService(LoopService):
         self._revoked.pop(job_id, None)
         with metrics.RECOVERY_SECONDS.time():
             core, recovered = take_over(
-                self.settings, job_id, self.codec, self._producer, self._log, self.writer_id,
-                self._core_config, now_ms, self.config.use_snapshots,
+                self.settings,
+                job_id,
+                self.codec,
+                self._producer,
+                self._log,
+                self.writer_id,
+                self._core_config,
+                now_ms,
+                self.config.use_snapshots,
             )
         log.info(
             "took over job %s as writer epoch %d (%d events replayed, snapshot: %s, %.3f s)",
-            job_id, core.state.writer_epoch, recovered.events_replayed, recovered.from_snapshot, recovered.seconds,
+            job_id,
+            core.state.writer_epoch,
+            recovered.events_replayed,
+            recovered.from_snapshot,
+            recovered.seconds,
         )
         runtime = self.jobs[job_id] = JobRuntime(core)
         metrics.JOBS.set(len(self.jobs))
         return runtime
 
-    def _target_for_rewind(self, runtime: JobRuntime, report: ShardProgress, pending: list) -> JobState | None:
+    def _target_for_rewind(
+        self, runtime: JobRuntime, report: ShardProgress, pending: list
+    ) -> JobState | None:
         """The fold of the log up to the version, when a rewind crosses an epoch boundary."""
         state = runtime.core.state
-        if report.version is None or report.version >= state.epoch_opened_seq or report.version > state.last_seq:
+        if (
+            report.version is None
+            or report.version >= state.epoch_opened_seq
+            or report.version > state.last_seq
+        ):
             return None
         self._flush_log(pending)
         target = JobState(state.job_id)
@@ -353,7 +428,8 @@ class SharderService(LoopService):
         self._flush_log(events)
         for answer in answers:
             self._answer_producer.produce(
-                self._assignments_topic, key=worker_key(answer.job_id, answer.worker_id).encode(),
+                self._assignments_topic,
+                key=worker_key(answer.job_id, answer.worker_id).encode(),
                 value=self.codec.encode(answer, self._assignments_topic),
             )
             metrics.ASSIGNMENTS.labels(answer.status.value).inc()
@@ -380,14 +456,22 @@ class SharderService(LoopService):
         now = time.monotonic()
         for job_id, runtime in self.jobs.items():
             dataset = runtime.core.state.dataset
-            every = max(self.config.snapshot_every_events, 2 * dataset.shard_count) if dataset else self.config.snapshot_every_events
+            every = (
+                max(self.config.snapshot_every_events, 2 * dataset.shard_count)
+                if dataset
+                else self.config.snapshot_every_events
+            )
             by_count = runtime.events_since_snapshot >= every
-            by_time = runtime.events_since_snapshot and now - runtime.last_snapshot_at >= self.config.snapshot_every_s
+            by_time = (
+                runtime.events_since_snapshot
+                and now - runtime.last_snapshot_at >= self.config.snapshot_every_s
+            )
             if (by_count or by_time) and runtime.core.state.dataset is not None:
                 self._snapshots.submit(self._capture(runtime), self._log.last_offset.get(job_id))
 
     def snapshot(self, job_id: str) -> bool:
-        """Write a snapshot of the job covering everything appended so far, now; False if it was not written."""
+        """Write a snapshot of the job covering everything appended so far, now; False if it was not
+        written."""
         return self._write_snapshot(self.jobs[job_id], log_offset=self._log.last_offset.get(job_id))
 
     def _write_snapshot(self, runtime: JobRuntime, log_offset: int | None) -> bool:
@@ -398,4 +482,3 @@ class SharderService(LoopService):
         """The job's state to snapshot; the snapshot clock starts again."""
         runtime.events_since_snapshot, runtime.last_snapshot_at = 0, time.monotonic()
         return runtime.core.state.capture()
-

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 from confluent_kafka import KafkaException, Producer
@@ -47,9 +47,11 @@ _FRAME = struct.Struct("!BI")
 _OK, _FAILED = 0, 1
 
 
-def build_snapshot(captured: Captured, log_offset: int | None, registry_url: str | None, topic: str) -> bytes:
+def build_snapshot(
+    captured: Captured, log_offset: int | None, registry_url: str | None, topic: str
+) -> bytes:
     """The encoded snapshot of ``captured``."""
-    snapshot = captured.to_snapshot(datetime.now(timezone.utc), log_offset=log_offset)
+    snapshot = captured.to_snapshot(datetime.now(UTC), log_offset=log_offset)
     return _codec(registry_url).encode(snapshot, topic)
 
 
@@ -70,12 +72,21 @@ class BuilderProcess:
     """
 
     def __init__(self):
-        self._process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE)
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
 
-    def build(self, captured: Captured, log_offset: int | None, registry_url: str | None, topic: str,
-              timeout_s: float = BUILD_TIMEOUT_S) -> bytes:
-        payload = pickle.dumps((captured, log_offset, registry_url, topic), protocol=pickle.HIGHEST_PROTOCOL)
+    def build(
+        self,
+        captured: Captured,
+        log_offset: int | None,
+        registry_url: str | None,
+        topic: str,
+        timeout_s: float = BUILD_TIMEOUT_S,
+    ) -> bytes:
+        payload = pickle.dumps(
+            (captured, log_offset, registry_url, topic), protocol=pickle.HIGHEST_PROTOCOL
+        )
         try:
             self._process.stdin.write(_FRAME.pack(_OK, len(payload)) + payload)
             self._process.stdin.flush()
@@ -124,19 +135,27 @@ def serve_builds(requests, answers) -> None:
 
 
 class SnapshotWriter:
-    """One background thread that writes the snapshots it is handed; :meth:`write_now` writes in the caller's.
+    """One background thread that writes the snapshots it is handed; :meth:`write_now` writes in the
+    caller's.
 
     ``builder``: where the thread has a snapshot built, ``"thread"`` (itself)
     or ``"process"`` (a process started at the first snapshot, with
     ``registry_url`` for its codec).
     """
 
-    def __init__(self, producer: Producer, topic: str, codec: Codec, builder: Literal["thread", "process"] = "thread",
-                 registry_url: str | None = None):
+    def __init__(
+        self,
+        producer: Producer,
+        topic: str,
+        codec: Codec,
+        builder: Literal["thread", "process"] = "thread",
+        registry_url: str | None = None,
+    ):
         self._producer, self._topic, self._codec = producer, topic, codec
         self._builder, self._registry_url = builder, registry_url
         self._process: BuilderProcess | None = None
-        self._pending: dict[str, tuple[Captured, int | None, int]] = {}  # job -> (capture, log offset, generation)
+        # job -> (capture, log offset, generation)
+        self._pending: dict[str, tuple[Captured, int | None, int]] = {}
         self._lock = threading.Condition()
         self._generation = 0
         self._closing = False
@@ -162,7 +181,8 @@ class SnapshotWriter:
         return self._write(captured, log_offset, generation)
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Write what is waiting, then stop the thread (bounded: a snapshot left unwritten only lengthens recovery)."""
+        """Write what is waiting, then stop the thread (bounded: a snapshot left unwritten only
+        lengthens recovery)."""
         with self._lock:
             self._closing = True
             self._lock.notify()
@@ -182,17 +202,20 @@ class SnapshotWriter:
                 _, (captured, log_offset, generation) = self._pending.popitem()
             self._write(captured, log_offset, generation, elsewhere=self._builder == "process")
 
-    def _write(self, captured: Captured, log_offset: int | None, generation: int, elsewhere: bool = False) -> bool:
+    def _write(
+        self, captured: Captured, log_offset: int | None, generation: int, elsewhere: bool = False
+    ) -> bool:
         try:
             value = self._built_elsewhere(captured, log_offset) if elsewhere else None
             if value is None:
-                snapshot = captured.to_snapshot(datetime.now(timezone.utc), log_offset=log_offset)
+                snapshot = captured.to_snapshot(datetime.now(UTC), log_offset=log_offset)
                 value = self._codec.encode(snapshot, self._topic)
             with self._lock:
                 if generation != self._generation:
                     return False  # the bus was reset while it was built
                 self._producer.produce(self._topic, key=captured.job_id.encode(), value=value)
-        except (KafkaException, BufferError) as exc:  # the log stays the source of truth; recovery just replays more
+        # the log stays the source of truth; recovery just replays more
+        except (KafkaException, BufferError) as exc:
             log.error("snapshot of job %s not written: %s", captured.job_id, exc)
             metrics.SNAPSHOT_FAILURES.inc()
             return False
@@ -200,7 +223,8 @@ class SnapshotWriter:
         return True
 
     def _built_elsewhere(self, captured: Captured, log_offset: int | None) -> bytes | None:
-        """The snapshot built by the builder process; None (and the process replaced next time) if it failed."""
+        """The snapshot built by the builder process; None (and the process replaced next time) if
+        it failed."""
         try:
             if self._process is None:
                 self._process = BuilderProcess()

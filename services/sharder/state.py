@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import astuple, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from antdt.schemas.models import (
     AppliedSamples,
@@ -54,12 +54,14 @@ from antdt.schemas.models import (
     ShardSnapshot,
     ShardState,
     ShardStateEntry,
-    ShardTransition as T,
     trusted,
 )
-from antdt.services.sharder.dataset import grant_ranks, split
+from antdt.schemas.models import (
+    ShardTransition as T,
+)
+from antdt.services.sharder.shards import grant_ranks, split
 
-_UTC = timezone.utc
+_UTC = UTC
 
 
 def to_ms(value: datetime | None) -> int | None:
@@ -70,7 +72,8 @@ _LAST_FROM_MS: list = [None, None]
 
 
 def from_ms(value: int | None) -> datetime | None:
-    """Milliseconds to an aware datetime; a batch converts the same 'now' many times, so the last one is kept."""
+    """Milliseconds to an aware datetime; a batch converts the same 'now' many times, so the last
+    one is kept."""
     if value is None:
         return None
     if _LAST_FROM_MS[0] != value:
@@ -92,8 +95,10 @@ class Slot:
     attempt: int = 0
     done_seq: int | None = None
     reason: str | None = None
-    applied: dict[int, int] = field(default_factory=dict)  # sample index -> seq of the APPLIED that recorded it
-    #: grants of a lower attempt were taken back by a rewind: the model lost their updates, so their late commits are void.
+    # sample index -> seq of the APPLIED that recorded it
+    applied: dict[int, int] = field(default_factory=dict)
+    #: grants of a lower attempt were taken back by a rewind: the model lost their updates, so their
+    #: late commits are void.
     rewound_below: int = 0
 
     def remaining(self) -> list[int]:
@@ -103,8 +108,18 @@ class Slot:
 
 def slot_tuple(slot: Slot) -> tuple:
     """What a snapshot keeps of a slot, as :class:`Captured` holds it."""
-    return (slot.shard_id, slot.state, slot.worker, slot.lease_ms, slot.started, slot.attempt, slot.done_seq,
-            slot.reason, slot.rewound_below, dict(slot.applied) if slot.applied else None)
+    return (
+        slot.shard_id,
+        slot.state,
+        slot.worker,
+        slot.lease_ms,
+        slot.started,
+        slot.attempt,
+        slot.done_seq,
+        slot.reason,
+        slot.rewound_below,
+        dict(slot.applied) if slot.applied else None,
+    )
 
 
 def _update_ids(updates: dict[str, int]) -> dict[int, str]:
@@ -122,7 +137,8 @@ class FoldStats:
 
 @dataclass(frozen=True)
 class Captured:
-    """A job's state as :meth:`JobState.capture` copied it; turning it into a snapshot is the costly part."""
+    """A job's state as :meth:`JobState.capture` copied it; turning it into a snapshot is the costly
+    part."""
 
     job_id: str
     seq: int
@@ -143,19 +159,53 @@ class Captured:
         by_seq = _update_ids(self.updates)
         entries = [
             trusted(
-                ShardStateEntry, shard_id=shard_id, state=state, worker_id=worker,
-                lease_expires=None if lease_ms is None else datetime.fromtimestamp(lease_ms / 1000, _UTC),  # no cache: any thread
-                started=started, attempt=attempt, done_seq=done_seq, reason=reason, rewound_below=rewound_below,
-                applied=[trusted(AppliedSamples, seq=seq, samples=samples, update_id=by_seq.get(seq))
-                         for seq, samples in _groups(applied)],
+                ShardStateEntry,
+                shard_id=shard_id,
+                state=state,
+                worker_id=worker,
+                # no cache: any thread
+                lease_expires=None
+                if lease_ms is None
+                else datetime.fromtimestamp(lease_ms / 1000, _UTC),
+                started=started,
+                attempt=attempt,
+                done_seq=done_seq,
+                reason=reason,
+                rewound_below=rewound_below,
+                applied=[
+                    trusted(AppliedSamples, seq=seq, samples=samples, update_id=by_seq.get(seq))
+                    for seq, samples in _groups(applied)
+                ],
             )
-            for shard_id, state, worker, lease_ms, started, attempt, done_seq, reason, rewound_below, applied in self.slots
+            for (
+                shard_id,
+                state,
+                worker,
+                lease_ms,
+                started,
+                attempt,
+                done_seq,
+                reason,
+                rewound_below,
+                applied,
+            ) in self.slots
         ]
         return ShardSnapshot(
-            job_id=self.job_id, seq=self.seq, writer_epoch=self.writer_epoch, writer=self.writer, dataset=self.dataset,
-            epoch=self.epoch, finished=self.finished, shards=entries, quotas=self.quotas,
-            epoch_opened_seq=self.epoch_opened_seq, rewinds=self.rewinds, attempt_base=self.attempt_base,
-            attempt_high=self.attempt_high, log_offset=log_offset, timestamp=now,
+            job_id=self.job_id,
+            seq=self.seq,
+            writer_epoch=self.writer_epoch,
+            writer=self.writer,
+            dataset=self.dataset,
+            epoch=self.epoch,
+            finished=self.finished,
+            shards=entries,
+            quotas=self.quotas,
+            epoch_opened_seq=self.epoch_opened_seq,
+            rewinds=self.rewinds,
+            attempt_base=self.attempt_base,
+            attempt_high=self.attempt_high,
+            log_offset=log_offset,
+            timestamp=now,
         )
 
 
@@ -182,15 +232,17 @@ class JobState:
     slots: list[Slot] = field(default_factory=list)
     held: dict[str, set[int]] = field(default_factory=dict)
     quotas: dict[str, int] = field(default_factory=dict)
-    #: The attempt every shard starts an epoch at. A rewind into an earlier epoch raises it past every
-    #: attempt granted so far, so (epoch, shard, attempt) names one grant even when an epoch runs again.
+    #: The attempt every shard starts an epoch at. A rewind into an earlier epoch raises it past
+    #: every attempt granted so far, so (epoch, shard, attempt) names one grant even when an epoch
+    #: runs again.
     attempt_base: int = 0
     #: The highest attempt granted so far in the job: what such a rewind must go past.
     attempt_high: int = 0
     todo_count: int = 0
     #: update_id -> seq of its APPLIED, this epoch: a redelivered commit of an update is recognised.
     updates: dict[str, int] = field(default_factory=dict)
-    #: rewind request (worker/incarnation/seq) -> seq of its REWOUND: a redelivered request is not applied again.
+    #: rewind request (worker/incarnation/seq) -> seq of its REWOUND: a redelivered request is not
+    #: applied again.
     rewinds: dict[str, int] = field(default_factory=dict)
     stats: FoldStats = field(default_factory=FoldStats)
     _ranks: list[int] = field(default_factory=list, repr=False)
@@ -233,10 +285,14 @@ class JobState:
         return sum(len(shards) for shards in self.held.values())
 
     def next_todo(self, worker: str | None = None) -> int | None:
-        """The TODO shard to grant ``worker`` next (lowest rank; under static assignment, of its own), or None."""
+        """The TODO shard to grant ``worker`` next (lowest rank; under static assignment, of its
+        own), or None."""
         if self.dataset is not None and self.dataset.owners and worker is not None:
-            mine = [s.shard_id for s in self.slots
-                    if s.state is ShardState.TODO and self.dataset.owner_of(s.shard_id) == worker]
+            mine = [
+                s.shard_id
+                for s in self.slots
+                if s.state is ShardState.TODO and self.dataset.owner_of(s.shard_id) == worker
+            ]
             return min(mine, key=self._ranks.__getitem__, default=None)
         heap = self._todo_heap
         while heap:
@@ -252,10 +308,21 @@ class JobState:
     def logical_view(self) -> tuple:
         """Everything that defines the state, for equality checks (no caches, no counters)."""
         return (
-            self.job_id, self.dataset, self.epoch, self.finished, self.writer_epoch, self.writer, self.last_seq,
-            self.epoch_opened_seq, tuple(astuple(s) for s in self.slots),
-            {w: frozenset(s) for w, s in self.held.items() if s}, dict(self.quotas), dict(self.updates),
-            dict(self.rewinds), self.attempt_base, self.attempt_high,
+            self.job_id,
+            self.dataset,
+            self.epoch,
+            self.finished,
+            self.writer_epoch,
+            self.writer,
+            self.last_seq,
+            self.epoch_opened_seq,
+            tuple(astuple(s) for s in self.slots),
+            {w: frozenset(s) for w, s in self.held.items() if s},
+            dict(self.quotas),
+            dict(self.updates),
+            dict(self.rewinds),
+            self.attempt_base,
+            self.attempt_high,
         )
 
     # ------------------------------------------------------------ mutations used by handlers
@@ -266,7 +333,12 @@ class JobState:
         if slot.state is not ShardState.TODO:
             self.todo_count += 1
             heapq.heappush(self._todo_heap, (self._ranks[slot.shard_id], slot.shard_id))
-        slot.state, slot.attempt, slot.lease_ms, slot.started = ShardState.TODO, attempt, None, False
+        slot.state, slot.attempt, slot.lease_ms, slot.started = (
+            ShardState.TODO,
+            attempt,
+            None,
+            False,
+        )
         slot.done_seq = None
 
     def _leave_todo(self, slot: Slot) -> None:
@@ -275,12 +347,18 @@ class JobState:
         elif slot.state is ShardState.DOING:
             self.held[slot.worker].discard(slot.shard_id)
 
-    def _open_epoch(self, epoch: int, seq: int, done: set[int] = frozenset(), attempt: int = 0, partial=()) -> None:
-        """A fresh pass over the dataset; ``done`` shards and ``partial`` samples (ShardCommits) restored as applied at ``seq``."""
+    def _open_epoch(
+        self, epoch: int, seq: int, done: set[int] = frozenset(), attempt: int = 0, partial=()
+    ) -> None:
+        """A fresh pass over the dataset; ``done`` shards and ``partial`` samples (ShardCommits)
+        restored as applied at ``seq``."""
         self.epoch, self.epoch_opened_seq, self.finished = epoch, seq, False
         self._ranks = grant_ranks(self.dataset, epoch)
         self.held, self.updates = {}, {}
-        self.slots = [Slot(r.shard_id, r.start, r.length, attempt=attempt, rewound_below=attempt) for r in split(self.dataset)]
+        self.slots = [
+            Slot(r.shard_id, r.start, r.length, attempt=attempt, rewound_below=attempt)
+            for r in split(self.dataset)
+        ]
         self._tuples = None
         for shard_id in done:
             slot = self.slots[shard_id]
@@ -288,7 +366,9 @@ class JobState:
             slot.applied = dict.fromkeys(range(slot.start, slot.start + slot.length), seq)
         for commit in partial:
             self.slots[commit.shard_id].applied.update(dict.fromkeys(commit.samples, seq))
-        self._todo_heap = [(self._ranks[s.shard_id], s.shard_id) for s in self.slots if s.state is ShardState.TODO]
+        self._todo_heap = [
+            (self._ranks[s.shard_id], s.shard_id) for s in self.slots if s.state is ShardState.TODO
+        ]
         heapq.heapify(self._todo_heap)
         self.todo_count = len(self._todo_heap)
 
@@ -310,9 +390,22 @@ class JobState:
             for shard_id in self._dirty:
                 self._tuples[shard_id] = slot_tuple(self.slots[shard_id])
         self._dirty = set()
-        return Captured(self.job_id, self.last_seq, self.writer_epoch, self.writer, self.dataset, self.epoch,
-                        self.finished, dict(self.quotas), self.epoch_opened_seq, dict(self.rewinds), self.attempt_base,
-                        self.attempt_high, dict(self.updates), list(self._tuples))
+        return Captured(
+            self.job_id,
+            self.last_seq,
+            self.writer_epoch,
+            self.writer,
+            self.dataset,
+            self.epoch,
+            self.finished,
+            dict(self.quotas),
+            self.epoch_opened_seq,
+            dict(self.rewinds),
+            self.attempt_base,
+            self.attempt_high,
+            dict(self.updates),
+            list(self._tuples),
+        )
 
     def _touched(self, event: ShardLogEvent) -> set[int] | None:
         """The slots ``event`` will change (asked before it is folded in); None: any of them."""
@@ -332,20 +425,42 @@ class JobState:
 
     @classmethod
     def from_snapshot(cls, snapshot: ShardSnapshot) -> JobState:
-        state = cls(snapshot.job_id, dataset=snapshot.dataset, writer_epoch=snapshot.writer_epoch, writer=snapshot.writer)
+        state = cls(
+            snapshot.job_id,
+            dataset=snapshot.dataset,
+            writer_epoch=snapshot.writer_epoch,
+            writer=snapshot.writer,
+        )
         state._open_epoch(snapshot.epoch, snapshot.epoch_opened_seq)
-        state.finished, state.last_seq, state.quotas = snapshot.finished, snapshot.seq, dict(snapshot.quotas)
+        state.finished, state.last_seq, state.quotas = (
+            snapshot.finished,
+            snapshot.seq,
+            dict(snapshot.quotas),
+        )
         state.rewinds = dict(snapshot.rewinds)
         state.attempt_base, state.attempt_high = snapshot.attempt_base, snapshot.attempt_high
         for entry in snapshot.shards:
             slot = state.slots[entry.shard_id]
             if entry.state is not ShardState.TODO:
                 state._leave_todo(slot)
-            slot.state, slot.worker, slot.lease_ms = entry.state, entry.worker_id, to_ms(entry.lease_expires)
-            slot.started, slot.attempt, slot.done_seq, slot.reason = entry.started, entry.attempt, entry.done_seq, entry.reason
+            slot.state, slot.worker, slot.lease_ms = (
+                entry.state,
+                entry.worker_id,
+                to_ms(entry.lease_expires),
+            )
+            slot.started, slot.attempt, slot.done_seq, slot.reason = (
+                entry.started,
+                entry.attempt,
+                entry.done_seq,
+                entry.reason,
+            )
             slot.rewound_below = entry.rewound_below
-            slot.applied = {sample: group.seq for group in entry.applied for sample in group.samples}
-            state.updates.update({group.update_id: group.seq for group in entry.applied if group.update_id})
+            slot.applied = {
+                sample: group.seq for group in entry.applied for sample in group.samples
+            }
+            state.updates.update(
+                {group.update_id: group.seq for group in entry.applied if group.update_id}
+            )
             if entry.state is ShardState.DOING:
                 state.held.setdefault(entry.worker_id, set()).add(entry.shard_id)
         return state
@@ -355,7 +470,8 @@ class JobState:
 
 
 def _writer_elected(state: JobState, event: ShardLogEvent) -> None:
-    """The epoch was taken in _accept; remember who holds it (the first election of an epoch wins)."""
+    """The epoch was taken in _accept; remember who holds it (the first election of an epoch
+    wins)."""
     state.writer = event.reason
 
 
@@ -370,7 +486,11 @@ def _epoch_opened(state: JobState, event: ShardLogEvent) -> None:
 def _granted(state: JobState, event: ShardLogEvent) -> None:
     slot = state.slots[event.shard_id]
     state._leave_todo(slot)
-    slot.state, slot.worker, slot.lease_ms = ShardState.DOING, event.worker_id, to_ms(event.lease_expires)
+    slot.state, slot.worker, slot.lease_ms = (
+        ShardState.DOING,
+        event.worker_id,
+        to_ms(event.lease_expires),
+    )
     slot.started, slot.attempt, slot.reason = False, event.attempt, None
     state.attempt_high = max(state.attempt_high, event.attempt or 0)
     state.held.setdefault(event.worker_id, set()).add(event.shard_id)
@@ -384,7 +504,8 @@ def _started(state: JobState, event: ShardLogEvent) -> None:
 
 
 def _applied(state: JobState, event: ShardLogEvent) -> None:
-    """Samples are in the model; the first record of a sample stands (a repeat is the audit's to report)."""
+    """Samples are in the model; the first record of a sample stands (a repeat is the audit's to
+    report)."""
     for commit in event.commits:
         applied = state.slots[commit.shard_id].applied
         for sample in commit.samples:
@@ -410,7 +531,11 @@ def _quarantined(state: JobState, event: ShardLogEvent) -> None:
     slot = state.slots[event.shard_id]
     state._leave_todo(slot)
     slot.state, slot.attempt, slot.reason, slot.lease_ms, slot.started = (
-        ShardState.QUARANTINED, event.attempt, event.reason, None, False,
+        ShardState.QUARANTINED,
+        event.attempt,
+        event.reason,
+        None,
+        False,
     )
 
 
@@ -447,19 +572,32 @@ def _rewound(state: JobState, event: ShardLogEvent) -> None:
     if event.cause is not None:
         state.rewinds[event.cause] = event.seq
     if event.version >= state.epoch_opened_seq and event.epoch == state.epoch:
-        state.updates = {update: seq for update, seq in state.updates.items() if seq <= event.version}
+        state.updates = {
+            update: seq for update, seq in state.updates.items() if seq <= event.version
+        }
         for slot in state.slots:
-            slot.applied = {sample: seq for sample, seq in slot.applied.items() if seq <= event.version}
-            redo = slot.state is ShardState.DOING or (slot.state is ShardState.DONE and slot.done_seq > event.version)
+            slot.applied = {
+                sample: seq for sample, seq in slot.applied.items() if seq <= event.version
+            }
+            redo = slot.state is ShardState.DOING or (
+                slot.state is ShardState.DONE and slot.done_seq > event.version
+            )
             if redo:
                 state._set_todo(slot, slot.attempt + 1)
             if slot.state is ShardState.TODO:
-                slot.worker = None  # work from before the rewind is not in the model: no late DONE or commit for it
+                # work from before the rewind is not in the model: no late DONE or commit for it
+                slot.worker = None
                 slot.rewound_below = slot.attempt
         state.finished = False
         return
     state.attempt_base = event.attempt or 0
-    state._open_epoch(event.epoch, event.seq, done=set(event.shard_ids), attempt=state.attempt_base, partial=event.commits)
+    state._open_epoch(
+        event.epoch,
+        event.seq,
+        done=set(event.shard_ids),
+        attempt=state.attempt_base,
+        partial=event.commits,
+    )
 
 
 _HANDLERS = {

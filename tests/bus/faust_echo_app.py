@@ -28,9 +28,14 @@ async def answer(stream):
         if not isinstance(value, WorkerMetrics):
             raise TypeError(f"expected WorkerMetrics, got {type(value).__name__}")
         ack = CommandAck(
-            command_id=f"ack-{value.seq}", job_id=value.job_id, worker_id=value.worker_id,
-            status=AckStatus.APPLIED, reason=f"samples={value.samples}", applied_step=value.last_step,
-            controller_epoch=0, timestamp=value.window_end,
+            command_id=f"ack-{value.seq}",
+            job_id=value.job_id,
+            worker_id=value.worker_id,
+            status=AckStatus.APPLIED,
+            reason=f"samples={value.samples}",
+            applied_step=value.last_step,
+            controller_epoch=0,
+            timestamp=value.window_end,
         )
         await acks.send(key=event.key, value=ack)
 

@@ -26,7 +26,8 @@ def test_producer_defaults_are_durable_and_murmur2():
 
 
 def test_embedded_producers_survive_a_broker_that_forgets_them():
-    """The embedded broker loses producer ids on restart: idempotence would hang, so it is off, with order kept."""
+    """The embedded broker loses producer ids on restart: idempotence would hang, so it is off, with
+    order kept."""
     conf = producer_config(load_settings(broker_profile=BrokerProfile.EMBEDDED))
     assert conf["enable.idempotence"] is False
     assert conf["max.in.flight.requests.per.connection"] == 1
@@ -47,11 +48,23 @@ def test_security_settings_reach_the_client(tmp_path):
     ca = tmp_path / "ca.pem"
     ca.write_text("x")
     settings = load_settings(
-        security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-256", sasl_username="u", sasl_password="p", tls_ca_path=ca,
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-256",
+        sasl_username="u",
+        sasl_password="p",
+        tls_ca_path=ca,
     )
     conf = producer_config(settings)
-    assert (conf["security.protocol"], conf["sasl.mechanism"], conf["sasl.username"], conf["sasl.password"]) == (
-        "SASL_SSL", "SCRAM-SHA-256", "u", "p",
+    assert (
+        conf["security.protocol"],
+        conf["sasl.mechanism"],
+        conf["sasl.username"],
+        conf["sasl.password"],
+    ) == (
+        "SASL_SSL",
+        "SCRAM-SHA-256",
+        "u",
+        "p",
     )
     assert conf["ssl.ca.location"] == str(ca)
 
@@ -70,7 +83,9 @@ def test_keyed_reader_sees_only_its_key_in_order(settings, topics):
     with producing(settings) as producer:
         for seq in range(20):
             for key in (mine, other):
-                producer.produce(topic, key=key.encode(), value=codec.encode(worker_metrics(seq=seq)))
+                producer.produce(
+                    topic, key=key.encode(), value=codec.encode(worker_metrics(seq=seq))
+                )
     with KeyedReader(settings, topic, mine, codec, start=BEGINNING) as reader:
         seen = []
         for _ in range(50):

@@ -37,7 +37,9 @@ def test_bad_records_go_to_the_dead_letter_topic_with_provenance(settings, topic
     codec = SingleObjectCodec()
     good = worker_metrics()
     with producing(settings) as producer:
-        producer.produce(source, key=b"job-x", value=codec.encode(good), headers=[("trace", b"abc")])
+        producer.produce(
+            source, key=b"job-x", value=codec.encode(good), headers=[("trace", b"abc")]
+        )
         producer.produce(source, key=b"job-x", value=b"garbage", headers=[("trace", b"def")])
         producer.produce(source, key=b"job-x", value=None)
     consumed = _read_all(settings, source, topics[source], want=3)

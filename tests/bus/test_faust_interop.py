@@ -32,7 +32,9 @@ def faust_echo(settings, topics, tmp_path):
         "PYTHONUNBUFFERED": "1",
     }
     log = (tmp_path / "faust.log").open("w+")
-    process = subprocess.Popen([sys.executable, str(APP)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    process = subprocess.Popen(
+        [sys.executable, str(APP)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path
+    )
     yield process, log
     process.send_signal(signal.SIGTERM)
     try:
@@ -53,18 +55,24 @@ def test_confluent_to_faust_and_back(settings, topics, faust_echo):
     sent = [worker_metrics(seq=s) for s in range(5)]
     with producing(settings) as producer:
         for message in sent:
-            producer.produce(metrics_topic, key=message.job_id.encode(), value=codec.encode(message))
+            producer.produce(
+                metrics_topic, key=message.job_id.encode(), value=codec.encode(message)
+            )
 
     answers: dict[str, CommandAck] = {}
     with consuming(settings) as consumer:
-        consumer.assign([TopicPartition(acks_topic, p, OFFSET_BEGINNING) for p in range(topics[acks_topic])])
+        consumer.assign(
+            [TopicPartition(acks_topic, p, OFFSET_BEGINNING) for p in range(topics[acks_topic])]
+        )
         deadline = time.monotonic() + 60
         while len(answers) < len(sent) and time.monotonic() < deadline and process.poll() is None:
             for message in poll_batch(consumer, 100, 0.5):
                 ack = codec.decode(message.value())
                 answers[ack.command_id] = ack
     log.seek(0)
-    assert len(answers) == len(sent), f"Faust answered {len(answers)} of {len(sent)}; log:\n{log.read()[-3000:]}"
+    assert len(answers) == len(sent), (
+        f"Faust answered {len(answers)} of {len(sent)}; log:\n{log.read()[-3000:]}"
+    )
     for message in sent:
         ack = answers[f"ack-{message.seq}"]
         assert isinstance(ack, CommandAck) and ack.status is AckStatus.APPLIED

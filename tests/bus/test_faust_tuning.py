@@ -1,4 +1,5 @@
-"""The Faust tuning antdt depends on: these pin Faust internals so an upgrade that moves them fails here."""
+"""The Faust tuning antdt depends on: these pin Faust internals so an upgrade that moves them fails
+here."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from antdt.settings import BrokerProfile, load_settings
 
 
 def app_for(profile: BrokerProfile):
-    settings = load_settings(bootstrap_servers="localhost:1", broker_profile=profile, topic_prefix="tune")
+    settings = load_settings(
+        bootstrap_servers="localhost:1", broker_profile=profile, topic_prefix="tune"
+    )
     return make_faust_app(settings, "tuning-test")
 
 
@@ -19,7 +22,7 @@ def test_the_worker_consumer_uses_antdts_fetch_wait():
         app = app_for(profile)
         assert isinstance(app.consumer, TunedConsumer)
 
-        async def create():  # aiokafka wants a running loop
+        async def create(app=app):  # aiokafka wants a running loop
             return app.consumer._thread._create_worker_consumer(app.transport)
 
         assert asyncio.run(create())._fetch_max_wait_ms == expected

@@ -1,4 +1,5 @@
-"""The gap guard: records past a hole in a partition's offsets are held back and the hole read again."""
+"""The gap guard: records past a hole in a partition's offsets are held back and the hole read
+again."""
 
 from __future__ import annotations
 
@@ -52,9 +53,11 @@ def test_contiguous_offsets_pass_and_the_first_one_may_be_anywhere(guard, sought
 def test_a_record_past_a_hole_is_held_back_with_the_rest_of_its_partition(guard, sought):
     guard.admit([Record(0), Record(1)])
     got = guard.admit([Record(3), Record(4), Record(2, part=1), Record(5)])
-    assert [(m.partition(), m.offset()) for m in got] == [(1, 2)]  # another partition is not held back
+    # another partition is not held back
+    assert [(m.partition(), m.offset()) for m in got] == [(1, 2)]
     assert sought == [(0, 2)]
-    assert offsets(guard.admit([Record(2), Record(3), Record(4)])) == [2, 3, 4]  # the second read has it
+    # the second read has it
+    assert offsets(guard.admit([Record(2), Record(3), Record(4)])) == [2, 3, 4]
     assert guard.holes_refilled == 1 and guard.holes_accepted == 0
 
 
@@ -75,7 +78,8 @@ def test_going_back_is_never_a_hole_and_forgotten_partitions_expect_nothing(guar
 
 @pytest.fixture
 def ten_records(settings, topics):
-    """Offsets 0-9 in partition 0 of a topic, and a guarded consumer (closed afterwards) to read them."""
+    """Offsets 0-9 in partition 0 of a topic, and a guarded consumer (closed afterwards) to read
+    them."""
     topic = f"{settings.topic_prefix}.shard.progress"
     producer = make_producer(settings)
     for i in range(10):
@@ -107,18 +111,22 @@ def read(consumer, count: int) -> list:
 
 
 def test_a_record_held_back_is_not_committed_as_consumed(ten_records):
-    """A commit right after a hole commits up to the hole, not past what was dropped (librdkafka stores what it hands out)."""
+    """A commit right after a hole commits up to the hole, not past what was dropped (librdkafka
+    stores what it hands out)."""
     topic, consumer = ten_records
     assign_now(consumer, [TopicPartition(topic, 0, 0)])
     assert offsets(read(consumer, 3)) == [0, 1, 2]
-    Consumer.seek(consumer, TopicPartition(topic, 0, 6))  # what a skipped fetch looks like: the guard is not told
+    # what a skipped fetch looks like: the guard is not told
+    Consumer.seek(consumer, TopicPartition(topic, 0, 6))
     assert wait_for_a_drop(consumer) and committed_now(consumer, topic) == 3
-    assert offsets(read(consumer, 7)) == [3, 4, 5, 6, 7, 8, 9]  # the hole and what was dropped, read again
+    # the hole and what was dropped, read again
+    assert offsets(read(consumer, 7)) == [3, 4, 5, 6, 7, 8, 9]
     assert committed_now(consumer, topic) == 10 and consumer.gaps.holes_refilled == 1
 
 
 def wait_for_a_drop(consumer) -> bool:
-    """Poll until the guard holds a batch back (a seek back to the hole), admitting nothing meanwhile."""
+    """Poll until the guard holds a batch back (a seek back to the hole), admitting nothing
+    meanwhile."""
     for _ in range(200):
         assert poll_batch(consumer, 10, 0.05) == []
         if consumer.gaps._waiting_since:

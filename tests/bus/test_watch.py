@@ -1,4 +1,5 @@
-"""The bus watch on a real broker that restarts empty (each test has its own broker: restarting the shared one would break the rest)."""
+"""The bus watch on a real broker that restarts empty (each test has its own broker: restarting the
+shared one would break the rest)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from antdt.broker import EmbeddedBroker
 from antdt.bus.admin import ensure_topics, partition_counts
 from antdt.bus.clients import make_admin, make_consumer, make_producer
 from antdt.bus.readers import BEGINNING, assign_now, poll_batch
 from antdt.bus.watch import BusWatch, Rewinder, shared_watch
+from antdt.embedded.broker import EmbeddedBroker
 from antdt.settings import BrokerProfile, load_settings
 from antdt.topics import TOPICS
 
@@ -26,8 +27,11 @@ def own_broker():
 
 @pytest.fixture
 def bus(own_broker):
-    settings = load_settings(bootstrap_servers=own_broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED,
-                             topic_prefix="watched")
+    settings = load_settings(
+        bootstrap_servers=own_broker.bootstrap_servers,
+        broker_profile=BrokerProfile.EMBEDDED,
+        topic_prefix="watched",
+    )
     ensure_topics(make_admin(settings), settings)
     return settings
 
@@ -43,7 +47,9 @@ def registry_counts(settings) -> dict[str, int]:
     return {spec.full_name(settings.topic_prefix): spec.partitions for spec in TOPICS}
 
 
-def test_a_restarted_broker_is_noticed_and_its_topics_recreated_with_the_registry_counts(own_broker, bus):
+def test_a_restarted_broker_is_noticed_and_its_topics_recreated_with_the_registry_counts(
+    own_broker, bus
+):
     watch = BusWatch(bus, every_s=0.05).start()
     called = threading.Event()
     watch.on_reset(called.set)
@@ -80,8 +86,11 @@ def test_nothing_is_noticed_while_the_bus_stays_the_same(bus):
     assert watch.generation == 0 and watch.cluster_id is not None
 
 
-def test_a_record_buffered_during_the_restart_is_delivered_and_read_from_offset_zero(own_broker, bus):
-    """The consumer was at offset 5 of the old topic; the new one holds fewer records: without the rewind it would skip them."""
+def test_a_record_buffered_during_the_restart_is_delivered_and_read_from_offset_zero(
+    own_broker, bus
+):
+    """The consumer was at offset 5 of the old topic; the new one holds fewer records: without the
+    rewind it would skip them."""
     topic = f"{bus.topic_prefix}.control.config"
     producer = make_producer(bus)
     for i in range(5):
@@ -90,18 +99,25 @@ def test_a_record_buffered_during_the_restart_is_delivered_and_read_from_offset_
     consumer = make_consumer(bus, low_latency=True)
     assign_now(consumer, [TopicPartition(topic, 0, BEGINNING)])
     seen = []
-    wait_until(lambda: seen.extend(m.value() for m in poll_batch(consumer, 100, 0.05)) or len(seen) == 5)
+    wait_until(
+        lambda: seen.extend(m.value() for m in poll_batch(consumer, 100, 0.05)) or len(seen) == 5
+    )
     watch = shared_watch(bus)
     rewinder = Rewinder(consumer, watch)
     try:
         own_broker.restart()
-        producer.produce(topic, key=b"k", value=b"during", partition=0)  # buffered: the topic does not exist yet
+        # buffered: the topic does not exist yet
+        producer.produce(topic, key=b"k", value=b"during", partition=0)
         wait_until(lambda: watch.generation == 1)
         producer.produce(topic, key=b"k", value=b"after", partition=0)
         assert producer.flush(10) == 0, "the buffered record was not delivered after the reset"
         assert rewinder.check() is True and rewinder.check() is False
         after = []
-        wait_until(lambda: after.extend(m.value() for m in poll_batch(consumer, 100, 0.05)) or len(after) >= 2)
+        wait_until(
+            lambda: (
+                after.extend(m.value() for m in poll_batch(consumer, 100, 0.05)) or len(after) >= 2
+            )
+        )
         assert after == [b"during", b"after"]
     finally:
         consumer.close()

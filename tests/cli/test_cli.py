@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from antdt import __version__
-from antdt.broker import answers_metadata, free_port
 from antdt.cli.main import run
+from antdt.embedded.broker import answers_metadata, free_port
 
 ANTDT = shutil.which("antdt") or os.path.join(os.path.dirname(sys.executable), "antdt")
 
@@ -60,7 +60,11 @@ def test_console_script_errors_are_one_line_without_traceback():
     env = {**os.environ, "ANTDT_REPORT_INTERVAL_S": "never"}
     result = subprocess.run([ANTDT, "topics"], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
-    assert result.stderr.strip() == "antdt: error: ANTDT_REPORT_INTERVAL_S: Input should be a valid number, unable to parse string as a number (got 'never')"
+    assert (
+        result.stderr.strip()
+        == "antdt: error: ANTDT_REPORT_INTERVAL_S: Input should be a valid number, "
+        "unable to parse string as a number (got 'never')"
+    )
 
 
 def test_broker_port_in_use_is_one_line(capsys):
@@ -77,7 +81,12 @@ def test_broker_port_in_use_is_one_line(capsys):
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_broker_command_serves_until_signalled(stop_signal):
     port = free_port()
-    process = subprocess.Popen([ANTDT, "broker", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [ANTDT, "broker", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lines = [process.stdout.readline() for _ in range(3)]
         assert lines[1].strip() == f"bootstrap servers: 127.0.0.1:{port}", lines

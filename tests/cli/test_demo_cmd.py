@@ -1,4 +1,5 @@
-"""``antdt demo`` and ``antdt bench`` as a user runs them: real services, real workers, the embedded broker."""
+"""``antdt demo`` and ``antdt bench`` as a user runs them: real services, real workers, the embedded
+broker."""
 
 from __future__ import annotations
 
@@ -22,20 +23,26 @@ def test_a_short_demo_ends_with_a_clean_audit_and_the_report(tmp_path):
     result = antdt("demo", "--scenario", "short", "--no-dashboard", "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     said = " ".join(result.stdout.split())  # rich folds long lines at 80 columns
-    assert "audit: clean: every sample trained exactly once in each of 1 epoch(s) (6,144 samples in all)" in said
+    assert (
+        "audit: clean: every sample trained exactly once "
+        "in each of 1 epoch(s) (6,144 samples in all)" in said
+    )
     assert "ledger: all ones (1 file(s)), agreeing with the log for epoch(s) [0]" in said
     assert "efficiency" in said and "held-out: loss" in said
     for name in ("progress.png", "throughput.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG
     summary = (tmp_path / "summary.md").read_text()
-    assert "## antdt, AntDT-ND" in summary and "SET_SHARD_QUOTA 1" in summary  # the slow worker was throttled
+    # the slow worker was throttled
+    assert "## antdt, AntDT-ND" in summary and "SET_SHARD_QUOTA 1" in summary
     assert list((tmp_path / "logs").glob("worker-*.log"))
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_bench_measures_the_baseline_and_dd_against_the_ideal(tmp_path):
-    result = antdt("bench", "--scenario", "short", "--plans", "static-bsp,dd", "--json", "--out", str(tmp_path))
+    result = antdt(
+        "bench", "--scenario", "short", "--plans", "static-bsp,dd", "--json", "--out", str(tmp_path)
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     figures = json.loads(result.stdout)
     baseline, dd = figures["plans"]
@@ -44,8 +51,10 @@ def test_bench_measures_the_baseline_and_dd_against_the_ideal(tmp_path):
         assert plan["samples"] == 6144 and plan["ideal_s"] == figures["ideal_s"]
         assert plan["efficiency"] == pytest.approx(plan["ideal_s"] / plan["wall_s"], abs=1e-3)
     assert baseline["audit_clean"] is None and baseline["speedup"] == 1.0
-    assert dd["audit_clean"] is True and dd["commands"] == 0  # sized in-band: the controller sends nothing
-    sizes = dd["final_batch_sizes"]  # BSP waits for the 3x slower w2 every step; DD gives it a third of the others'
+    # sized in-band: the controller sends nothing
+    assert dd["audit_clean"] is True and dd["commands"] == 0
+    # BSP waits for the 3x slower w2 every step; DD gives it a third of the others'
+    sizes = dd["final_batch_sizes"]
     assert sum(sizes.values()) == 96 and sizes["w2"] < 0.5 * min(sizes["w0"], sizes["w1"]), sizes
     assert baseline["final_batch_sizes"] == {"w0": 32, "w1": 32, "w2": 32}
     assert dd["speedup"] > 1.3, figures
@@ -60,21 +69,28 @@ def test_bench_measures_the_baseline_and_dd_against_the_ideal(tmp_path):
 
 
 def test_a_broker_restart_needs_the_embedded_broker(monkeypatch):
-    monkeypatch.setenv("ANTDT_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # an external bus: nothing here can restart it
+    # an external bus: nothing here can restart it
+    monkeypatch.setenv("ANTDT_BOOTSTRAP_SERVERS", "127.0.0.1:1")
     result = antdt("chaos", "--broker-at", "3", timeout=60)
     assert result.returncode == 2
     assert "a broker restart needs the embedded broker" in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (("demo", "--scenario", "no-such"), "scenario no-such: "),
-    (("demo", "--policy", "fast"), "'fast' is not one of"),
-    (("bench", "--plans", "static-bsp,warp"), "unknown plan(s) warp"),
-    (("demo", "--workers", "1"), "--workers"),
-    (("chaos", "--services-at", "broker=3"), "expected sharder|monitor|controller|grouper|ps-<shard>=SECONDS"),
-    (("chaos", "--training", "lockstep"), "'lockstep': choose async, sync or preduce"),
-    (("chaos", "--worker-every", "0.5"), "kill workers at most once a second, or 0 for none"),
-])
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("demo", "--scenario", "no-such"), "scenario no-such: "),
+        (("demo", "--policy", "fast"), "'fast' is not one of"),
+        (("bench", "--plans", "static-bsp,warp"), "unknown plan(s) warp"),
+        (("demo", "--workers", "1"), "--workers"),
+        (
+            ("chaos", "--services-at", "broker=3"),
+            "expected sharder|monitor|controller|grouper|ps-<shard>=SECONDS",
+        ),
+        (("chaos", "--training", "lockstep"), "'lockstep': choose async, sync or preduce"),
+        (("chaos", "--worker-every", "0.5"), "kill workers at most once a second, or 0 for none"),
+    ],
+)
 def test_bad_arguments_are_one_line(args, expected):
     result = antdt(*args, timeout=60)
     assert result.returncode == 2

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from antdt.broker import free_port
 from antdt.cli.main import run
-from antdt.observability import HealthServer
+from antdt.embedded.broker import free_port
+from antdt.runtime.observability import HealthServer
 
 ANTDT = shutil.which("antdt") or os.path.join(os.path.dirname(sys.executable), "antdt")
 
@@ -55,7 +55,10 @@ def test_liveness_and_metrics_answer_200_before_ready(health, path):
 
 def test_not_ready_fails_with_the_status_and_the_reason(health, capsys):
     assert run(["probe", "--port", str(health.port)]) == 1  # /readyz is the default path
-    assert one_error_line(capsys) == f"antdt: error: http://127.0.0.1:{health.port}/readyz answered HTTP 503 (not ready)"
+    assert (
+        one_error_line(capsys)
+        == f"antdt: error: http://127.0.0.1:{health.port}/readyz answered HTTP 503 (not ready)"
+    )
 
 
 def test_unknown_path_fails(health, capsys):
@@ -67,7 +70,8 @@ def test_nothing_listening_is_one_line(capsys):
     port = free_port()
     assert run(["probe", "--port", str(port), "--timeout", "1"]) == 1
     assert one_error_line(capsys) == (
-        f"antdt: error: http://127.0.0.1:{port}/readyz: connection refused (is the service running, with this --http-port?)"
+        f"antdt: error: http://127.0.0.1:{port}/readyz: connection refused "
+        "(is the service running, with this --http-port?)"
     )
 
 
@@ -75,7 +79,10 @@ def test_a_hung_service_fails_after_the_timeout(capsys):
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections, never answers
         port = silent.getsockname()[1]
         assert run(["probe", "--port", str(port), "--timeout", "0.2"]) == 1
-    assert one_error_line(capsys) == f"antdt: error: http://127.0.0.1:{port}/readyz: no answer within 0.2 s"
+    assert (
+        one_error_line(capsys)
+        == f"antdt: error: http://127.0.0.1:{port}/readyz: no answer within 0.2 s"
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""``antdt up``: the bus and the three services for a user's own script; stopped cleanly, a dead service reported."""
+"""``antdt up``: the bus and the three services for a user's own script; stopped cleanly, a dead
+service reported."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from antdt.broker import answers_metadata
+from antdt.embedded.broker import answers_metadata
 from tests.cli.test_cli import ANTDT
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -22,8 +23,13 @@ class Up:
 
     def __init__(self, *args: str):
         env = {k: v for k, v in os.environ.items() if k != "ANTDT_BOOTSTRAP_SERVERS"}
-        self.process = subprocess.Popen([ANTDT, "up", "--ready-within", "90", *args], stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, env=env)
+        self.process = subprocess.Popen(
+            [ANTDT, "up", "--ready-within", "90", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.seen: list[str] = []
@@ -50,7 +56,8 @@ class Up:
         return int(line.split("(pid ")[1].split(",")[0])
 
     def close(self) -> None:
-        """SIGTERM, as a user's Ctrl-C: ``antdt up`` stops its broker and services (a SIGKILL would orphan them)."""
+        """SIGTERM, as a user's Ctrl-C: ``antdt up`` stops its broker and services (a SIGKILL would
+        orphan them)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -92,7 +99,11 @@ def test_a_service_that_dies_is_reported_at_once_in_one_line():
         up.until("controller ready")
         os.kill(up.pid_of("monitor"), signal.SIGKILL)
         assert up.process.wait(60) == 1
-        errors = [line for line in up.process.stderr.read().splitlines() if line.startswith("antdt: error:")]
+        errors = [
+            line
+            for line in up.process.stderr.read().splitlines()
+            if line.startswith("antdt: error:")
+        ]
     finally:
         up.close()
     assert len(errors) == 1 and "monitor exited with code -9; its log: " in errors[0], errors

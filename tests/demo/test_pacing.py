@@ -17,7 +17,11 @@ def paced(cause: str, samples: int = 50) -> tuple[float, float, float]:
     pacer = Pacer(make(cause), 0, time.time())
     wall, cpu = time.perf_counter(), time.thread_time()
     pacer.pace(samples, pacer.now_s())
-    return time.perf_counter() - wall, time.thread_time() - cpu, samples / pacer.scenario.speed_at(0, 0)
+    return (
+        time.perf_counter() - wall,
+        time.thread_time() - cpu,
+        samples / pacer.scenario.speed_at(0, 0),
+    )
 
 
 def test_a_step_lasts_at_least_samples_over_speed():

@@ -1,8 +1,10 @@
-"""The harness's placement: a replaced process goes to a spare or free node, never to a degraded one or back."""
+"""The harness's placement: a replaced process goes to a spare or free node, never to a degraded one
+or back."""
 
 from __future__ import annotations
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from antdt.demo.cluster import NodeSpec
 from antdt.demo.placement import Placement
@@ -10,10 +12,19 @@ from antdt.demo.scenario import Scenario, WorkerSpec
 
 
 def cluster(spares: int = 2, free: int = 0) -> Scenario:
-    nodes = [NodeSpec(name=f"n{i}") for i in range(4)] + [NodeSpec(name=f"free{i}") for i in range(free)]
+    nodes = [NodeSpec(name=f"n{i}") for i in range(4)] + [
+        NodeSpec(name=f"free{i}") for i in range(free)
+    ]
     nodes += [NodeSpec(name=f"spare{i}", spare=True) for i in range(spares)]
-    return Scenario(name="p", dataset_size=300, shard_size=10, parameter_servers=1, nodes=tuple(nodes),
-                    server_nodes=("n3",), workers=tuple(WorkerSpec(name=f"w{i}", node=f"n{i}") for i in range(3)))
+    return Scenario(
+        name="p",
+        dataset_size=300,
+        shard_size=10,
+        parameter_servers=1,
+        nodes=tuple(nodes),
+        server_nodes=("n3",),
+        workers=tuple(WorkerSpec(name=f"w{i}", node=f"n{i}") for i in range(3)),
+    )
 
 
 def test_a_restarted_worker_goes_to_a_spare_and_the_move_says_why():
@@ -22,7 +33,10 @@ def test_a_restarted_worker_goes_to_a_spare_and_the_move_says_why():
     placement.mark_degraded("n1")
     move = placement.replace("w1", 12.0, "RESTART: persistent straggler")
     assert (move.source, move.target, move.helped) == ("n1", "spare0", True)
-    assert move.describe() == "w1: n1 -> spare0 (RESTART: persistent straggler; spare spare0, n1 marked degraded)"
+    assert (
+        move.describe()
+        == "w1: n1 -> spare0 (RESTART: persistent straggler; spare spare0, n1 marked degraded)"
+    )
     assert placement.where["w1"] == "spare0" and placement.moves == told == [move]
 
 
@@ -39,8 +53,11 @@ def test_without_a_free_healthy_node_the_process_stays_and_the_move_says_it_did_
     assert not move.helped and "no free healthy node: stays on n2" in move.reason
 
 
-@given(st.lists(st.tuples(st.sampled_from(["mark", "replace"]), st.integers(0, 7)), max_size=30),
-       st.integers(0, 3), st.integers(0, 3))
+@given(
+    st.lists(st.tuples(st.sampled_from(["mark", "replace"]), st.integers(0, 7)), max_size=30),
+    st.integers(0, 3),
+    st.integers(0, 3),
+)
 def test_one_process_per_node_and_never_onto_a_degraded_node_or_back(steps, spares, free):
     scenario = cluster(spares, free)
     placement = Placement(scenario)
@@ -49,8 +66,13 @@ def test_one_process_per_node_and_never_onto_a_degraded_node_or_back(steps, spar
         if action == "mark":
             placement.mark_degraded(nodes[pick % len(nodes)])
             continue
-        spares_left = [n.name for n in scenario.cluster
-                       if n.spare and n.name not in placement.where.values() and n.name not in placement.degraded]
+        spares_left = [
+            n.name
+            for n in scenario.cluster
+            if n.spare
+            and n.name not in placement.where.values()
+            and n.name not in placement.degraded
+        ]
         move = placement.replace(processes[pick % len(processes)], 0.0, "RESTART")
         assert len(set(placement.where.values())) == len(placement.where)
         if move.helped:

@@ -27,7 +27,8 @@ DOWNWARD_API_SAMPLES = {
     # A StatefulSet pod's index (Kubernetes 1.28+): the first pod's.
     "metadata.labels['apps.kubernetes.io/pod-index']": "0",
 }
-#: ``$(VAR)`` in a container's command and args, which the kubelet expands from its env (``$$`` escapes).
+#: ``$(VAR)`` in a container's command and args, which the kubelet expands from its env (``$$``
+#: escapes).
 ENV_REFERENCE = re.compile(r"\$\$|\$\((\w+)\)")
 STRIMZI_CLUSTER_LABEL = "strimzi.io/cluster"
 
@@ -68,7 +69,11 @@ def find(objects: list[Object], kind: str, name: str) -> Object | None:
 
 
 def pod_templates(objects: list[Object]) -> list[PodTemplate]:
-    return [PodTemplate(obj, obj["spec"]["template"]) for obj in objects if obj["kind"] in WORKLOAD_KINDS]
+    return [
+        PodTemplate(obj, obj["spec"]["template"])
+        for obj in objects
+        if obj["kind"] in WORKLOAD_KINDS
+    ]
 
 
 def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -78,8 +83,10 @@ def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 def operator_secrets(objects: list[Object]) -> dict[str, set[str]]:
     """Secrets the Strimzi operators create for objects in the rendering, with their keys."""
-    secrets = {f"{kafka['metadata']['name']}-cluster-ca-cert": {"ca.crt", "ca.p12", "ca.password"}
-               for kafka in of_kind(objects, "Kafka")}
+    secrets = {
+        f"{kafka['metadata']['name']}-cluster-ca-cert": {"ca.crt", "ca.p12", "ca.password"}
+        for kafka in of_kind(objects, "Kafka")
+    }
     for user in of_kind(objects, "KafkaUser"):
         if user["spec"].get("authentication", {}).get("type") == "scram-sha-512":
             secrets[user["metadata"]["name"]] = {"password", "sasl.jaas.config"}
@@ -88,11 +95,18 @@ def operator_secrets(objects: list[Object]) -> dict[str, set[str]]:
 
 def available_keys(objects: list[Object]) -> dict[tuple[str, str], set[str]]:
     """(kind, name) -> keys, for every ConfigMap and Secret that will exist."""
-    keys = {("ConfigMap", cm["metadata"]["name"]): set(cm.get("data", {})) | set(cm.get("binaryData", {}))
-            for cm in of_kind(objects, "ConfigMap")}
-    keys |= {("Secret", s["metadata"]["name"]): set(s.get("data", {})) | set(s.get("stringData", {}))
-             for s in of_kind(objects, "Secret")}
-    keys |= {("Secret", name): secret_keys for name, secret_keys in operator_secrets(objects).items()}
+    keys = {
+        ("ConfigMap", cm["metadata"]["name"]): set(cm.get("data", {}))
+        | set(cm.get("binaryData", {}))
+        for cm in of_kind(objects, "ConfigMap")
+    }
+    keys |= {
+        ("Secret", s["metadata"]["name"]): set(s.get("data", {})) | set(s.get("stringData", {}))
+        for s in of_kind(objects, "Secret")
+    }
+    keys |= {
+        ("Secret", name): secret_keys for name, secret_keys in operator_secrets(objects).items()
+    }
     return keys
 
 
@@ -118,7 +132,10 @@ def key_references(template: PodTemplate) -> Iterator[tuple[str, str, str | None
                     ref = value_from[ref_field]
                     yield kind, ref["name"], ref["key"], f"{where} env {var['name']}"
     for volume in template.spec.get("volumes", []):
-        for field, kind, name_field in (("secret", "Secret", "secretName"), ("configMap", "ConfigMap", "name")):
+        for field, kind, name_field in (
+            ("secret", "Secret", "secretName"),
+            ("configMap", "ConfigMap", "name"),
+        ):
             if field in volume:
                 source = volume[field]
                 keys = [item["key"] for item in source.get("items", [])] or [None]
@@ -176,7 +193,8 @@ def container_port_numbers(template: PodTemplate) -> set[int]:
 
 
 def expanded_args(container: Object, objects: list[Object]) -> list[str]:
-    """A container's args as the kubelet passes them: each ``$(VAR)`` of its env replaced, others left as written."""
+    """A container's args as the kubelet passes them: each ``$(VAR)`` of its env replaced, others
+    left as written."""
     env = resolved_env(container, objects)
 
     def expand(match: re.Match[str]) -> str:

@@ -56,7 +56,10 @@ def schema_errors(document: dict[str, Any], partial: bool = False) -> list[str]:
     path = schema_path(document.get("apiVersion", ""), document.get("kind", ""))
     schema = load_schema(path)
     validator = (PartialValidator if partial else FullValidator)(schema)
-    return [_describe(error) for error in sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path))]
+    return [
+        _describe(error)
+        for error in sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path))
+    ]
 
 
 def kustomization_errors(document: dict[str, Any]) -> list[str]:

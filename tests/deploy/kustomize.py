@@ -21,7 +21,12 @@ import yaml
 KUSTOMIZATION_FILE = "kustomization.yaml"
 SUPPORTED_FIELDS = {"apiVersion", "kind", "resources", "components", "patches", "namespace"}
 SUPPORTED_PATCH_FIELDS = {"path"}
-CLUSTER_SCOPED_KINDS = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+CLUSTER_SCOPED_KINDS = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+}
 
 #: Strategic-merge keys of the Kubernetes lists the manifests patch; every
 #: other list is replaced whole, as Kubernetes' strategic merge does.
@@ -54,10 +59,14 @@ def read_kustomization(directory: Path, expected_kind: str) -> Object:
         raise KustomizeError(f"{directory} has no {KUSTOMIZATION_FILE}")
     (kustomization,) = load_documents(path)
     if kustomization.get("kind", "Kustomization") != expected_kind:
-        raise KustomizeError(f"{path}: kind {kustomization.get('kind')!r}, expected {expected_kind}")
+        raise KustomizeError(
+            f"{path}: kind {kustomization.get('kind')!r}, expected {expected_kind}"
+        )
     unsupported = set(kustomization) - SUPPORTED_FIELDS
     if unsupported:
-        raise KustomizeError(f"{path}: fields {sorted(unsupported)} are not modelled by tests/deploy/kustomize.py")
+        raise KustomizeError(
+            f"{path}: fields {sorted(unsupported)} are not modelled by tests/deploy/kustomize.py"
+        )
     for patch in kustomization.get("patches", []):
         if set(patch) != SUPPORTED_PATCH_FIELDS:
             raise KustomizeError(f"{path}: only `patches: - path: FILE` is modelled, got {patch}")
@@ -66,18 +75,25 @@ def read_kustomization(directory: Path, expected_kind: str) -> Object:
 
 def build(directory: Path, extra_components: Sequence[Path] = ()) -> list[Object]:
     """Render a Kustomization directory, optionally with more components (as if listed last)."""
-    objects = _render(directory.resolve(), [], "Kustomization", [c.resolve() for c in extra_components])
+    objects = _render(
+        directory.resolve(), [], "Kustomization", [c.resolve() for c in extra_components]
+    )
     _check_unique(objects)
     return objects
 
 
-def _render(directory: Path, inherited: list[Object], kind: str, extra_components: Sequence[Path] = ()) -> list[Object]:
+def _render(
+    directory: Path, inherited: list[Object], kind: str, extra_components: Sequence[Path] = ()
+) -> list[Object]:
     """Kustomize's order: resources, then components, then this level's patches and namespace."""
     kustomization = read_kustomization(directory, kind)
     objects = list(inherited)
     for entry in kustomization.get("resources", []):
         objects.extend(_load_resource(directory / entry))
-    for component in [*(directory / c for c in kustomization.get("components", [])), *extra_components]:
+    for component in [
+        *(directory / c for c in kustomization.get("components", [])),
+        *extra_components,
+    ]:
         objects = _render(component.resolve(), objects, "Component")
     for patch in kustomization.get("patches", []):
         for document in load_documents(directory / patch["path"]):
@@ -112,16 +128,23 @@ def _check_unique(objects: Iterable[Object]) -> None:
 def apply_patch(objects: list[Object], patch: Object, source: Path) -> list[Object]:
     """Strategic-merge ``patch`` into the one object with its group, kind and name."""
     group, kind, _, name = identity(patch)
-    targets = [i for i, obj in enumerate(objects) if identity(obj)[:2] == (group, kind) and obj["metadata"]["name"] == name]
+    targets = [
+        i
+        for i, obj in enumerate(objects)
+        if identity(obj)[:2] == (group, kind) and obj["metadata"]["name"] == name
+    ]
     if len(targets) != 1:
-        raise KustomizeError(f"{source}: patch for {kind}/{name} matches {len(targets)} objects, expected 1")
+        raise KustomizeError(
+            f"{source}: patch for {kind}/{name} matches {len(targets)} objects, expected 1"
+        )
     patched = list(objects)
     patched[targets[0]] = strategic_merge(objects[targets[0]], patch)
     return patched
 
 
 def strategic_merge(base: Any, patch: Any, field: str | None = None) -> Any:
-    """Kubernetes strategic merge for the cases used: maps merge, null deletes, keyed lists merge."""
+    """Kubernetes strategic merge for the cases used: maps merge, null deletes, keyed lists
+    merge."""
     if isinstance(base, dict) and isinstance(patch, dict):
         return _merge_maps(base, patch)
     merge_key = _list_merge_key(field, base, patch)
@@ -156,7 +179,9 @@ def _merge_lists(base: list, patch: list, merge_key: str, field: str | None) -> 
     for item in patch:
         if merge_key not in item:
             raise KustomizeError(f"patch item of {field} lacks its merge key {merge_key}: {item}")
-        index = next((i for i, old in enumerate(merged) if old.get(merge_key) == item[merge_key]), None)
+        index = next(
+            (i for i, old in enumerate(merged) if old.get(merge_key) == item[merge_key]), None
+        )
         if index is None:
             merged.append(copy.deepcopy(item))
         else:
@@ -174,7 +199,9 @@ def set_namespace(obj: Object, namespace: str) -> Object:
     moved = copy.deepcopy(obj)
     if obj["kind"] not in CLUSTER_SCOPED_KINDS:
         moved["metadata"]["namespace"] = namespace
-    for subject in moved.get("subjects", []) if obj["kind"] in ("RoleBinding", "ClusterRoleBinding") else []:
+    for subject in (
+        moved.get("subjects", []) if obj["kind"] in ("RoleBinding", "ClusterRoleBinding") else []
+    ):
         if subject.get("name") == "default":
             subject["namespace"] = namespace
     return moved

@@ -52,7 +52,8 @@ class MissingVariable(Exception):
 
 
 def interpolate(text: str, env: dict[str, str]) -> str:
-    """Compose's interpolation: $$, $VAR, ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?err}, ${VAR?err}."""
+    """Compose's interpolation: $$, $VAR, ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?err},
+    ${VAR?err}."""
 
     def replace(match: re.Match[str]) -> str:
         if match["escaped"]:
@@ -91,11 +92,17 @@ def strings(node: Any) -> Iterator[str]:
 
 
 def referenced_variables(document: Any) -> set[str]:
-    return {m["name"] or m["bare"] for text in strings(document) for m in INTERPOLATION.finditer(text) if not m["escaped"]}
+    return {
+        m["name"] or m["bare"]
+        for text in strings(document)
+        for m in INTERPOLATION.finditer(text)
+        if not m["escaped"]
+    }
 
 
 def env_example_assignments(commented: bool) -> dict[str, str]:
-    """NAME -> value of the active lines, or (commented=True) also of the documented ``# NAME=value`` lines."""
+    """NAME -> value of the active lines, or (commented=True) also of the documented ``#
+    NAME=value`` lines."""
     pattern = r"^(#\s*)?([A-Z][A-Z0-9_]*)=(.*)$"
     found = {}
     for line in ENV_EXAMPLE.read_text().splitlines():
@@ -138,7 +145,11 @@ def option(command: list[str], name: str) -> str | None:
 
 def running(services: dict[str, dict[str, Any]], subcommand: str) -> dict[str, dict[str, Any]]:
     """The antdt services whose command is ``antdt <subcommand>``."""
-    return {name: service for name, service in antdt_services(services).items() if service["command"][0] == subcommand}
+    return {
+        name: service
+        for name, service in antdt_services(services).items()
+        if service["command"][0] == subcommand
+    }
 
 
 def published(service: dict[str, Any]) -> dict[int, tuple[str, int]]:
@@ -161,18 +172,29 @@ def validator() -> jsonschema.Draft7Validator:
 
 
 def test_compose_file_is_valid_compose(compose, resolved, validator):
-    for document in (compose, resolved):  # as written (variables as strings), and as Compose runs it
-        errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
+    # as written (variables as strings), and as Compose runs it
+    for document in (compose, resolved):
+        errors = [
+            f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in validator.iter_errors(document)
+        ]
         assert not errors, errors
 
 
 def test_the_schema_has_teeth(compose, validator):
-    """A misspelt key or a bad dependency condition fails validation, so the test above means something."""
+    """A misspelt key or a bad dependency condition fails validation, so the test above means
+    something."""
+
     def with_service(name: str, **changes: Any) -> dict[str, Any]:
-        return {**compose, "services": {**compose["services"], name: {**compose["services"][name], **changes}}}
+        return {
+            **compose,
+            "services": {**compose["services"], name: {**compose["services"][name], **changes}},
+        }
 
     misspelt = with_service("sharder", healtcheck={})
-    bad_condition = with_service("monitor", depends_on={"topics": {"condition": "service_finished"}})
+    bad_condition = with_service(
+        "monitor", depends_on={"topics": {"condition": "service_finished"}}
+    )
     assert not validator.is_valid(misspelt) and not validator.is_valid(bad_condition)
 
 
@@ -199,14 +221,23 @@ def test_every_dependency_exists_and_its_condition_can_be_met(services):
     for name, service in services.items():
         for target, condition in dependencies(service).items():
             assert target in services, f"{name} depends on unknown service {target}"
-            # A profiled target runs whenever the dependent does only if each profile of one is a profile of the other.
-            profiles, target_profiles = set(service.get("profiles", [])), services[target].get("profiles")
+            # A profiled target runs whenever the dependent does only if each profile of one is a
+            # profile of the other.
+            profiles, target_profiles = (
+                set(service.get("profiles", [])),
+                services[target].get("profiles"),
+            )
             assert target_profiles is None or profiles and profiles <= set(target_profiles), (
-                f"{name} depends on {target}, which a profile may leave out")
+                f"{name} depends on {target}, which a profile may leave out"
+            )
             if condition == "service_healthy":
-                assert "healthcheck" in services[target], f"{name} waits for {target} to be healthy; it has no healthcheck"
+                assert "healthcheck" in services[target], (
+                    f"{name} waits for {target} to be healthy; it has no healthcheck"
+                )
             if condition == "service_completed_successfully":
-                assert services[target]["restart"] == "no", f"{target} is waited on to finish; it must not restart"
+                assert services[target]["restart"] == "no", (
+                    f"{target} is waited on to finish; it must not restart"
+                )
 
 
 def test_topics_are_created_once_kafka_is_healthy_and_before_any_service(services):
@@ -230,7 +261,8 @@ def cli_command(name: str):
 
 
 def cli_params(command: list[str]) -> dict[str, Any]:
-    """An exec-form command's options as the CLI parses them: values converted, defaults filled in."""
+    """An exec-form command's options as the CLI parses them: values converted, defaults filled
+    in."""
     subcommand, *args = command
     return cli_command(subcommand).make_context(subcommand, list(args)).params
 
@@ -260,7 +292,9 @@ def test_each_service_runs_once_with_its_probe_on_its_http_port(services):
 
 
 def test_published_ports_stay_on_the_hosts_loopback_and_never_collide(services):
-    host_ports = [(ip, port) for service in services.values() for ip, port in published(service).values()]
+    host_ports = [
+        (ip, port) for service in services.values() for ip, port in published(service).values()
+    ]
     assert all(ip == "127.0.0.1" for ip, _ in host_ports)
     assert len(host_ports) == len(set(host_ports))
 
@@ -269,13 +303,17 @@ def test_image_is_this_version_built_from_the_repository(compose):
     for name, service in antdt_services(compose["services"]).items():
         assert service["image"] == f"${{APP_IMAGE:-antdt:{__version__}}}", name
         build = service["build"]
-        assert (COMPOSE.parent / build["context"] / build["dockerfile"]).resolve() == ROOT / "Dockerfile", name
+        assert (
+            COMPOSE.parent / build["context"] / build["dockerfile"]
+        ).resolve() == ROOT / "Dockerfile", name
 
 
 def test_third_party_images_are_pinned(services):
     for name, service in services.items():
         if "build" not in service:
-            assert re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+", service["image"]), f"{name}: {service['image']} is not pinned"
+            assert re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+", service["image"]), (
+                f"{name}: {service['image']} is not pinned"
+            )
 
 
 # ------------------------------------------------------------------ kafka listeners
@@ -308,27 +346,46 @@ def test_kafka_runs_kraft_with_one_consistent_controller_quorum(kafka):
 
 def test_kafka_advertises_only_listeners_it_binds(kafka):
     env = kafka["environment"]
-    bound, advertised = listeners(env["KAFKA_LISTENERS"]), listeners(env["KAFKA_ADVERTISED_LISTENERS"])
-    protocols = dict(item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    bound, advertised = (
+        listeners(env["KAFKA_LISTENERS"]),
+        listeners(env["KAFKA_ADVERTISED_LISTENERS"]),
+    )
+    protocols = dict(
+        item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(",")
+    )
     assert set(bound) == set(protocols)
     assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] not in advertised
     assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] in advertised
     for name, (_, port) in advertised.items():
-        assert name in bound and bound[name][1] == port, f"{name} is advertised on {port}, bound on {bound.get(name)}"
+        assert name in bound and bound[name][1] == port, (
+            f"{name} is advertised on {port}, bound on {bound.get(name)}"
+        )
 
 
-def test_services_and_host_reach_kafka_on_an_advertised_listener(compose, kafka, services, deployer_env):
+def test_services_and_host_reach_kafka_on_an_advertised_listener(
+    compose, kafka, services, deployer_env
+):
     advertised = listeners(kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"])
-    in_network = {f"{host}:{port}" for host, port in advertised.values() if host in (kafka["hostname"], "kafka")}
+    in_network = {
+        f"{host}:{port}"
+        for host, port in advertised.values()
+        if host in (kafka["hostname"], "kafka")
+    }
     with_defaults_only = resolve(compose, {"ANTDT_SIGNING_KEY": "0" * 64})["services"]
     for name in antdt_services(services):
         assert services[name]["environment"]["ANTDT_BOOTSTRAP_SERVERS"] in in_network, name
-        assert with_defaults_only[name]["environment"]["ANTDT_BOOTSTRAP_SERVERS"] in in_network, name
+        assert with_defaults_only[name]["environment"]["ANTDT_BOOTSTRAP_SERVERS"] in in_network, (
+            name
+        )
     assert deployer_env["ANTDT_BOOTSTRAP_SERVERS"] in in_network
     host_side = {port for host, port in advertised.values() if host == "localhost"}
-    assert host_side and all(published(kafka).get(port) == ("127.0.0.1", port) for port in host_side)
+    assert host_side and all(
+        published(kafka).get(port) == ("127.0.0.1", port) for port in host_side
+    )
     health = kafka["healthcheck"]["test"]
-    assert int(option(health, "--bootstrap-server").rpartition(":")[2]) in {port for _, port in advertised.values()}
+    assert int(option(health, "--bootstrap-server").rpartition(":")[2]) in {
+        port for _, port in advertised.values()
+    }
 
 
 def test_kafka_creates_no_topic_behind_antdts_back(kafka):
@@ -343,7 +400,9 @@ def settings_variables() -> set[str]:
 
 
 def antdt_variables(names: set[str]) -> set[str]:
-    return {name for name in names if name.startswith(ENV_PREFIX) and not name.startswith(K8S_PREFIX)}
+    return {
+        name for name in names if name.startswith(ENV_PREFIX) and not name.startswith(K8S_PREFIX)
+    }
 
 
 def test_every_antdt_variable_is_a_settings_field(compose):
@@ -358,14 +417,21 @@ def test_every_antdt_variable_is_a_settings_field(compose):
 def test_env_example_documents_every_variable_compose_uses(compose):
     documented = set(env_example_assignments(commented=True))
     used = referenced_variables(compose) | {
-        key for service in antdt_services(compose["services"]).values() for key in service["environment"]
+        key
+        for service in antdt_services(compose["services"]).values()
+        for key in service["environment"]
     }
-    assert used <= documented, f"used in compose.yaml, missing from .env.example: {sorted(used - documented)}"
-    assert settings_variables() <= documented, "every setting is documented (commented out where optional)"
+    assert used <= documented, (
+        f"used in compose.yaml, missing from .env.example: {sorted(used - documented)}"
+    )
+    assert settings_variables() <= documented, (
+        "every setting is documented (commented out where optional)"
+    )
 
 
 def test_env_example_values_are_valid_settings(monkeypatch):
-    """Copied as is, the example gives valid settings; its empty values are the ones Compose insists on."""
+    """Copied as is, the example gives valid settings; its empty values are the ones Compose insists
+    on."""
     active = env_example_assignments(commented=False)
     for name in antdt_variables(set(active)):
         if active[name]:
@@ -373,16 +439,28 @@ def test_env_example_values_are_valid_settings(monkeypatch):
     settings = load_settings()
     assert settings.bootstrap_servers == active["ANTDT_BOOTSTRAP_SERVERS"]
     empty = {name for name, value in active.items() if not value}
-    required = {m["name"] for text in strings(yaml.safe_load(COMPOSE.read_text()))
-                for m in INTERPOLATION.finditer(text) if m["op"] == ":?"}
+    required = {
+        m["name"]
+        for text in strings(yaml.safe_load(COMPOSE.read_text()))
+        for m in INTERPOLATION.finditer(text)
+        if m["op"] == ":?"
+    }
     assert empty == required == {"ANTDT_SIGNING_KEY"}
 
 
 def test_compose_defaults_are_the_values_env_example_shows(compose):
     """Deleting a line from deploy/.env changes nothing: the example shows the defaults."""
     active = env_example_assignments(commented=False)
-    defaults = {m["name"]: m["arg"] for text in strings(compose) for m in INTERPOLATION.finditer(text) if m["op"] == ":-"}
-    assert defaults and all(active[name] == default for name, default in defaults.items()), (defaults, active)
+    defaults = {
+        m["name"]: m["arg"]
+        for text in strings(compose)
+        for m in INTERPOLATION.finditer(text)
+        if m["op"] == ":-"
+    }
+    assert defaults and all(active[name] == default for name, default in defaults.items()), (
+        defaults,
+        active,
+    )
 
 
 def test_compose_refuses_to_start_without_a_signing_key(compose):
@@ -391,11 +469,14 @@ def test_compose_refuses_to_start_without_a_signing_key(compose):
 
 
 def test_no_secret_is_written_down(compose):
-    """Secret-looking variables are interpolated without a default in compose.yaml and empty in .env.example."""
+    """Secret-looking variables are interpolated without a default in compose.yaml and empty in
+    .env.example."""
     for service in compose["services"].values():
         for key, value in service.get("environment", {}).items():
             if SECRET_NAME.search(key):
-                assert re.fullmatch(r"\$\{\w+(:?\?[^}]*)?\}", str(value)), f"{key} has a value in compose.yaml"
+                assert re.fullmatch(r"\$\{\w+(:?\?[^}]*)?\}", str(value)), (
+                    f"{key} has a value in compose.yaml"
+                )
     for name, value in env_example_assignments(commented=True).items():
         if SECRET_NAME.search(name):
             assert value == "", f"{name} has a value in .env.example"
@@ -418,26 +499,37 @@ def test_workers_have_distinct_valid_ids_and_some_are_stragglers(services):
     for worker_id in ids:
         load_settings(worker_id=worker_id)
     slowdowns = [option(s["command"], "--slowdown") for s in workers]
-    assert 1 <= sum(value is not None for value in slowdowns) < len(workers), "need both stragglers and a baseline"
+    assert 1 <= sum(value is not None for value in slowdowns) < len(workers), (
+        "need both stragglers and a baseline"
+    )
     for worker in workers:
-        load_settings(slowdown=option(worker["command"], "--slowdown"),
-                      slowdown_mode=option(worker["command"], "--slowdown-mode") or "sleep")
+        load_settings(
+            slowdown=option(worker["command"], "--slowdown"),
+            slowdown_mode=option(worker["command"], "--slowdown-mode") or "sleep",
+        )
 
 
-# ------------------------------------------------------------------ the example job's parameter server
+# ------------------------------------------------------------------ the example job's parameter
+# server
 
 
 @pytest.fixture(scope="module")
 def parameter_servers(services) -> dict[str, dict[str, Any]]:
     """The ps services, by shard number."""
-    shards = {cli_params(s["command"])["shard"]: name for name, s in running(services, "ps").items()}
+    shards = {
+        cli_params(s["command"])["shard"]: name for name, s in running(services, "ps").items()
+    }
     return {shard: services[name] | {"name": name} for shard, name in sorted(shards.items())}
 
 
-def test_the_parameter_server_shards_are_numbered_from_zero_and_agree_on_their_count(parameter_servers):
+def test_the_parameter_server_shards_are_numbered_from_zero_and_agree_on_their_count(
+    parameter_servers,
+):
     assert parameter_servers, "the example job runs no parameter server"
-    assert list(parameter_servers) == list(range(len(parameter_servers))), f"shards {list(parameter_servers)}"
-    for shard, service in parameter_servers.items():
+    assert list(parameter_servers) == list(range(len(parameter_servers))), (
+        f"shards {list(parameter_servers)}"
+    )
+    for service in parameter_servers.values():
         assert cli_params(service["command"])["shards"] == len(parameter_servers), service["name"]
 
 
@@ -445,9 +537,13 @@ def test_the_parameter_server_is_probed_on_its_http_port_and_always_restarted(pa
     for service in parameter_servers.values():
         port = cli_params(service["command"])["http_port"]
         probe = service["healthcheck"]["test"]
-        assert int(option(probe, "--port")) == port and option(probe, "--path") == "/readyz", service["name"]
+        assert int(option(probe, "--port")) == port and option(probe, "--path") == "/readyz", (
+            service["name"]
+        )
         assert port in published(service), f"{service['name']}: metrics port {port} not published"
-        assert service["restart"] == "unless-stopped", "a shard serves until stopped, whatever ended it"
+        assert service["restart"] == "unless-stopped", (
+            "a shard serves until stopped, whatever ended it"
+        )
 
 
 def named_volume_mounts(service: dict[str, Any]) -> dict[PurePosixPath, tuple[str, bool]]:
@@ -459,33 +555,50 @@ def named_volume_mounts(service: dict[str, Any]) -> dict[PurePosixPath, tuple[st
     return mounts
 
 
-def test_the_parameter_servers_checkpoints_and_ledgers_are_on_a_named_volume(resolved, parameter_servers):
-    """A restarted shard rebuilds its state from its checkpoints: they must outlive the container."""
+def test_the_parameter_servers_checkpoints_and_ledgers_are_on_a_named_volume(
+    resolved, parameter_servers
+):
+    """A restarted shard rebuilds its state from its checkpoints: they must outlive the
+    container."""
     for service in parameter_servers.values():
         params, mounts = cli_params(service["command"]), named_volume_mounts(service)
         for field in ("checkpoint_dir", "out"):
             directory = PurePosixPath(params[field])
-            assert directory.is_absolute(), f"{service['name']}: {field} {directory} depends on the working directory"
+            assert directory.is_absolute(), (
+                f"{service['name']}: {field} {directory} depends on the working directory"
+            )
             covering = [target for target in mounts if directory.is_relative_to(target)]
             assert covering, f"{service['name']}: {field} {directory} is on no volume"
             source, read_only = mounts[max(covering, key=lambda target: len(target.parts))]
-            assert source in resolved["volumes"], f"{service['name']}: {directory} is on {source}, not a named volume"
+            assert source in resolved["volumes"], (
+                f"{service['name']}: {directory} is on {source}, not a named volume"
+            )
             assert not read_only, f"{service['name']}: {directory} is mounted read-only"
 
 
 def test_workers_train_on_every_shard_once_it_is_healthy(services, parameter_servers):
-    addresses = [f"{s['name']}:{cli_params(s['command'])['port']}" for s in parameter_servers.values()]
+    addresses = [
+        f"{s['name']}:{cli_params(s['command'])['port']}" for s in parameter_servers.values()
+    ]
     for name, worker in running(services, "worker").items():
         params = cli_params(worker["command"])
-        assert params["ps"] and params["ps"].split(",") == addresses, f"{name}: --ps {params['ps']}, shards {addresses}"
-        assert params["checkpoint"] is None, f"{name}: --checkpoint is unused with --ps (the server holds the model)"
+        assert params["ps"] and params["ps"].split(",") == addresses, (
+            f"{name}: --ps {params['ps']}, shards {addresses}"
+        )
+        assert params["checkpoint"] is None, (
+            f"{name}: --checkpoint is unused with --ps (the server holds the model)"
+        )
         for shard in parameter_servers.values():
-            assert dependencies(worker).get(shard["name"]) == "service_healthy", f"{name} does not wait for {shard['name']}"
+            assert dependencies(worker).get(shard["name"]) == "service_healthy", (
+                f"{name} does not wait for {shard['name']}"
+            )
 
 
 def test_the_parameter_server_belongs_to_its_workers_job(services, parameter_servers):
     """The same job id, bus and signing key: everything but the worker's own id."""
     for name, worker in running(services, "worker").items():
-        job_environment = {key: value for key, value in worker["environment"].items() if key != "ANTDT_WORKER_ID"}
+        job_environment = {
+            key: value for key, value in worker["environment"].items() if key != "ANTDT_WORKER_ID"
+        }
         for shard in parameter_servers.values():
             assert shard["environment"] == job_environment, f"{shard['name']} and {name} differ"

@@ -1,4 +1,5 @@
-"""Every antdt entry point that compose or Kubernetes starts exists in the installed CLI and answers ``--help``.
+"""Every antdt entry point that compose or Kubernetes starts exists in the installed CLI and answers
+``--help``.
 
 The image's ENTRYPOINT is ``antdt``; compose passes the subcommand as its
 ``command``, Kubernetes as a container's ``args`` (or, in the example Job, a
@@ -23,8 +24,11 @@ from tests.deploy.kustomize import build
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S = DEPLOY / "k8s"
-RENDERINGS = [(K8S / "overlays" / "strimzi", [K8S / "components" / "remediation"]),
-              (K8S / "overlays" / "existing-kafka", []), (K8S / "examples" / "training-job", [])]
+RENDERINGS = [
+    (K8S / "overlays" / "strimzi", [K8S / "components" / "remediation"]),
+    (K8S / "overlays" / "existing-kafka", []),
+    (K8S / "examples" / "training-job", []),
+]
 SHELL_CALL = re.compile(r"\bantdt\s+([a-z][a-z-]*)")
 
 
@@ -72,5 +76,7 @@ def test_every_entrypoint_answers_help():
     with ThreadPoolExecutor(4) as pool:
         answers = dict(zip(named, pool.map(answers_help, named)))
     for subcommand, answer in answers.items():
-        assert answer.returncode == 0, f"antdt {subcommand} (from {named[subcommand]}): {answer.stderr.strip()}"
+        assert answer.returncode == 0, (
+            f"antdt {subcommand} (from {named[subcommand]}): {answer.stderr.strip()}"
+        )
         assert f"Usage: antdt {subcommand}" in " ".join(answer.stdout.split()), answer.stdout

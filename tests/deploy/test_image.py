@@ -26,8 +26,12 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
 #: The long-running services of the image and their CLI entry points.
-SERVICE_COMMANDS = {"sharder": sharder_cmd.sharder, "monitor": monitor_cmd.monitor, "controller": controller_cmd.controller,
-                    "grouper": grouper_cmd.grouper}
+SERVICE_COMMANDS = {
+    "sharder": sharder_cmd.sharder,
+    "monitor": monitor_cmd.monitor,
+    "controller": controller_cmd.controller,
+    "grouper": grouper_cmd.grouper,
+}
 
 
 def default_http_port(command) -> int:
@@ -89,7 +93,9 @@ def arg_defaults(instructions: list[Instruction]) -> dict[str, str]:
 
 def substitute(text: str, variables: dict[str, str]) -> str:
     """``$NAME`` and ``${NAME}`` replaced by the ARG defaults, as the builder would."""
-    return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: variables.get(m.group(1), m.group(0)), text)
+    return re.sub(
+        r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: variables.get(m.group(1), m.group(0)), text
+    )
 
 
 @pytest.fixture(scope="module")
@@ -111,12 +117,17 @@ def only(instructions: list[Instruction], keyword: str) -> list[Instruction]:
 
 
 def test_parser_joins_continuations_and_drops_comments():
-    text = ("# syntax=docker/dockerfile:1\nARG BASE=python:3.11-slim\nFROM ${BASE} AS build\n"
-            "RUN a \\\n  # inside\n  && b\nfrom scratch\nUSER 1\n")
+    text = (
+        "# syntax=docker/dockerfile:1\nARG BASE=python:3.11-slim\nFROM ${BASE} AS build\n"
+        "RUN a \\\n  # inside\n  && b\nfrom scratch\nUSER 1\n"
+    )
     parsed = parse_dockerfile(text)
     assert [(i.keyword, i.arguments, i.stage) for i in parsed] == [
-        ("ARG", "BASE=python:3.11-slim", -1), ("FROM", "${BASE} AS build", 0), ("RUN", "a && b", 0),
-        ("FROM", "scratch", 1), ("USER", "1", 1),
+        ("ARG", "BASE=python:3.11-slim", -1),
+        ("FROM", "${BASE} AS build", 0),
+        ("RUN", "a && b", 0),
+        ("FROM", "scratch", 1),
+        ("USER", "1", 1),
     ]
     assert substitute(parsed[1].arguments, arg_defaults(parsed)) == "python:3.11-slim AS build"
 
@@ -156,7 +167,11 @@ def test_torch_comes_from_the_index_the_build_argument_names(instructions):
 
 def test_cuda_build_argument_is_a_declared_arg_of_the_build_stage(instructions):
     torch_run = next(i for i in only(instructions, "RUN") if "torch==" in i.arguments)
-    declared_in_stage = {i.arguments.partition("=")[0] for i in only(instructions, "ARG") if i.stage == torch_run.stage}
+    declared_in_stage = {
+        i.arguments.partition("=")[0]
+        for i in only(instructions, "ARG")
+        if i.stage == torch_run.stage
+    }
     # An ARG declared only before FROM is not visible inside the stage.
     assert {"TORCH_INDEX_URL", "TORCH_VERSION"} <= declared_in_stage
 
@@ -171,7 +186,9 @@ def test_entrypoint_is_the_console_script_and_the_default_is_help(final_stage):
 
 
 def test_exposes_exactly_the_services_health_ports(final_stage):
-    exposed = {int(port.split("/")[0]) for i in only(final_stage, "EXPOSE") for port in i.arguments.split()}
+    exposed = {
+        int(port.split("/")[0]) for i in only(final_stage, "EXPOSE") for port in i.arguments.split()
+    }
     assert exposed == set(service_default_ports().values())
 
 
@@ -179,8 +196,12 @@ def test_installs_the_project_from_every_source_directory_pyproject_names(instru
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     package_dirs = set(pyproject["tool"]["setuptools"]["package-dir"].values())
     sources = package_dirs | {"pyproject.toml", pyproject["project"]["readme"]}
-    copied = {Path(part).as_posix() for i in only(instructions, "COPY") if "--from" not in i.arguments
-              for part in i.arguments.split()[:-1]}
+    copied = {
+        Path(part).as_posix()
+        for i in only(instructions, "COPY")
+        if "--from" not in i.arguments
+        for part in i.arguments.split()[:-1]
+    }
     assert sources <= copied, f"not copied into the build: {sorted(sources - copied)}"
     assert any(re.search(r"\bpip install \.(\s|$)", i.arguments) for i in only(instructions, "RUN"))
 
@@ -199,7 +220,8 @@ def dockerignore_patterns() -> list[str]:
 
 
 def glob_regex(glob: str) -> re.Pattern[str]:
-    """A .dockerignore glob as a regex: ``*`` and ``?`` stay within one path segment, ``**/`` spans any."""
+    """A .dockerignore glob as a regex: ``*`` and ``?`` stay within one path segment, ``**/`` spans
+    any."""
     regex, i = "", 0
     while i < len(glob):
         if glob.startswith("**/", i):
@@ -208,7 +230,7 @@ def glob_regex(glob: str) -> re.Pattern[str]:
             regex, i = regex + ".*", i + 2
         elif glob[i] == "[":
             end = glob.index("]", i)
-            regex, i = regex + glob[i:end + 1], end + 1
+            regex, i = regex + glob[i : end + 1], end + 1
         else:
             regex, i = regex + {"*": "[^/]*", "?": "[^/]"}.get(glob[i], re.escape(glob[i])), i + 1
     return re.compile(regex)
@@ -231,19 +253,37 @@ def context_files(source: str) -> list[str]:
     root = ROOT / source
     files = [root] if root.is_file() else [f for f in root.rglob("*") if f.is_file()]
     litter = ("__pycache__", ".egg-info", ".pyc")
-    return [f.relative_to(ROOT).as_posix() for f in files if not any(mark in f.as_posix() for mark in litter)]
+    return [
+        f.relative_to(ROOT).as_posix()
+        for f in files
+        if not any(mark in f.as_posix() for mark in litter)
+    ]
 
 
 def test_dockerignore_keeps_every_file_the_build_copies(instructions):
     patterns = dockerignore_patterns()
-    sources = [part for i in only(instructions, "COPY") if "--from" not in i.arguments for part in i.arguments.split()[:-1]]
+    sources = [
+        part
+        for i in only(instructions, "COPY")
+        if "--from" not in i.arguments
+        for part in i.arguments.split()[:-1]
+    ]
     files = [path for source in sources for path in context_files(source)]
     assert any(path.endswith(".avsc") for path in files)  # package data travels too
     dropped = [path for path in files if is_ignored(path, patterns)]
     assert not dropped, f"copied by the Dockerfile but dropped by .dockerignore: {dropped[:5]}"
 
 
-@pytest.mark.parametrize("path", [".venv/bin/python", ".git/HEAD", "tests/conftest.py", "deploy/.env",
-                                  "antdt/__pycache__/main.cpython-311.pyc", "antdt.egg-info/PKG-INFO"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        ".venv/bin/python",
+        ".git/HEAD",
+        "tests/conftest.py",
+        "deploy/.env",
+        "antdt/__pycache__/main.cpython-311.pyc",
+        "antdt.egg-info/PKG-INFO",
+    ],
+)
 def test_dockerignore_keeps_secrets_and_local_state_out_of_the_context(path):
     assert is_ignored(path, dockerignore_patterns())

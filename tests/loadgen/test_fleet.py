@@ -1,23 +1,40 @@
-"""The simulated fleet speaks the agent's protocol: reports, heartbeats, the shard loop, commands answered."""
+"""The simulated fleet speaks the agent's protocol: reports, heartbeats, the shard loop, commands
+answered."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from antdt.loadgen.fleet import Fleet, FleetSpec
 from antdt.schemas.models import (
-    AckStatus, AssignmentStatus, CommandAction, CommandAck, MitigationCommand, ProgressKind, Shard, ShardAssignment,
-    ShardProgress, WorkerLifecycle, WorkerMetrics,
+    AckStatus,
+    AssignmentStatus,
+    CommandAck,
+    CommandAction,
+    MitigationCommand,
+    ProgressKind,
+    Shard,
+    ShardAssignment,
+    ShardProgress,
+    WorkerLifecycle,
+    WorkerMetrics,
 )
 
 START = 1000.0
-WALL = datetime(2026, 11, 23, tzinfo=timezone.utc)
+WALL = datetime(2026, 11, 23, tzinfo=UTC)
 
 
 def fleet(**overrides) -> Fleet:
-    spec = FleetSpec(**{"workers_per_job": 4, "stragglers": 0.25, "onset_from_s": 5.0, "onset_until_s": 6.0,
-                        "request_timeout_s": 60.0,
-                        **overrides})
+    spec = FleetSpec(
+        **{
+            "workers_per_job": 4,
+            "stragglers": 0.25,
+            "onset_from_s": 5.0,
+            "onset_until_s": 6.0,
+            "request_timeout_s": 60.0,
+            **overrides,
+        }
+    )
     return Fleet(spec, START, WALL)
 
 
@@ -38,12 +55,26 @@ def requests(records: list) -> list[ShardProgress]:
     return [r for r in records if isinstance(r, ShardProgress) and r.kind is ProgressKind.REQUESTED]
 
 
-def answer(request: ShardProgress, status: AssignmentStatus = AssignmentStatus.GRANTED, shards: int = 2,
-           epoch: int = 0) -> ShardAssignment:
-    return ShardAssignment(job_id=request.job_id, worker_id=request.worker_id, seq=1, writer_epoch=1, epoch=epoch,
-                           status=status, quota=2, in_reply_to=request.seq, timestamp=WALL,
-                           shards=[Shard(shard_id=i, start=i * 100, length=100, attempt=0) for i in range(shards)]
-                           if status is AssignmentStatus.GRANTED else [])
+def answer(
+    request: ShardProgress,
+    status: AssignmentStatus = AssignmentStatus.GRANTED,
+    shards: int = 2,
+    epoch: int = 0,
+) -> ShardAssignment:
+    return ShardAssignment(
+        job_id=request.job_id,
+        worker_id=request.worker_id,
+        seq=1,
+        writer_epoch=1,
+        epoch=epoch,
+        status=status,
+        quota=2,
+        in_reply_to=request.seq,
+        timestamp=WALL,
+        shards=[Shard(shard_id=i, start=i * 100, length=100, attempt=0) for i in range(shards)]
+        if status is AssignmentStatus.GRANTED
+        else [],
+    )
 
 
 def test_every_worker_reports_every_second_heartbeats_and_asks_for_shards_at_once():
@@ -53,7 +84,8 @@ def test_every_worker_reports_every_second_heartbeats_and_asks_for_shards_at_onc
     assert 9 * 4 <= len(reports) <= 10 * 4
     assert len([r for r in records if isinstance(r, WorkerLifecycle)]) == 2 * 4  # every 5 s
     asked = requests(records)
-    assert len(asked) == 4 and all(r.quota == 2 and r.dataset is not None for r in asked)  # one open request each
+    # one open request each
+    assert len(asked) == 4 and all(r.quota == 2 and r.dataset is not None for r in asked)
 
 
 def test_a_grant_is_trained_shard_by_shard_then_the_next_request_goes_out_and_the_wait_is_timed():
@@ -63,7 +95,9 @@ def test_a_grant_is_trained_shard_by_shard_then_the_next_request_goes_out_and_th
     f.on_assignment(answer(request), START + 0.02)
     assert [round(g.read_s, 3) for g in f.seen.grants] == [0.02]
     records = [o.value for o in f.due(START + 0.02)] + sent_between(f, START + 0.03, START + 4.5)
-    done = [r.shard_id for r in records if isinstance(r, ShardProgress) and r.kind is ProgressKind.DONE]
+    done = [
+        r.shard_id for r in records if isinstance(r, ShardProgress) and r.kind is ProgressKind.DONE
+    ]
     assert done == [0, 1]  # 2 s each at full speed
     assert len(requests(records)) == 1
 
@@ -82,22 +116,43 @@ def test_a_wait_is_asked_again_after_half_a_second_and_an_epoch_end_moves_to_the
 def test_a_straggler_slows_at_its_onset_and_its_first_command_is_timed_from_there():
     f = fleet()
     (slow,) = [w for w in f.workers.values() if w.onset is not None]
-    reports = [r for r in sent(f, START + 10.0) if isinstance(r, WorkerMetrics) and r.worker_id == slow.worker_id]
+    reports = [
+        r
+        for r in sent(f, START + 10.0)
+        if isinstance(r, WorkerMetrics) and r.worker_id == slow.worker_id
+    ]
     before = [r.compute.p50_s for r in reports if r.window_end <= f.utc(slow.onset)]
     after = [r.compute.p50_s for r in reports if r.window_start >= f.utc(slow.onset)]
     assert before and after and min(after) > 2 * max(before)  # 3x slower, 10 % noise
     command = MitigationCommand(
-        command_id="c1", job_id=slow.job_id, target_worker=slow.worker_id, action=CommandAction.SET_SHARD_QUOTA,
-        shard_quota=1, reason="test", evidence=[], policy="antdt-nd", issued_at=WALL,
-        expires_at=WALL + timedelta(minutes=1), controller_epoch=3)
+        command_id="c1",
+        job_id=slow.job_id,
+        target_worker=slow.worker_id,
+        action=CommandAction.SET_SHARD_QUOTA,
+        shard_quota=1,
+        reason="test",
+        evidence=[],
+        policy="antdt-nd",
+        issued_at=WALL,
+        expires_at=WALL + timedelta(minutes=1),
+        controller_epoch=3,
+    )
     ack = f.on_command(command, slow.onset + 2.5).value
-    assert isinstance(ack, CommandAck) and ack.status is AckStatus.APPLIED and ack.controller_epoch == 3
+    assert (
+        isinstance(ack, CommandAck)
+        and ack.status is AckStatus.APPLIED
+        and ack.controller_epoch == 3
+    )
     assert f.seen.onset_to_command_s() == [2.5] and slow.quota == 1
     f.on_command(command, slow.onset + 4.0)  # later commands do not move the first
-    assert f.seen.onset_to_command_s() == [2.5] and f.seen.commands == 2 and f.seen.commands_to_the_unhurried == 0
+    assert (
+        f.seen.onset_to_command_s() == [2.5]
+        and f.seen.commands == 2
+        and f.seen.commands_to_the_unhurried == 0
+    )
 
 
-def test_an_unanswered_request_is_asked_again_after_the_request_timeout_and_only_its_answer_counts():
+def test_an_unanswered_request_is_asked_again_and_only_its_answer_counts():
     f = fleet(stragglers=0.0, workers_per_job=1, request_timeout_s=3.0)
     first = requests(sent_between(f, START, START + 2.9))
     again = requests(sent_between(f, START + 3.0, START + 5.0))

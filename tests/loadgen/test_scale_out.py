@@ -1,4 +1,5 @@
-"""Two instances of each service share ten jobs; one of each is killed mid-run and the others take over.
+"""Two instances of each service share ten jobs; one of each is killed mid-run and the others take
+over.
 
 The jobs are simulated agents (:mod:`antdt.loadgen`) speaking the real
 protocol to real ``antdt monitor``, ``antdt controller`` and ``antdt
@@ -17,12 +18,12 @@ from contextlib import ExitStack
 
 import pytest
 
-from antdt.broker import EmbeddedBroker
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin
-from antdt.launch import service_process
+from antdt.embedded.broker import EmbeddedBroker
 from antdt.loadgen.driver import FleetDriver
 from antdt.loadgen.fleet import FleetSpec
+from antdt.runtime.launch import service_process
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import DatasetSpec
 from antdt.services.sharder.audit import EpochStatus
@@ -37,12 +38,31 @@ JOBS = 10
 KILL_AT_S = 20.0
 RUN_S = 60.0
 SPEC = FleetSpec(
-    jobs=JOBS, workers_per_job=6, shard_s=0.5, stragglers=0.1, factor=4.0,
-    onset_from_s=KILL_AT_S + 10, onset_until_s=KILL_AT_S + 15, request_timeout_s=5.0, job_prefix="out",
-    dataset=DatasetSpec(name="out", size=1200, shard_size=20, epochs=1000, shuffle_seed=1, max_attempts=3, lease_s=8.0),
+    jobs=JOBS,
+    workers_per_job=6,
+    shard_s=0.5,
+    stragglers=0.1,
+    factor=4.0,
+    onset_from_s=KILL_AT_S + 10,
+    onset_until_s=KILL_AT_S + 15,
+    request_timeout_s=5.0,
+    job_prefix="out",
+    dataset=DatasetSpec(
+        name="out",
+        size=1200,
+        shard_size=20,
+        epochs=1000,
+        shuffle_seed=1,
+        max_attempts=3,
+        lease_s=8.0,
+    ),
 )
 #: What each service's instance reports about the jobs it serves before the kill.
-SERVES = {"sharder": "antdt_sharder_jobs", "controller": "antdt_controller_partitions", "monitor": "antdt_monitor_jobs"}
+SERVES = {
+    "sharder": "antdt_sharder_jobs",
+    "controller": "antdt_controller_partitions",
+    "monitor": "antdt_monitor_jobs",
+}
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +70,19 @@ def run(tmp_path_factory):
     """The whole run: services up, fleet running, one instance of each killed at KILL_AT_S."""
     logs = tmp_path_factory.mktemp("scale-out")
     with EmbeddedBroker() as broker, ExitStack() as stack:
-        settings = load_settings(bootstrap_servers=broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED,
-                                 topic_prefix="out", client_id="antdt-scale-out")
+        settings = load_settings(
+            bootstrap_servers=broker.bootstrap_servers,
+            broker_profile=BrokerProfile.EMBEDDED,
+            topic_prefix="out",
+            client_id="antdt-scale-out",
+        )
         ensure_topics(make_admin(settings), settings)
-        instances = {name: [stack.enter_context(service_process(settings, name, log_dir=logs)) for _ in range(2)]
-                     for name in SERVICES}
+        instances = {
+            name: [
+                stack.enter_context(service_process(settings, name, log_dir=logs)) for _ in range(2)
+            ]
+            for name in SERVICES
+        }
         for pair in instances.values():
             for instance in pair:
                 instance.wait_ready()
@@ -71,10 +99,19 @@ def run(tmp_path_factory):
         fleet.join(RUN_S + 30)
         assert not fleet.is_alive(), "the fleet did not stop"
         codec = make_codec(None)
-        audits = {job: audit_job(settings, job, [e for _, _, e in replay_events(settings, job, codec)], codec)
-                  for job in sorted({w.job_id for w in driver.fleet.workers.values()})}
-        yield {"driver": driver, "served": served, "epochs_before": epochs_before, "audits": audits,
-               "survivors": {name: pair[1] for name, pair in instances.items()}}
+        audits = {
+            job: audit_job(
+                settings, job, [e for _, _, e in replay_events(settings, job, codec)], codec
+            )
+            for job in sorted({w.job_id for w in driver.fleet.workers.values()})
+        }
+        yield {
+            "driver": driver,
+            "served": served,
+            "epochs_before": epochs_before,
+            "audits": audits,
+            "survivors": {name: pair[1] for name, pair in instances.items()},
+        }
 
 
 def test_each_killed_instance_served_jobs_before_the_kill(run):
@@ -86,7 +123,9 @@ def test_every_job_audits_clean_and_completed_epochs_after_the_kill(run):
         assert report.ok, f"{job}: {report.violations[:5]}"
         complete = [e for e in report.epochs if e.status is EpochStatus.COMPLETE]
         assert all(e.samples_done_once == e.samples for e in complete), job
-        assert len(complete) > run["epochs_before"][job] + 1, f"{job}: {len(complete)} epochs complete"
+        assert len(complete) > run["epochs_before"][job] + 1, (
+            f"{job}: {len(complete)} epochs complete"
+        )
 
 
 def test_every_job_s_straggler_was_commanded_after_the_kill(run):
@@ -101,4 +140,7 @@ def test_the_survivors_serve_every_job(run):
     survivors = run["survivors"]
     assert survivors["sharder"].metric("antdt_sharder_jobs") == JOBS
     assert survivors["monitor"].metric("antdt_monitor_jobs") == JOBS
-    assert survivors["controller"].metric("antdt_controller_partitions") == topic_spec("worker", "metrics").partitions
+    assert (
+        survivors["controller"].metric("antdt_controller_partitions")
+        == topic_spec("worker", "metrics").partitions
+    )

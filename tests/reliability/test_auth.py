@@ -1,7 +1,7 @@
 """Authentication: SASL/SCRAM logins on the embedded broker, and refused logins that end at once.
 
 A broker of its own (module scope) requires SCRAM logins (``EmbeddedBroker(users=...)``,
-see :mod:`antdt.sasl_front` for why the broker's own ``--authentication``
+see :mod:`antdt.embedded.sasl_front` for why the broker's own ``--authentication``
 cannot be used). Right credentials must work for every client kind, Faust
 and a service process; wrong ones must end in one ``AuthenticationError``
 line, exit code 1 from the CLI, quickly and after a bounded number of
@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from antdt.broker import EmbeddedBroker, accepts_connections, broker_binary, free_port
 from antdt.bus.admin import cluster_metadata, ensure_topics
 from antdt.bus.clients import consuming, make_admin, producing
 from antdt.bus.readers import poll_batch
 from antdt.cli.main import run
+from antdt.embedded.broker import EmbeddedBroker, accepts_connections, broker_binary, free_port
 from antdt.errors import AuthenticationError, BrokerError, BusError
-from antdt.launch import service_process, settings_env
+from antdt.runtime.launch import service_process, settings_env
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.examples import worker_metrics
 from antdt.schemas.models import AckStatus, DatasetSpec
@@ -39,8 +39,12 @@ from antdt.topics import topic_spec
 
 USER, PASSWORD = "alice", "correct horse"
 ONLY_512 = "bob"  # has a SCRAM-SHA-512 credential only
-REFUSED = r"^antdt: error: authentication failed for user '{user}' \(SCRAM-SHA-512\) on 127\.0\.0\.1:\d+: Authentication failed"
-#: A refused service must be gone within this, after at most this many attempts (a librdkafka consumer alone makes ~20 a second).
+REFUSED = (
+    r"^antdt: error: authentication failed for user '{user}' \(SCRAM-SHA-512\) "
+    r"on 127\.0\.0\.1:\d+: Authentication failed"
+)
+#: A refused service must be gone within this, after at most this many attempts (a librdkafka
+#: consumer alone makes ~20 a second).
 EXIT_WITHIN_S, MAX_ATTEMPTS = 10.0, 40
 
 
@@ -59,11 +63,23 @@ def _destroy_refused_clients():
     gc.collect()
 
 
-def sasl_settings(broker: EmbeddedBroker, prefix: str, user: str = USER, password: str = PASSWORD,
-                  mechanism: str = "SCRAM-SHA-512", **fields) -> Settings:
+def sasl_settings(
+    broker: EmbeddedBroker,
+    prefix: str,
+    user: str = USER,
+    password: str = PASSWORD,
+    mechanism: str = "SCRAM-SHA-512",
+    **fields,
+) -> Settings:
     return load_settings(
-        bootstrap_servers=broker.bootstrap_servers, broker_profile=BrokerProfile.EMBEDDED, topic_prefix=prefix,
-        security_protocol="SASL_PLAINTEXT", sasl_mechanism=mechanism, sasl_username=user, sasl_password=password, **fields,
+        bootstrap_servers=broker.bootstrap_servers,
+        broker_profile=BrokerProfile.EMBEDDED,
+        topic_prefix=prefix,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism=mechanism,
+        sasl_username=user,
+        sasl_password=password,
+        **fields,
     )
 
 
@@ -91,9 +107,18 @@ class Attempts:
 
 
 def start_antdt(settings: Settings, *argv: str) -> subprocess.Popen:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ANTDT_")}, **settings_env(settings)}
-    return subprocess.Popen([sys.executable, "-m", "antdt.cli.main", *argv], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ANTDT_")},
+        **settings_env(settings),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "antdt.cli.main", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
 
 
 def finish(process: subprocess.Popen, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
@@ -118,28 +143,52 @@ def _matches(pattern: str, line: str) -> bool:
     return re.match(pattern, line) is not None
 
 
-# ------------------------------------------------------------ the broker's own authentication (why the front)
+# ------------------------------------------------------------ the broker's own authentication (why
+# the front)
 
 
 def test_the_brokers_own_authentication_cannot_hold_a_user(tmp_path):
-    """Tansu v0.6.0 with --authentication: 'user create' is refused, and every SCRAM login is 'unknown-user'.
+    """Tansu v0.6.0 with --authentication: 'user create' is refused, and every SCRAM login is
+    'unknown-user'.
 
     When a newer pinned Tansu fails this, the front may give way to the broker's own authentication.
     """
     port = free_port()
     url = f"tcp://127.0.0.1:{port}"
     log = (tmp_path / "tansu.log").open("w")
-    broker = subprocess.Popen([broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-                               "--storage-engine", "memory://tansu/", "--authentication"], stdout=log, stderr=subprocess.STDOUT)
+    broker = subprocess.Popen(
+        [
+            broker_binary(),
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+            "--authentication",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 20
         while not accepts_connections("127.0.0.1", port) and time.monotonic() < deadline:
             time.sleep(0.01)
-        created = subprocess.run([broker_binary(), "user", "create", "--broker", url, USER, PASSWORD],
-                                 capture_output=True, text=True, timeout=30)
+        created = subprocess.run(
+            [broker_binary(), "user", "create", "--broker", url, USER, PASSWORD],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert created.returncode != 0 and "eof" in created.stderr.lower()
-        settings = load_settings(bootstrap_servers=f"127.0.0.1:{port}", security_protocol="SASL_PLAINTEXT",
-                                 sasl_mechanism="SCRAM-SHA-512", sasl_username=USER, sasl_password=PASSWORD)
+        settings = load_settings(
+            bootstrap_servers=f"127.0.0.1:{port}",
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_username=USER,
+            sasl_password=PASSWORD,
+        )
         with pytest.raises(AuthenticationError, match="broker responded with unknown-user"):
             cluster_metadata(make_admin(settings), settings, timeout_s=10)
     finally:
@@ -150,7 +199,9 @@ def test_the_brokers_own_authentication_cannot_hold_a_user(tmp_path):
 
 def test_an_authenticating_broker_starts_ready_and_stops_cleanly():
     with EmbeddedBroker(authentication=True) as broker:
-        assert broker.ready_after_s < broker.start_timeout_s and accepts_connections(broker.host, broker.port)
+        assert broker.ready_after_s < broker.start_timeout_s and accepts_connections(
+            broker.host, broker.port
+        )
     assert not accepts_connections(broker.host, broker.port)
 
 
@@ -169,7 +220,9 @@ def test_every_client_kind_works_with_the_right_credentials(auth_broker, topic_p
             for message in sent:
                 producer.produce(topic, key=message.job_id.encode(), value=codec.encode(message))
         with consuming(settings) as consumer:
-            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(counts[topic])])
+            consumer.assign(
+                [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(counts[topic])]
+            )
             received = []
             deadline = time.monotonic() + 30
             while len(received) < len(sent) and time.monotonic() < deadline:
@@ -194,47 +247,78 @@ def test_users_need_a_broker_with_authentication_and_known_mechanisms(auth_broke
 # ------------------------------------------------------------ refused logins: one error, at once
 
 
-@pytest.mark.parametrize(("user", "password", "mechanism"), [
-    (USER, "wrong password", "SCRAM-SHA-512"),
-    ("mallory", PASSWORD, "SCRAM-SHA-512"),
-    (ONLY_512, "pw-512", "SCRAM-SHA-256"),
-], ids=["wrong-password", "unknown-user", "no-credential-for-this-mechanism"])
-def test_a_refused_login_is_one_authentication_error_at_once(auth_broker, topic_prefix, user, password, mechanism):
-    settings = sasl_settings(auth_broker, topic_prefix, user=user, password=password, mechanism=mechanism)
+@pytest.mark.parametrize(
+    ("user", "password", "mechanism"),
+    [
+        (USER, "wrong password", "SCRAM-SHA-512"),
+        ("mallory", PASSWORD, "SCRAM-SHA-512"),
+        (ONLY_512, "pw-512", "SCRAM-SHA-256"),
+    ],
+    ids=["wrong-password", "unknown-user", "no-credential-for-this-mechanism"],
+)
+def test_a_refused_login_is_one_authentication_error_at_once(
+    auth_broker, topic_prefix, user, password, mechanism
+):
+    settings = sasl_settings(
+        auth_broker, topic_prefix, user=user, password=password, mechanism=mechanism
+    )
     with Attempts(auth_broker) as seen, pytest.raises(AuthenticationError) as refused:
         ensure_topics(make_admin(settings), settings)
     message = str(refused.value)
-    assert message.startswith(f"authentication failed for user '{user}' ({mechanism}) on {auth_broker.bootstrap_servers}: ")
-    assert message.endswith(f"invalid credentials with SASL mechanism {mechanism}") and "\n" not in message
+    assert message.startswith(
+        f"authentication failed for user '{user}' ({mechanism}) "
+        f"on {auth_broker.bootstrap_servers}: "
+    )
+    assert (
+        message.endswith(f"invalid credentials with SASL mechanism {mechanism}")
+        and "\n" not in message
+    )
     assert password not in message
     assert seen.elapsed_s < 2.0 and 1 <= seen["failed"] <= 20 and seen["succeeded"] == 0
 
 
 def test_a_mechanism_the_broker_does_not_offer_is_refused_by_name(auth_broker, topic_prefix):
     settings = sasl_settings(auth_broker, topic_prefix, mechanism="PLAIN")
-    with pytest.raises(AuthenticationError, match=r"\(PLAIN\) .*Unsupported SASL mechanism.*SCRAM-SHA-256,SCRAM-SHA-512"):
+    with pytest.raises(
+        AuthenticationError,
+        match=r"\(PLAIN\) .*Unsupported SASL mechanism.*SCRAM-SHA-256,SCRAM-SHA-512",
+    ):
         cluster_metadata(make_admin(settings), settings, timeout_s=10)
 
 
 def test_no_credentials_is_a_clear_error_not_a_hang(auth_broker, topic_prefix):
-    settings = load_settings(bootstrap_servers=auth_broker.bootstrap_servers, topic_prefix=topic_prefix)
+    settings = load_settings(
+        bootstrap_servers=auth_broker.bootstrap_servers, topic_prefix=topic_prefix
+    )
     started = time.monotonic()
     with pytest.raises(BusError) as failed:
         cluster_metadata(make_admin(settings), settings, timeout_s=2)
     assert not isinstance(failed.value, AuthenticationError)
-    assert "accepts connections but closes them" in str(failed.value) and "ANTDT_SECURITY_PROTOCOL=SASL_PLAINTEXT" in str(failed.value)
+    assert "accepts connections but closes them" in str(
+        failed.value
+    ) and "ANTDT_SECURITY_PROTOCOL=SASL_PLAINTEXT" in str(failed.value)
     assert time.monotonic() - started < 4
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("user", "password"), [(USER, "wrong password"), ("mallory", PASSWORD)], ids=["wrong-password", "unknown-user"])
+@pytest.mark.parametrize(
+    ("user", "password"),
+    [(USER, "wrong password"), ("mallory", PASSWORD)],
+    ids=["wrong-password", "unknown-user"],
+)
 def test_the_cli_exits_1_with_one_line(auth_broker, topic_prefix, user, password):
     settings = sasl_settings(auth_broker, topic_prefix, user=user, password=password)
     with Attempts(auth_broker) as seen:
         done = antdt(settings, "topics", "--create")
     assert done.returncode == 1
-    assert len(error_lines(done.stderr)) == 1 and done.stderr.rstrip().splitlines()[-1] == error_lines(done.stderr)[0]
-    assert _matches(REFUSED.format(user=user), error_lines(done.stderr)[0]) and "Traceback" not in done.stderr
+    assert (
+        len(error_lines(done.stderr)) == 1
+        and done.stderr.rstrip().splitlines()[-1] == error_lines(done.stderr)[0]
+    )
+    assert (
+        _matches(REFUSED.format(user=user), error_lines(done.stderr)[0])
+        and "Traceback" not in done.stderr
+    )
     assert password not in done.stderr + done.stdout
     assert seen.elapsed_s < EXIT_WITHIN_S and seen["failed"] <= MAX_ATTEMPTS
 
@@ -243,11 +327,14 @@ def test_the_cli_exits_1_with_one_line(auth_broker, topic_prefix, user, password
 @pytest.mark.e2e
 @pytest.mark.parametrize("service", ["sharder", "controller", "monitor"])
 def test_a_service_with_a_wrong_password_gives_up_at_once(auth_broker, topic_prefix, service):
-    """No retry storm: the service exits 1 with one line, soon and after a bounded number of attempts."""
+    """No retry storm: the service exits 1 with one line, soon and after a bounded number of
+    attempts."""
     settings = sasl_settings(auth_broker, topic_prefix, password="wrong password")
     with Attempts(auth_broker) as seen:
         done = antdt(settings, service, "--http-port", "0")
-    assert done.returncode == 1 and _matches(REFUSED.format(user=USER), error_lines(done.stderr)[-1])
+    assert done.returncode == 1 and _matches(
+        REFUSED.format(user=USER), error_lines(done.stderr)[-1]
+    )
     assert len(error_lines(done.stderr)) == 1 and "Traceback" not in done.stderr
     assert seen.elapsed_s < EXIT_WITHIN_S and 1 <= seen["failed"] <= MAX_ATTEMPTS
     print(f"\n{service}: refused {seen['failed']} time(s), exited 1 after {seen.elapsed_s:.2f} s")
@@ -270,7 +357,9 @@ def test_every_service_becomes_ready_with_credentials(auth_broker, alice, servic
 def test_an_agent_pulls_an_epoch_through_the_sharder_process_with_credentials(auth_broker, alice):
     from antdt.worker import Agent
 
-    spec = DatasetSpec(name="auth", size=120, shard_size=20, epochs=1, shuffle_seed=1, max_attempts=3, lease_s=30)
+    spec = DatasetSpec(
+        name="auth", size=120, shard_size=20, epochs=1, shuffle_seed=1, max_attempts=3, lease_s=30
+    )
     ensure_topics(make_admin(alice), alice)
     with Attempts(auth_broker) as seen, service_process(alice, "sharder") as sharder:
         sharder.wait_ready(60)
@@ -289,12 +378,16 @@ def test_an_agent_pulls_an_epoch_through_the_sharder_process_with_credentials(au
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_a_worker_with_a_wrong_password_exits_1_with_one_line(auth_broker, topic_prefix):
-    """``antdt worker``: the agent's first look-up of the bus stops it (its clients die with the process)."""
+    """``antdt worker``: the agent's first look-up of the bus stops it (its clients die with the
+    process)."""
     settings = sasl_settings(auth_broker, topic_prefix, password="wrong password")
     with Attempts(auth_broker) as seen:
         done = antdt(settings, "worker", "--samples", "100")
     assert done.returncode == 1 and len(error_lines(done.stderr)) == 1, done.stderr[-3000:]
-    assert _matches(REFUSED.format(user=USER), error_lines(done.stderr)[0]) and "Traceback" not in done.stderr
+    assert (
+        _matches(REFUSED.format(user=USER), error_lines(done.stderr)[0])
+        and "Traceback" not in done.stderr
+    )
     assert seen.elapsed_s < EXIT_WITHIN_S and 1 <= seen["failed"] <= MAX_ATTEMPTS
     print(f"\nworker: refused {seen['failed']} time(s), exited 1 after {seen.elapsed_s:.2f} s")
 
@@ -303,10 +396,19 @@ FAUST_APP = Path(__file__).parents[1] / "bus" / "faust_echo_app.py"
 
 
 def faust_echo(settings: Settings, log_path: Path) -> subprocess.Popen:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ANTDT_")}, **settings_env(settings), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ANTDT_")},
+        **settings_env(settings),
+        "PYTHONUNBUFFERED": "1",
+    }
     with log_path.open("w") as log:
-        return subprocess.Popen([sys.executable, str(FAUST_APP)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=log_path.parent)
+        return subprocess.Popen(
+            [sys.executable, str(FAUST_APP)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=log_path.parent,
+        )
 
 
 @pytest.mark.slow
@@ -321,13 +423,20 @@ def test_a_faust_app_round_trip_with_credentials(auth_broker, alice, tmp_path):
         with producing(alice) as producer:
             for seq in range(3):
                 message = worker_metrics(seq=seq)
-                producer.produce(metrics_topic, key=message.job_id.encode(), value=codec.encode(message))
+                producer.produce(
+                    metrics_topic, key=message.job_id.encode(), value=codec.encode(message)
+                )
         acks = {}
         with consuming(alice) as consumer:
-            consumer.assign([TopicPartition(acks_topic, p, OFFSET_BEGINNING) for p in range(counts[acks_topic])])
+            consumer.assign(
+                [TopicPartition(acks_topic, p, OFFSET_BEGINNING) for p in range(counts[acks_topic])]
+            )
             deadline = time.monotonic() + 60
             while len(acks) < 3 and time.monotonic() < deadline and process.poll() is None:
-                acks.update((a.command_id, a) for a in (codec.decode(m.value()) for m in poll_batch(consumer, 100, 0.5)))
+                acks.update(
+                    (a.command_id, a)
+                    for a in (codec.decode(m.value()) for m in poll_batch(consumer, 100, 0.5))
+                )
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(20)
@@ -338,8 +447,11 @@ def test_a_faust_app_round_trip_with_credentials(auth_broker, alice, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_a_faust_app_with_a_wrong_password_stops_after_one_attempt(auth_broker, topic_prefix, tmp_path):
-    """aiokafka does not retry a refused login: the Faust worker exits non-zero, naming the refusal."""
+def test_a_faust_app_with_a_wrong_password_stops_after_one_attempt(
+    auth_broker, topic_prefix, tmp_path
+):
+    """aiokafka does not retry a refused login: the Faust worker exits non-zero, naming the
+    refusal."""
     settings = sasl_settings(auth_broker, topic_prefix, password="wrong password")
     with Attempts(auth_broker) as seen:
         process = faust_echo(settings, tmp_path / "faust.log")
@@ -361,21 +473,42 @@ def test_broker_cli_rejects_a_user_without_a_password(capsys):
 @pytest.mark.slow
 def test_broker_cli_with_users_requires_their_credentials(tmp_path):
     port = free_port()
-    command = [sys.executable, "-m", "antdt.cli.main", "broker", "--port", str(port), "--user", f"{USER}:{PASSWORD}"]
+    command = [
+        sys.executable,
+        "-m",
+        "antdt.cli.main",
+        "broker",
+        "--port",
+        str(port),
+        "--user",
+        f"{USER}:{PASSWORD}",
+    ]
     with (tmp_path / "broker.log").open("w+") as log:
         broker = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
-            settings = load_settings(bootstrap_servers=f"127.0.0.1:{port}", security_protocol="SASL_PLAINTEXT",
-                                     sasl_mechanism="SCRAM-SHA-512", sasl_username=USER, sasl_password=PASSWORD)
+            settings = load_settings(
+                bootstrap_servers=f"127.0.0.1:{port}",
+                security_protocol="SASL_PLAINTEXT",
+                sasl_mechanism="SCRAM-SHA-512",
+                sasl_username=USER,
+                sasl_password=PASSWORD,
+            )
             deadline = time.monotonic() + 30
-            while "bootstrap servers" not in Path(log.name).read_text() and broker.poll() is None and time.monotonic() < deadline:
+            while (
+                "bootstrap servers" not in Path(log.name).read_text()
+                and broker.poll() is None
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.05)
             assert cluster_metadata(make_admin(settings), settings, timeout_s=10).brokers
         finally:
             broker.send_signal(signal.SIGTERM)
             broker.wait(15)
         printed = Path(log.name).read_text()
-    assert "ANTDT_SECURITY_PROTOCOL=SASL_PLAINTEXT" in printed and f"ANTDT_SASL_USERNAME={USER}" in printed
+    assert (
+        "ANTDT_SECURITY_PROTOCOL=SASL_PLAINTEXT" in printed
+        and f"ANTDT_SASL_USERNAME={USER}" in printed
+    )
     assert PASSWORD not in printed
 
 
@@ -384,18 +517,24 @@ def test_broker_cli_with_users_requires_their_credentials(tmp_path):
 
 @pytest.fixture(scope="module", autouse=True)
 def cli_without_credentials(request):
-    """``antdt topics --create`` without credentials, started with the module's first test when that test is selected.
+    """``antdt topics --create`` without credentials, started with the module's first test when that
+    test is selected.
 
-    It can only fail at its metadata deadline (15 s), so its wait overlaps the other tests instead of
-    adding to them. It never starts a SASL handshake: the front's counts that other tests measure
+    It can only fail at its metadata deadline (15 s), so its wait overlaps the other tests instead
+    of adding to them. It never starts a SASL handshake: the front's counts that other tests measure
     (handshakes, succeeded, failed) do not see it.
     """
     wanted = "test_the_cli_without_credentials_says_what_to_set"
-    if not any(item.module is request.module and item.originalname == wanted for item in request.session.items):
+    if not any(
+        item.module is request.module and item.originalname == wanted
+        for item in request.session.items
+    ):
         yield None
         return
     broker = request.getfixturevalue("auth_broker")
-    settings = load_settings(bootstrap_servers=broker.bootstrap_servers, topic_prefix=f"t{uuid.uuid4().hex[:12]}")
+    settings = load_settings(
+        bootstrap_servers=broker.bootstrap_servers, topic_prefix=f"t{uuid.uuid4().hex[:12]}"
+    )
     process = start_antdt(settings, "topics", "--create")
     yield process
     if process.returncode is None:  # the test did not collect it
@@ -407,4 +546,7 @@ def cli_without_credentials(request):
 def test_the_cli_without_credentials_says_what_to_set(cli_without_credentials):
     done = finish(cli_without_credentials)
     assert done.returncode == 1 and len(error_lines(done.stderr)) == 1
-    assert "cannot read cluster metadata" in error_lines(done.stderr)[0] and "ANTDT_SASL_USERNAME" in error_lines(done.stderr)[0]
+    assert (
+        "cannot read cluster metadata" in error_lines(done.stderr)[0]
+        and "ANTDT_SASL_USERNAME" in error_lines(done.stderr)[0]
+    )

@@ -1,11 +1,11 @@
-"""Chaos on the real thing: kill -9 workers (some mid-step), the parameter server, every service, and the broker.
+"""Chaos on the real thing: kill -9 workers (some mid-step), the parameter server, every service,
+and the broker.
 
-Runs ``antdt chaos`` as a user would, once asynchronously (AntDT-ND, a
-parameter server) and once synchronously (AntDT-DD, all-reduce), each on its
-own embedded broker (and a short partial-reduce run): one epoch of the standard scenario, eight workers. Every
-victim is restarted at once (a synchronous group restarts whole, from its
-last checkpoint). The epoch must complete with every sample in the model
-exactly once: each ledger file all ones, the shard log's audit clean and
+Runs ``antdt chaos`` as a user would, once asynchronously (AntDT-ND, a parameter server) and once
+synchronously (AntDT-DD, all-reduce), each on its own embedded broker (and a short partial-reduce
+run): one epoch of the standard scenario, eight workers. Every victim is restarted at once (a
+synchronous group restarts whole, from its last checkpoint). The epoch must complete with every
+sample in the model exactly once: each ledger file all ones, the shard log's audit clean and
 agreeing with it.
 """
 
@@ -22,15 +22,27 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def run_chaos(out, *args: str) -> dict:
-    run = subprocess.run([sys.executable, "-m", "antdt.cli.main", "chaos", "--json", "--out", str(out), *args],
-                         capture_output=True, text=True, timeout=840)
-    assert run.returncode == 0, f"antdt chaos exited {run.returncode}:\n{run.stderr[-3000:]}\n{run.stdout[-3000:]}"
+    run = subprocess.run(
+        [sys.executable, "-m", "antdt.cli.main", "chaos", "--json", "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    assert run.returncode == 0, (
+        f"antdt chaos exited {run.returncode}:\n{run.stderr[-3000:]}\n{run.stdout[-3000:]}"
+    )
     found = json.loads(run.stdout)
-    print(f"\nchaos ({found['training']}): {found['survived']}/{found['kills']} kills survived "
-          f"({found['worker_kills']} workers, {found['mid_step_kills']} mid-step) in {found['wall_s']} s "
-          f"(ideal {found['ideal_s']} s): " + ", ".join(
-              f"{k['target']}@{k['at_s']}s{'/' + k['mid_step'] if 'mid_step' in k else ''} back in {k['lost_s']}s"
-              for k in found["killed"]))
+    print(
+        f"\nchaos ({found['training']}): {found['survived']}/{found['kills']} kills survived "
+        f"({found['worker_kills']} workers, {found['mid_step_kills']} mid-step) "
+        f"in {found['wall_s']} s "
+        f"(ideal {found['ideal_s']} s): "
+        + ", ".join(
+            f"{k['target']}@{k['at_s']}s{'/' + k['mid_step'] if 'mid_step' in k else ''} "
+            f"back in {k['lost_s']}s"
+            for k in found["killed"]
+        )
+    )
     return found
 
 
@@ -60,7 +72,10 @@ def check_kills(figures: dict, services: list[str]) -> None:
 def check_exactly_once(figures: dict, out, ledgers: list[str]) -> None:
     assert figures["passed"] and figures["audit_clean"]
     (epoch,) = figures["audit"]["epochs"]
-    assert epoch["samples_done_once"] == epoch["samples"] == 16384 and epoch["samples_applied_twice"] == 0
+    assert (
+        epoch["samples_done_once"] == epoch["samples"] == 16384
+        and epoch["samples_applied_twice"] == 0
+    )
     ledger = figures["ledger"]
     assert ledger["ok"] and ledger["findings"] == [] and ledger["compared_with_log"] == [0]
     for path in ledgers:
@@ -68,7 +83,9 @@ def check_exactly_once(figures: dict, out, ledgers: list[str]) -> None:
         assert counts.shape == (16384,) and (counts == 1).all(), path
 
 
-def test_async_every_kill_is_survived_with_the_parameter_server_and_every_service_killed_once(asynchronous):
+def test_async_every_kill_is_survived_with_the_parameter_server_and_every_service_killed_once(
+    asynchronous,
+):
     figures, _ = asynchronous
     check_kills(figures, ["controller", "monitor", "ps-0", "sharder"])
     assert any(kill.get("mid_step") == "push" for kill in figures["killed"])
@@ -85,7 +102,8 @@ def test_sync_every_kill_is_survived_by_restarting_the_group_from_its_checkpoint
     check_kills(figures, ["controller", "monitor", "sharder"])
     assert any(kill.get("mid_step") == "all-reduce" for kill in figures["killed"])
     assert figures["restarts"] >= figures["worker_kills"]  # each kill restarted the whole group
-    assert all(kill["lost_s"] < 60 for kill in figures["killed"] if kill["kind"] == "worker")  # recovered, never hung
+    # recovered, never hung
+    assert all(kill["lost_s"] < 60 for kill in figures["killed"] if kill["kind"] == "worker")
 
 
 def test_sync_every_sample_is_in_the_shared_model_exactly_once(synchronous):
@@ -94,10 +112,24 @@ def test_sync_every_sample_is_in_the_shared_model_exactly_once(synchronous):
     assert figures["heldout_accuracy"] > 0.5
 
 
-def test_partial_reduce_survives_kills_mid_average_the_grouper_and_a_broker_restart_exactly_once(tmp_path):
-    """A short run: every restart goes back to the last all-rank checkpoint, the groups resume on the new bus."""
-    figures = run_chaos(tmp_path, "--training", "preduce", "--scenario", "short", "--worker-every", "3",
-                        "--broker-at", "4", "--services-at", "sharder=6,grouper=8")
+def test_partial_reduce_survives_kills_mid_average_the_grouper_and_a_broker_restart_exactly_once(
+    tmp_path,
+):
+    """A short run: every restart goes back to the last all-rank checkpoint, the groups resume on
+    the new bus."""
+    figures = run_chaos(
+        tmp_path,
+        "--training",
+        "preduce",
+        "--scenario",
+        "short",
+        "--worker-every",
+        "3",
+        "--broker-at",
+        "4",
+        "--services-at",
+        "sharder=6,grouper=8",
+    )
     killed = sorted(kill["target"] for kill in figures["killed"] if kill["kind"] == "service")
     assert killed == ["grouper", "sharder"] and figures["broker_restarts"] == 1
     assert figures["worker_kills"] >= 2 and figures["survived"] == figures["kills"]
@@ -106,6 +138,7 @@ def test_partial_reduce_survives_kills_mid_average_the_grouper_and_a_broker_rest
     counts = np.load(tmp_path / "ledger-epoch0.npy")
     assert counts.shape == (6144,) and (counts == 1).all()
     assert figures["heldout_accuracy"] > 0.8  # the averaged model learnt
-    groups = figures["groups"]  # read back from group.formed (the new bus's): who averaged with whom, and why
+    # read back from group.formed (the new bus's): who averaged with whom, and why
+    groups = figures["groups"]
     assert groups["by_reason"]["FINAL"] == 1 and groups["by_reason"]["QUORUM"] > 0
     assert set(groups["per_worker"]) == {"w0", "w1", "w2"} and groups["mean_partial_size"] <= 2

@@ -14,8 +14,7 @@ tests of their own below.
 from __future__ import annotations
 
 import math
-
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import HealthCheck, given
@@ -29,9 +28,18 @@ from antdt.services.controller.core import ControllerCore
 from antdt.services.monitor.engine import MonitorEngine
 from antdt.services.sharder.core import CoreConfig, ProgressRejected, ShardCore
 from antdt.services.sharder.state import JobState
-from tests.reliability.fuzz import CODEC, FIXED_TIME, job_traces, shard_reports, verdicts, worker_reports
+from tests.reliability.fuzz import (
+    CODEC,
+    FIXED_TIME,
+    job_traces,
+    shard_reports,
+    verdicts,
+    worker_reports,
+)
 
-PROPERTY = hypothesis_settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = hypothesis_settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def _rewind_target(log: list, version: int) -> JobState:
@@ -47,14 +55,17 @@ def _rewind_target(log: list, version: int) -> JobState:
 @PROPERTY
 @given(first=shard_reports("job"), reports=st.lists(shard_reports("job"), max_size=12))
 def test_the_sharder_core_refuses_the_impossible_without_changing_anything(first, reports):
-    """Any report the model accepts is either decided or refused whole: never a crash, never half a change."""
+    """Any report the model accepts is either decided or refused whole: never a crash, never half a
+    change."""
     core = ShardCore(JobState("job"), CoreConfig(max_shards=500))
     log = [core.elect(1, 0, "test")]
     for now_ms, report in enumerate([first, *reports], start=1):
         before = (core.state.last_seq, core.state.logical_view())
         try:
             if report.kind is ProgressKind.REWIND:
-                crosses = core.state.dataset is not None and report.version < core.state.epoch_opened_seq
+                crosses = (
+                    core.state.dataset is not None and report.version < core.state.epoch_opened_seq
+                )
                 target = _rewind_target(log, report.version) if crosses else None
                 outcome = core.rewind(report, now_ms, target)
             else:
@@ -70,7 +81,7 @@ def test_the_sharder_core_refuses_the_impossible_without_changing_anything(first
 @given(events=st.lists(st.one_of(verdicts("job"), worker_reports("job")), max_size=15))
 def test_the_controller_core_decides_on_any_valid_event(events):
     core = ControllerCore()
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for event in events:
         if isinstance(event, WorkerMetrics):
             core.on_metrics(event, now)
@@ -91,25 +102,45 @@ def tick(worker: str, second: int, busy_s: float, samples: int = 32) -> WorkerMe
     """One report of ``worker`` for the second ending at ``second``, all of it compute."""
     end = FIXED_TIME + timedelta(seconds=second)
     stats = StepTimeStats(sum_s=busy_s, min_s=busy_s, max_s=busy_s, p50_s=busy_s, p90_s=busy_s)
-    return examples.worker_metrics().model_copy(update={
-        "job_id": "job", "worker_id": worker, "seq": second, "window_start": end - timedelta(seconds=1), "window_end": end,
-        "step_count": 1, "first_step": second, "last_step": second, "compute": stats, "data_wait_s": 0.0, "samples": samples})
+    return examples.worker_metrics().model_copy(
+        update={
+            "job_id": "job",
+            "worker_id": worker,
+            "seq": second,
+            "window_start": end - timedelta(seconds=1),
+            "window_end": end,
+            "step_count": 1,
+            "first_step": second,
+            "last_step": second,
+            "compute": stats,
+            "data_wait_s": 0.0,
+            "samples": samples,
+        }
+    )
 
 
 def test_workers_that_only_wait_at_barriers_are_not_judged_against_a_zero_median():
     engine = MonitorEngine(CODEC)
-    verdicts = [v for second in range(1, 4) for worker in ("w0", "w1", "w2")
-                for v in engine.observe(tick(worker, second, 0.0), now=0.0)]
+    verdicts = [
+        v
+        for second in range(1, 4)
+        for worker in ("w0", "w1", "w2")
+        for v in engine.observe(tick(worker, second, 0.0), now=0.0)
+    ]
     assert verdicts == []
 
 
 @pytest.mark.parametrize(("fast_s", "judged"), [(1e-320, False), (1e-9, True)])
 def test_verdict_scores_stay_finite_against_a_vanishing_median(fast_s, judged):
-    """A denormal median is no measurement (nobody is judged); a tiny real one gives finite, readable scores."""
+    """A denormal median is no measurement (nobody is judged); a tiny real one gives finite,
+    readable scores."""
     engine = MonitorEngine(CODEC)
-    published = [CODEC.decode(CODEC.encode(verdict)) for second in range(1, 8)
-                 for worker, busy in (("w0", fast_s), ("w1", fast_s), ("w2", fast_s), ("w3", 1.0))
-                 for verdict in engine.observe(tick(worker, second, busy, samples=1), now=0.0)]
+    published = [
+        CODEC.decode(CODEC.encode(verdict))
+        for second in range(1, 8)
+        for worker, busy in (("w0", fast_s), ("w1", fast_s), ("w2", fast_s), ("w3", 1.0))
+        for verdict in engine.observe(tick(worker, second, busy, samples=1), now=0.0)
+    ]
     assert bool(published) is judged
     assert all(math.isfinite(v.speed_ratio) and math.isfinite(v.relative_score) for v in published)
 

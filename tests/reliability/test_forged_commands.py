@@ -1,4 +1,5 @@
-"""Forged commands: injected straight onto the commands topic, each is refused, acknowledged as such and counted.
+"""Forged commands: injected straight onto the commands topic, each is refused, acknowledged as such
+and counted.
 
 The forger holds no signing key (or a wrong one) but can write to the
 topic with any Kafka client: here a plain ``confluent_kafka.Producer``,
@@ -17,10 +18,10 @@ from datetime import timedelta
 import pytest
 from confluent_kafka import Producer
 
+from antdt.control.signing import sign
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import AckStatus, CommandAction, MitigationCommand
 from antdt.schemas.types import utc_now
-from antdt.signing import sign
 from antdt.topics import worker_key
 from antdt.worker import Agent
 from tests.reliability.agents import signed_settings, step_until
@@ -37,9 +38,19 @@ JOB, WORKER = "job-f", "w1"
 def unsigned(quota: int, **fields) -> MitigationCommand:
     """A SET_SHARD_QUOTA command for our worker, valid for five minutes, from controller epoch 2."""
     now = utc_now()
-    values = dict(command_id=f"c-{time.time_ns()}", job_id=JOB, target_worker=WORKER, action=CommandAction.SET_SHARD_QUOTA,
-                  shard_quota=quota, reason="forged?", evidence=[], policy="antdt-nd", issued_at=now,
-                  expires_at=now + timedelta(minutes=5), controller_epoch=2)
+    values = dict(
+        command_id=f"c-{time.time_ns()}",
+        job_id=JOB,
+        target_worker=WORKER,
+        action=CommandAction.SET_SHARD_QUOTA,
+        shard_quota=quota,
+        reason="forged?",
+        evidence=[],
+        policy="antdt-nd",
+        issued_at=now,
+        expires_at=now + timedelta(minutes=5),
+        controller_epoch=2,
+    )
     return MitigationCommand(**{**values, **fields})
 
 
@@ -48,24 +59,40 @@ def forgeries(applied: MitigationCommand) -> list[tuple[str, MitigationCommand]]
     now = utc_now()
     return [
         ("bad signature", sign(unsigned(11), FORGER_KEY)),
-        ("bad signature", sign(unsigned(12), KEY).model_copy(update={"shard_quota": 64})),  # tampered after signing
+        # tampered after signing
+        ("bad signature", sign(unsigned(12), KEY).model_copy(update={"shard_quota": 64})),
         ("bad signature", unsigned(13, signature=b"\x00" * 32)),
         ("stale epoch", sign(unsigned(14, controller_epoch=1), KEY)),
-        ("expired", sign(unsigned(15, issued_at=now - timedelta(minutes=2), expires_at=now - timedelta(seconds=1)), KEY)),
+        (
+            "expired",
+            sign(
+                unsigned(
+                    15, issued_at=now - timedelta(minutes=2), expires_at=now - timedelta(seconds=1)
+                ),
+                KEY,
+            ),
+        ),
         ("duplicate", applied),  # replayed, byte for byte
         ("unsigned", unsigned(16)),
-        ("unsigned", unsigned(17, controller_epoch=99)),  # must not raise the epoch the agent trusts
+        # must not raise the epoch the agent trusts
+        ("unsigned", unsigned(17, controller_epoch=99)),
         ("wrong target", sign(unsigned(18, target_worker="w2"), KEY)),
         ("wrong target", sign(unsigned(19, job_id="job-other"), KEY)),
     ]
 
 
 def inject(settings, commands: list[MitigationCommand]) -> None:
-    """Write commands to our worker's key with a plain client, as anyone with access to the topic could."""
-    producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "partitioner": "murmur2_random"})
+    """Write commands to our worker's key with a plain client, as anyone with access to the topic
+    could."""
+    producer = Producer(
+        {"bootstrap.servers": settings.bootstrap_servers, "partitioner": "murmur2_random"}
+    )
     for command in commands:
-        producer.produce(settings.topic("controller", "commands"), key=worker_key(JOB, WORKER).encode(),
-                         value=CODEC.encode(command))
+        producer.produce(
+            settings.topic("controller", "commands"),
+            key=worker_key(JOB, WORKER).encode(),
+            value=CODEC.encode(command),
+        )
     assert producer.flush(10) == 0
 
 
@@ -80,7 +107,8 @@ def test_forged_commands_are_rejected_counted_and_do_not_block_a_valid_one(setti
     with Agent(JOB, WORKER, settings=signed, shard_quota=2) as agent:
         first = sign(unsigned(3), KEY)
         inject(signed, [first])
-        step_until(agent, lambda: agent.shard_quota == 3)  # epoch 2 is now the highest the agent has seen
+        # epoch 2 is now the highest the agent has seen
+        step_until(agent, lambda: agent.shard_quota == 3)
 
         forged = forgeries(first)
         after = sign(unsigned(7), KEY)

@@ -15,7 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from antdt.errors import CodecError, UnknownSchemaError
-from antdt.schemas.codec import SINGLE_OBJECT_MARKER, ConfluentCodec, SingleObjectCodec, make_codec, to_avro_dict, to_json
+from antdt.schemas.codec import (
+    SINGLE_OBJECT_MARKER,
+    ConfluentCodec,
+    SingleObjectCodec,
+    make_codec,
+    to_avro_dict,
+    to_json,
+)
 from antdt.schemas.examples import all_examples, worker_metrics
 from antdt.schemas.models import AvroModel
 from antdt.schemas.store import CURRENT_DIR, crc64_avro, default_store, read_schema_files
@@ -36,7 +43,9 @@ def spec_fingerprint(schema: avro.schema.Schema) -> bytes:
     The Python avro package leaves logical types as ``{"type":"long"}`` in its
     canonical form; the [PRIMITIVES] rule (and Java) write plain ``"long"``.
     """
-    canonical = schema.canonical_form.replace('{"type":"long"}', '"long"').replace('{"type":"int"}', '"int"')
+    canonical = schema.canonical_form.replace('{"type":"long"}', '"long"').replace(
+        '{"type":"int"}', '"int"'
+    )
     return avro.schema.parse(canonical).fingerprint("CRC-64-AVRO")
 
 
@@ -62,7 +71,9 @@ def test_we_decode_the_reference_library_bytes(message):
     schema = reference_schema(message)
     buffer = io.BytesIO()
     buffer.write(SINGLE_OBJECT_MARKER + spec_fingerprint(schema))
-    avro.io.DatumWriter(schema).write(message.model_dump(mode="python"), avro.io.BinaryEncoder(buffer))
+    avro.io.DatumWriter(schema).write(
+        message.model_dump(mode="python"), avro.io.BinaryEncoder(buffer)
+    )
     assert SingleObjectCodec().decode(buffer.getvalue()) == message
 
 
@@ -79,7 +90,8 @@ def test_confluent_wire_format_round_trip_and_interop(message):
     writer = ConfluentCodec(f"mock://test-{type(message).__name__}")
     encoded = writer.encode(message, "antdt.any")
     assert encoded[0] == 0
-    reader = ConfluentCodec(client=writer.client)  # a fresh codec resolves the id through the registry
+    # a fresh codec resolves the id through the registry
+    reader = ConfluentCodec(client=writer.client)
     assert reader.decode(encoded) == message
     deserializer = AvroDeserializer(writer.client)
     record = deserializer(encoded, SerializationContext("antdt.any", MessageField.VALUE))
@@ -167,11 +179,18 @@ def test_corrupted_messages_decode_or_fail_cleanly(data):
 def test_worker_metrics_round_trip_property(seq, steps, first, times, batch, gpu):
     low, p50, p90, high = sorted(times)
     base = worker_metrics()
-    message = base.model_copy(update={
-        "seq": seq, "step_count": steps, "first_step": first if steps else None,
-        "last_step": first + steps - 1 if steps else None, "local_batch_size": batch,
-        "compute": base.compute.model_copy(update={"sum_s": high * 4, "min_s": low, "p50_s": p50, "p90_s": p90, "max_s": high}),
-        "resources": base.resources.model_copy(update={"gpu_utilization_percent": gpu}),
-    })
+    message = base.model_copy(
+        update={
+            "seq": seq,
+            "step_count": steps,
+            "first_step": first if steps else None,
+            "last_step": first + steps - 1 if steps else None,
+            "local_batch_size": batch,
+            "compute": base.compute.model_copy(
+                update={"sum_s": high * 4, "min_s": low, "p50_s": p50, "p90_s": p90, "max_s": high}
+            ),
+            "resources": base.resources.model_copy(update={"gpu_utilization_percent": gpu}),
+        }
+    )
     message = type(message).model_validate(message.model_dump())
     assert SingleObjectCodec().decode(SingleObjectCodec().encode(message)) == message

@@ -9,9 +9,15 @@ import pytest
 from fastavro import schemaless_writer
 
 from antdt.schemas.codec import SINGLE_OBJECT_MARKER, SingleObjectCodec, to_avro_dict
-from antdt.schemas.compat import check_all, check_backward
 from antdt.schemas.examples import worker_lifecycle
-from antdt.schemas.store import CURRENT_DIR, RELEASED_DIR, SchemaStore, load_version, read_schema_files
+from antdt.schemas.store import (
+    CURRENT_DIR,
+    RELEASED_DIR,
+    SchemaStore,
+    load_version,
+    read_schema_files,
+)
+from tests.schemas.compat import check_all, check_backward
 
 CURRENT = read_schema_files(CURRENT_DIR)
 RELEASED = read_schema_files(RELEASED_DIR)
@@ -67,7 +73,9 @@ def test_data_written_by_an_older_schema_decodes_with_the_current_one():
     old_version = load_version(old, current=False)
     current_version = load_version(CURRENT["WorkerLifecycle"], current=True)
     codec = SingleObjectCodec(SchemaStore([current_version, old_version]))
-    record = {k: v for k, v in to_avro_dict(worker_lifecycle()).items() if k not in ("node_id", "reason")}
+    record = {
+        k: v for k, v in to_avro_dict(worker_lifecycle()).items() if k not in ("node_id", "reason")
+    }
     buffer = io.BytesIO(SINGLE_OBJECT_MARKER + old_version.fingerprint)
     buffer.seek(0, io.SEEK_END)
     schemaless_writer(buffer, old_version.parsed, record)

@@ -35,7 +35,9 @@ def expected_avro(annotation: Any, metadata: list[Any] = ()) -> Any:
         return expected_avro(base, [*metadata, *extra])
     if origin in (Union, types.UnionType):
         args = typing.get_args(annotation)
-        assert len(args) == 2 and type(None) in args, f"only Optional unions are allowed, got {annotation}"
+        assert len(args) == 2 and type(None) in args, (
+            f"only Optional unions are allowed, got {annotation}"
+        )
         inner = next(a for a in args if a is not type(None))
         return ["null", expected_avro(inner, metadata)]
     if origin is list:
@@ -48,10 +50,20 @@ def expected_avro(annotation: Any, metadata: list[Any] = ()) -> Any:
         name = tags[-1].name
         return {"type": "long", "logicalType": name} if name == "timestamp-millis" else name
     if isinstance(annotation, type) and issubclass(annotation, Enum):
-        return {"type": "enum", "name": annotation.__name__, "symbols": [m.value for m in annotation]}
+        return {
+            "type": "enum",
+            "name": annotation.__name__,
+            "symbols": [m.value for m in annotation],
+        }
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return {"type": "record", "name": annotation.avro_name.rsplit(".", 1)[-1], "model": annotation}
-    assert annotation is not int, "an int field must say int or long (use the aliases in antdt.schemas.types)"
+        return {
+            "type": "record",
+            "name": annotation.avro_name.rsplit(".", 1)[-1],
+            "model": annotation,
+        }
+    assert annotation is not int, (
+        "an int field must say int or long (use the aliases in antdt.schemas.types)"
+    )
     assert annotation is not datetime, "a datetime field must use the Timestamp alias"
     return PRIMITIVES[annotation]
 
@@ -80,16 +92,24 @@ def normalised(schema: Any) -> Any:
 
 def assert_same_type(expected: Any, actual: Any, where: str) -> None:
     if isinstance(expected, list):
-        assert isinstance(actual, list) and len(actual) == len(expected), f"{where}: {actual} != {expected}"
+        assert isinstance(actual, list) and len(actual) == len(expected), (
+            f"{where}: {actual} != {expected}"
+        )
         for e, a in zip(expected, actual):
             assert_same_type(e, a, where)
     elif isinstance(expected, dict) and expected["type"] == "record":
-        assert isinstance(actual, dict) and actual.get("type") == "record", f"{where}: expected a record"
-        assert actual["name"] == expected["name"], f"{where}: record {actual['name']} != {expected['name']}"
+        assert isinstance(actual, dict) and actual.get("type") == "record", (
+            f"{where}: expected a record"
+        )
+        assert actual["name"] == expected["name"], (
+            f"{where}: record {actual['name']} != {expected['name']}"
+        )
         assert_record_matches(expected["model"], actual["schema"], where)
     elif isinstance(expected, dict) and expected["type"] in ("array", "map"):
         key = "items" if expected["type"] == "array" else "values"
-        assert isinstance(actual, dict) and actual["type"] == expected["type"], f"{where}: {actual} != {expected}"
+        assert isinstance(actual, dict) and actual["type"] == expected["type"], (
+            f"{where}: {actual} != {expected}"
+        )
         assert_same_type(expected[key], actual[key], f"{where}[]")
     else:
         assert actual == expected, f"{where}: schema says {actual}, model says {expected}"
@@ -113,7 +133,9 @@ def assert_record_matches(model: type[BaseModel], schema: dict[str, Any], where:
         path = f"{where}.{field['name']}"
         info = model.model_fields[field["name"]]
         assert field.get("doc"), f"{path} has no doc"
-        assert_same_type(expected_avro(info.annotation, info.metadata), normalised(field["type"]), path)
+        assert_same_type(
+            expected_avro(info.annotation, info.metadata), normalised(field["type"]), path
+        )
         assert schema_default(field) == model_default(info), f"{path}: default differs"
 
 
@@ -139,7 +161,9 @@ def _named_types(schema: Any, found: dict[str, list[Any]]) -> None:
             _named_types(item, found)
     elif isinstance(schema, dict):
         if schema.get("type") in ("record", "enum", "fixed"):
-            found.setdefault(f"{schema.get('namespace', 'antdt')}.{schema['name']}", []).append(schema)
+            found.setdefault(f"{schema.get('namespace', 'antdt')}.{schema['name']}", []).append(
+                schema
+            )
         for value in schema.values():
             if isinstance(value, (dict, list)):
                 _named_types(value, found)
@@ -150,7 +174,9 @@ def test_shared_named_types_are_identical_across_files():
     for schema in SCHEMAS.values():
         _named_types(schema, found)
     for name, definitions in found.items():
-        assert all(d == definitions[0] for d in definitions), f"{name} is defined differently in different files"
+        assert all(d == definitions[0] for d in definitions), (
+            f"{name} is defined differently in different files"
+        )
 
 
 def test_nested_records_have_models():
@@ -185,4 +211,6 @@ def _mutated_lifecycle(**changes: Any) -> type[BaseModel]:
 )
 def test_checker_detects_disagreement(changes):
     with pytest.raises(AssertionError):
-        assert_record_matches(_mutated_lifecycle(**changes), SCHEMAS["WorkerLifecycle"], "WorkerLifecycle")
+        assert_record_matches(
+            _mutated_lifecycle(**changes), SCHEMAS["WorkerLifecycle"], "WorkerLifecycle"
+        )

@@ -1,4 +1,5 @@
-"""A polling service (:class:`~antdt.service_loop.LoopService`) on a background thread, for tests."""
+"""A polling service (:class:`~antdt.runtime.service_loop.LoopService`) on a background thread, for
+tests."""
 
 from __future__ import annotations
 

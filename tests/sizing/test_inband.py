@@ -1,4 +1,5 @@
-"""In-band sizing: every rank reaches the same split from the same summed counters, one step after a change."""
+"""In-band sizing: every rank reaches the same split from the same summed counters, one step after a
+change."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def test_every_rank_reaches_the_same_split_after_the_first_step_and_the_global_b
     sizers = ranks()
     speeds = [linear(0, 0.01), linear(0, 0.01), linear(0, 0.04)]  # rank 2 is 4x slower
     sizes = step(sizers, speeds)
-    assert sizes == [43, 43, 10]  # the slowest step 0.43 s; proportional 43 / 42 / 11 would take 0.44 s
+    # the slowest step 0.43 s; proportional 43 / 42 / 11 would take 0.44 s
+    assert sizes == [43, 43, 10]
     assert all(s.sizes == [43, 43, 10] for s in sizers)
 
 
@@ -46,10 +48,12 @@ def test_a_slowdown_is_answered_at_the_next_step():
 
 def test_the_fixed_part_is_learnt_from_the_resizes_and_shapes_the_split():
     sizers = ranks(world=2)
-    speeds = [linear(0.10, 0.01), linear(0.40, 0.04)]  # 10 samples' worth of fixed cost, rank 1 4x slower
+    # 10 samples' worth of fixed cost, rank 1 4x slower
+    speeds = [linear(0.10, 0.01), linear(0.40, 0.04)]
     first = step(sizers, speeds)  # proportional: the fixed part is not known yet
     assert first in ([51, 13], [52, 12])
-    step(sizers, speeds)  # the proportional split leaves the straggler slow: it is cut again, at another size
+    # the proportional split leaves the straggler slow: it is cut again, at another size
+    step(sizers, speeds)
     settled = step(sizers, speeds)  # those two sizes showed the fixed part
     assert settled[1] <= 7 and sum(settled) == 64
     assert step(sizers, speeds) == settled  # and it stays
@@ -69,7 +73,8 @@ def test_jitter_under_the_gain_moves_nothing():
 
 def test_an_empty_step_says_nothing_and_bad_arguments_are_refused():
     sizer = InBandSizer(2, 0, [4, 4])
-    assert sizer.decide([0, 0, 4, round(0.1 / TICK_S)]) == 4  # rank 0 had nothing: no model for it yet
+    # rank 0 had nothing: no model for it yet
+    assert sizer.decide([0, 0, 4, round(0.1 / TICK_S)]) == 4
     with pytest.raises(ValueError):
         InBandSizer(2, 2, [4, 4])
 
@@ -77,7 +82,8 @@ def test_an_empty_step_says_nothing_and_bad_arguments_are_refused():
 def test_a_short_first_step_still_sets_the_first_split():
     sizers = ranks(world=2)
     sums = [0] * 4
-    for sizer, (samples, step_s) in zip(sizers, ((16, 0.16), (16, 0.64))):  # both short; rank 1 4x slower
+    # both short; rank 1 4x slower
+    for sizer, (samples, step_s) in zip(sizers, ((16, 0.16), (16, 0.64))):
         sums = [a + b for a, b in zip(sums, sizer.encode(samples, step_s))]
     assert [sizer.decide(sums) for sizer in sizers] in ([51, 13], [52, 12])
 
@@ -90,14 +96,18 @@ def test_a_checkpoints_sizes_are_restored_only_if_they_fit_the_group():
         sizer.restore([50, 50])  # not the global batch
 
 
-def test_a_rank_whose_fixed_part_outlasts_the_others_step_sits_out_and_is_timed_again_now_and_then():
+def test_a_rank_whose_fixed_part_outlasts_the_step_sits_out_and_is_retimed_now_and_then():
     sizers = ranks(world=4)
-    fast, slow = linear(0.15, 0.01), linear(0.60, 0.04)  # 15 samples' worth of fixed cost; rank 3 4x slower at both
+    # 15 samples' worth of fixed cost; rank 3 4x slower at both
+    fast, slow = linear(0.15, 0.01), linear(0.60, 0.04)
     settled = [step(sizers, [fast, fast, fast, slow]) for _ in range(3)][-1]
-    assert settled[3] == 0 and sum(settled) == 128  # its 0.6 s alone outlasts the others' 0.58 s step
+    # its 0.6 s alone outlasts the others' 0.58 s step
+    assert settled[3] == 0 and sum(settled) == 128
     later = [step(sizers, [fast, fast, fast, slow]) for _ in range(PROBE_EVERY + 1)]
     probes = [i for i, sizes in enumerate(later) if sizes[3]]
-    assert len(probes) == 1 and later[probes[0]][3] == 1 and later[probes[0] + 1] == settled  # still too slow: out again
+    # still too slow: out again
+    assert len(probes) == 1 and later[probes[0]][3] == 1 and later[probes[0] + 1] == settled
     recovered = [step(sizers, [fast] * 4) for _ in range(PROBE_EVERY + 2)]
-    assert recovered[-1] == [32, 32, 32, 32]  # the next probe shows it fast: it takes its share at once
+    # the next probe shows it fast: it takes its share at once
+    assert recovered[-1] == [32, 32, 32, 32]
     assert all(sum(sizes) == 128 for sizes in later + recovered)

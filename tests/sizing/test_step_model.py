@@ -1,28 +1,58 @@
-"""The step-time model: the fixed part from a batch change, and the split that evens out the slowest step."""
+"""The step-time model: the fixed part from a batch change, and the split that evens out the slowest
+step."""
 
 from __future__ import annotations
 
 import itertools
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from antdt.sizing.step_model import (
-    StepModel, StepWindow, balance, current_model, fixed_part_evidence, fixed_parts, slowest_step_s, weighted_median,
+    StepModel,
+    StepWindow,
+    balance,
+    current_model,
+    fixed_part_evidence,
+    fixed_parts,
+    slowest_step_s,
+    weighted_median,
 )
 from tests.services.controller.helpers import at
 
 models = st.builds(StepModel, scale=st.floats(0.001, 1.0), fixed=st.floats(0.0, 50.0))
 
 
-def window(t: float, batch: float, step_s: float, first: int = 0, steps: int = 2, size: int | None = None,
-           opening: bool = False) -> StepWindow:
-    return StepWindow(at(t), first, first + steps - 1, steps, batch, step_s, round(batch) if size is None else size,
-                      opening)
+def window(
+    t: float,
+    batch: float,
+    step_s: float,
+    first: int = 0,
+    steps: int = 2,
+    size: int | None = None,
+    opening: bool = False,
+) -> StepWindow:
+    return StepWindow(
+        at(t),
+        first,
+        first + steps - 1,
+        steps,
+        batch,
+        step_s,
+        round(batch) if size is None else size,
+        opening,
+    )
 
 
 @hsettings(max_examples=300, deadline=None)
-@given(chosen=st.lists(models, min_size=1, max_size=20), low=st.integers(1, 16), span=st.integers(0, 256), data=st.data())
+@given(
+    chosen=st.lists(models, min_size=1, max_size=20),
+    low=st.integers(1, 16),
+    span=st.integers(0, 256),
+    data=st.data(),
+)
 def test_a_split_sums_exactly_within_bounds(chosen, low, span, data):
     high = low + span
     total = data.draw(st.integers(len(chosen) * low, len(chosen) * high))
@@ -34,17 +64,23 @@ def test_a_split_sums_exactly_within_bounds(chosen, low, span, data):
 @given(chosen=st.lists(models, min_size=1, max_size=3), total=st.integers(3, 24))
 def test_the_split_has_the_shortest_slowest_step_of_all_splits(chosen, total):
     sizes = balance(total, chosen, 1, total)
-    splits = (s for s in itertools.product(range(1, total + 1), repeat=len(chosen)) if sum(s) == total)
+    splits = (
+        s for s in itertools.product(range(1, total + 1), repeat=len(chosen)) if sum(s) == total
+    )
     best = min(slowest_step_s(chosen, s) for s in splits)
     assert slowest_step_s(chosen, sizes) == pytest.approx(best, rel=1e-9)
 
 
 @hsettings(max_examples=200, deadline=None)
 @given(speeds=st.lists(st.floats(0.1, 100), min_size=1, max_size=30), total=st.integers(30, 10_000))
-def test_without_a_fixed_part_the_slowest_step_is_proportional_sizings_to_within_a_sample(speeds, total):
+def test_without_a_fixed_part_the_slowest_step_is_proportional_sizings_to_within_a_sample(
+    speeds, total
+):
     chosen = [StepModel(1 / s, 0.0) for s in speeds]
     sizes = balance(total, chosen, 0, total)
-    assert slowest_step_s(chosen, sizes) <= total / sum(speeds) + max(m.scale for m in chosen) + 1e-9
+    assert (
+        slowest_step_s(chosen, sizes) <= total / sum(speeds) + max(m.scale for m in chosen) + 1e-9
+    )
 
 
 def test_impossible_splits_are_refused():
@@ -64,16 +100,22 @@ def test_a_fixed_part_gives_the_straggler_less_than_its_share_of_throughput():
 
 def test_the_fixed_part_is_recovered_from_a_batch_change_at_one_speed():
     scale, fixed = 0.01, 14.0
-    evidence = fixed_part_evidence([window(0, 32, scale * (fixed + 32)), window(0.5, 20, scale * (fixed + 20))])
+    evidence = fixed_part_evidence(
+        [window(0, 32, scale * (fixed + 32)), window(0.5, 20, scale * (fixed + 20))]
+    )
     assert list(evidence) == [at(0.5)]
-    assert evidence[at(0.5)][0] == pytest.approx(fixed) and evidence[at(0.5)][1] == pytest.approx(12 / 32)
+    assert evidence[at(0.5)][0] == pytest.approx(fixed) and evidence[at(0.5)][1] == pytest.approx(
+        12 / 32
+    )
 
 
 def test_pairs_too_close_in_size_or_too_far_apart_in_time_or_not_full_say_nothing():
     assert fixed_part_evidence([window(0, 32, 0.4), window(0.5, 31, 0.39)]) == {}
     assert fixed_part_evidence([window(0, 32, 0.4), window(10, 16, 0.3)]) == {}
-    assert fixed_part_evidence([window(0, 20, 0.4, size=32), window(0.5, 32, 0.39)]) == {}  # a short batch
-    assert fixed_part_evidence([window(0, 32, 0.9, opening=True), window(0.5, 16, 0.3)]) == {}  # first steps
+    # a short batch
+    assert fixed_part_evidence([window(0, 20, 0.4, size=32), window(0.5, 32, 0.39)]) == {}
+    # first steps
+    assert fixed_part_evidence([window(0, 32, 0.9, opening=True), window(0.5, 16, 0.3)]) == {}
 
 
 def test_a_worker_without_evidence_borrows_the_jobs_and_no_part_is_negative():

@@ -11,6 +11,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from antdt.bus.clients import consuming, make_producer
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import assign_now, poll_batch
+from antdt.control.signing import sign
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import (
     AckStatus,
@@ -23,7 +24,6 @@ from antdt.schemas.models import (
 )
 from antdt.schemas.types import utc_now
 from antdt.settings import load_settings
-from antdt.signing import sign
 from antdt.topics import topic_spec, worker_key
 from antdt.worker import EXIT_EVICTED, EXIT_RESTART, Agent, AgentState
 
@@ -33,27 +33,54 @@ CODEC = SingleObjectCodec()
 
 @pytest.fixture
 def agent_settings(settings, topics):
-    return load_settings(**{**settings.model_dump(), "report_interval_s": 0.1, "heartbeat_interval_s": 0.2, "signing_key": KEY})
+    return load_settings(
+        **{
+            **settings.model_dump(),
+            "report_interval_s": 0.1,
+            "heartbeat_interval_s": 0.2,
+            "signing_key": KEY,
+        }
+    )
 
 
 def read_topic(settings, component, name, want, timeout_s=20.0) -> list:
     topic = topic_spec(component, name).full_name(settings.topic_prefix)
     found = []
     with consuming(settings) as consumer:
-        assign_now(consumer, [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(topic_spec(component, name).partitions)])
+        assign_now(
+            consumer,
+            [
+                TopicPartition(topic, p, OFFSET_BEGINNING)
+                for p in range(topic_spec(component, name).partitions)
+            ],
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            found += [CODEC.decode(m.value()) for m in poll_batch(consumer, 1000, 0.1) if marker_id(m) is None]
+            found += [
+                CODEC.decode(m.value())
+                for m in poll_batch(consumer, 1000, 0.1)
+                if marker_id(m) is None
+            ]
             if want(found):
                 break
     return found
 
 
-def send_command(settings, action=CommandAction.ADJUST_BATCH_SIZE, key=KEY, **fields) -> MitigationCommand:
+def send_command(
+    settings, action=CommandAction.ADJUST_BATCH_SIZE, key=KEY, **fields
+) -> MitigationCommand:
     now = utc_now()
     values = dict(
-        command_id=f"c-{time.monotonic_ns()}", job_id="job-agent", target_worker="w1", action=action, reason="test",
-        evidence=[], policy="test", issued_at=now, expires_at=now + timedelta(minutes=5), controller_epoch=1,
+        command_id=f"c-{time.monotonic_ns()}",
+        job_id="job-agent",
+        target_worker="w1",
+        action=action,
+        reason="test",
+        evidence=[],
+        policy="test",
+        issued_at=now,
+        expires_at=now + timedelta(minutes=5),
+        controller_epoch=1,
     )
     values.update(fields)
     command = MitigationCommand(**values)
@@ -61,7 +88,11 @@ def send_command(settings, action=CommandAction.ADJUST_BATCH_SIZE, key=KEY, **fi
         command = sign(command, key.encode())
     topic = topic_spec("controller", "commands").full_name(settings.topic_prefix)
     producer = make_producer(settings)
-    producer.produce(topic, key=worker_key(command.job_id, command.target_worker).encode(), value=CODEC.encode(command))
+    producer.produce(
+        topic,
+        key=worker_key(command.job_id, command.target_worker).encode(),
+        value=CODEC.encode(command),
+    )
     producer.flush(5)
     return command
 
@@ -84,8 +115,12 @@ def wait_until(condition, timeout_s=20.0) -> None:
 
 
 def acks_for(settings, command_id, want_status) -> list[CommandAck]:
-    acks = read_topic(settings, "worker", "acks",
-                      lambda found: any(a.command_id == command_id and a.status is want_status for a in found))
+    acks = read_topic(
+        settings,
+        "worker",
+        "acks",
+        lambda found: any(a.command_id == command_id and a.status is want_status for a in found),
+    )
     return [a for a in acks if a.command_id == command_id]
 
 
@@ -94,14 +129,21 @@ def test_events_arrive_and_decode(agent_settings):
         for _ in range(40):
             time.sleep(0.002)
             agent.step()
-    metrics = read_topic(agent_settings, "worker", "metrics", lambda f: sum(m.step_count for m in f) >= 40)
+    metrics = read_topic(
+        agent_settings, "worker", "metrics", lambda f: sum(m.step_count for m in f) >= 40
+    )
     assert all(isinstance(m, WorkerMetrics) for m in metrics)
     assert sum(m.step_count for m in metrics) == 40 and sum(m.samples for m in metrics) == 40 * 8
     busy = [m for m in metrics if m.step_count]
     assert busy[0].first_step == 0 and busy[-1].last_step == 39
     assert all(m.compute.min_s > 0 and m.rank == 1 and m.local_batch_size == 8 for m in busy)
     assert [m.seq for m in metrics] == sorted(m.seq for m in metrics)
-    lifecycle = read_topic(agent_settings, "worker", "lifecycle", lambda f: any(e.event is LifecycleEvent.LEFT for e in f))
+    lifecycle = read_topic(
+        agent_settings,
+        "worker",
+        "lifecycle",
+        lambda f: any(e.event is LifecycleEvent.LEFT for e in f),
+    )
     events = [e.event for e in lifecycle if isinstance(e, WorkerLifecycle)]
     assert events[0] is LifecycleEvent.JOINED and events[-1] is LifecycleEvent.LEFT
     assert lifecycle[-1].exit_code == 0 and lifecycle[-1].reason == "finished"
@@ -115,13 +157,18 @@ def test_time_split_between_compute_data_and_sync(agent_settings):
             with agent.sync_wait():
                 time.sleep(0.005)
             agent.step()
-    metrics = read_topic(agent_settings, "worker", "metrics", lambda f: sum(m.step_count for m in f) >= 5)
-    assert sum(m.data_wait_s for m in metrics) >= 0.05 and sum(m.sync_wait_s for m in metrics) >= 0.025
+    metrics = read_topic(
+        agent_settings, "worker", "metrics", lambda f: sum(m.step_count for m in f) >= 5
+    )
+    assert (
+        sum(m.data_wait_s for m in metrics) >= 0.05 and sum(m.sync_wait_s for m in metrics) >= 0.025
+    )
     assert max(m.compute.max_s for m in metrics) < 0.005  # the waits are not counted as compute
 
 
 def test_time_an_iterable_books_as_waiting_for_others_is_not_data_wait(agent_settings):
     with Agent("job-agent", "w1", settings=agent_settings, listen_for_commands=False) as agent:
+
         def waits_for_the_others():  # as a sharded dataset does while the sharder says WAIT
             for item in range(3):
                 with agent.sync_wait():
@@ -130,8 +177,12 @@ def test_time_an_iterable_books_as_waiting_for_others_is_not_data_wait(agent_set
 
         for _ in agent.iterate(waits_for_the_others()):
             agent.step()
-    metrics = read_topic(agent_settings, "worker", "metrics", lambda f: sum(m.step_count for m in f) >= 3)
-    assert sum(m.sync_wait_s for m in metrics) >= 0.06 and sum(m.data_wait_s for m in metrics) < 0.02
+    metrics = read_topic(
+        agent_settings, "worker", "metrics", lambda f: sum(m.step_count for m in f) >= 3
+    )
+    assert (
+        sum(m.sync_wait_s for m in metrics) >= 0.06 and sum(m.data_wait_s for m in metrics) < 0.02
+    )
 
 
 def test_batch_size_changes_exactly_at_the_effective_step(agent_settings):
@@ -139,14 +190,18 @@ def test_batch_size_changes_exactly_at_the_effective_step(agent_settings):
     with Agent("job-agent", "w1", settings=agent_settings, batch_size=32) as agent:
         agent.on_batch_size(lambda size: sizes.setdefault("callback", (agent.step_count, size)))
         command = send_command(agent_settings, batch_size=12, effective_step=500)
-        wait_until(lambda: agent._inbox)  # the command arrived, before step 500 could have been reached
+        # the command arrived, before step 500 could have been reached
+        wait_until(lambda: agent._inbox)
         while agent.step_count < 510:
             sizes[agent.step_count] = agent.batch_size
             agent.step()
     assert sizes[499] == 32 and sizes[500] == 12  # step 500 is the first to run with the new size
     assert sizes["callback"] == (500, 12)
     acks = acks_for(agent_settings, command.command_id, AckStatus.APPLIED)
-    assert [(a.status, a.applied_step) for a in acks] == [(AckStatus.SCHEDULED, 500), (AckStatus.APPLIED, 500)]
+    assert [(a.status, a.applied_step) for a in acks] == [
+        (AckStatus.SCHEDULED, 500),
+        (AckStatus.APPLIED, 500),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -155,7 +210,10 @@ def test_batch_size_changes_exactly_at_the_effective_step(agent_settings):
         ({"key": None}, "unsigned"),
         ({"key": "forged-key-forged-key-forged-key"}, "bad signature"),
         ({"expires_at_offset": -1}, "expired"),
-        ({"target_worker": "w1", "job_id": "job-agent", "controller_epoch": 0, "after_epoch": 2}, "stale epoch"),
+        (
+            {"target_worker": "w1", "job_id": "job-agent", "controller_epoch": 0, "after_epoch": 2},
+            "stale epoch",
+        ),
     ],
     ids=["unsigned", "forged", "expired", "stale-epoch"],
 )
@@ -168,7 +226,9 @@ def test_refused_commands_are_acknowledged_as_rejected_and_counted(agent_setting
         offset = fields.pop("expires_at_offset", None)
         if offset is not None:
             now = utc_now()
-            fields.update(issued_at=now - timedelta(minutes=2), expires_at=now + timedelta(seconds=offset))
+            fields.update(
+                issued_at=now - timedelta(minutes=2), expires_at=now + timedelta(seconds=offset)
+            )
         command = send_command(agent_settings, batch_size=8, **fields)
         step_until(agent, lambda: sum(agent.verifier.rejected.values()) >= 1)
         assert agent.batch_size != 8
@@ -183,7 +243,9 @@ def test_a_replayed_command_id_is_refused(agent_settings):
         step_until(agent, lambda: agent.shard_quota == 5)
         topic = topic_spec("controller", "commands").full_name(agent_settings.topic_prefix)
         producer = make_producer(agent_settings)
-        producer.produce(topic, key=worker_key("job-agent", "w1").encode(), value=CODEC.encode(first))
+        producer.produce(
+            topic, key=worker_key("job-agent", "w1").encode(), value=CODEC.encode(first)
+        )
         producer.flush(5)
         step_until(agent, lambda: agent.verifier.rejected["duplicate"] == 1)
 
@@ -194,6 +256,7 @@ def test_pause_holds_the_step_until_resume(agent_settings):
 
     stop = threading.Event()
     with Agent("job-agent", "w1", settings=agent_settings) as agent:
+
         def train():
             while not stop.is_set():
                 agent.step()
@@ -214,8 +277,12 @@ def test_pause_holds_the_step_until_resume(agent_settings):
     assert paused_at == resumed_at
 
 
-@pytest.mark.parametrize(("action", "code"), [(CommandAction.RESTART, EXIT_RESTART), (CommandAction.EVICT, EXIT_EVICTED)])
-def test_restart_and_evict_checkpoint_then_exit_with_a_distinctive_code(agent_settings, action, code):
+@pytest.mark.parametrize(
+    ("action", "code"), [(CommandAction.RESTART, EXIT_RESTART), (CommandAction.EVICT, EXIT_EVICTED)]
+)
+def test_restart_and_evict_checkpoint_then_exit_with_a_distinctive_code(
+    agent_settings, action, code
+):
     saved = []
     with pytest.raises(SystemExit) as exited:
         with Agent("job-agent", "w1", settings=agent_settings) as agent:
@@ -223,7 +290,12 @@ def test_restart_and_evict_checkpoint_then_exit_with_a_distinctive_code(agent_se
             send_command(agent_settings, action=action, reason="persistent straggler")
             step_until(agent, lambda: False if not saved else True)
     assert exited.value.code == code and len(saved) == 1
-    lifecycle = read_topic(agent_settings, "worker", "lifecycle", lambda f: any(e.event is LifecycleEvent.LEFT for e in f))
+    lifecycle = read_topic(
+        agent_settings,
+        "worker",
+        "lifecycle",
+        lambda f: any(e.event is LifecycleEvent.LEFT for e in f),
+    )
     left = [e for e in lifecycle if e.event is LifecycleEvent.LEFT][-1]
     assert left.exit_code == code and "persistent straggler" in left.reason
 
@@ -233,10 +305,20 @@ def test_custom_actions_reach_registered_callbacks(agent_settings):
     with Agent("job-agent", "w1", settings=agent_settings) as agent:
         agent.on_command("flush-cache", lambda command: seen.append(command.parameters["level"]))
         unknown = send_command(agent_settings, action=CommandAction.CUSTOM, custom_action="nope")
-        command = send_command(agent_settings, action=CommandAction.CUSTOM, custom_action="flush-cache", parameters={"level": "2"})
+        command = send_command(
+            agent_settings,
+            action=CommandAction.CUSTOM,
+            custom_action="flush-cache",
+            parameters={"level": "2"},
+        )
         step_until(agent, lambda: len(seen) == 1)  # commands apply in order: "nope" went first
-    assert acks_for(agent_settings, command.command_id, AckStatus.APPLIED)[-1].status is AckStatus.APPLIED
-    assert acks_for(agent_settings, unknown.command_id, AckStatus.FAILED)[-1].reason.startswith("LookupError")
+    assert (
+        acks_for(agent_settings, command.command_id, AckStatus.APPLIED)[-1].status
+        is AckStatus.APPLIED
+    )
+    assert acks_for(agent_settings, unknown.command_id, AckStatus.FAILED)[-1].reason.startswith(
+        "LookupError"
+    )
 
 
 def test_injected_sleep_is_booked_as_compute(agent_settings):
@@ -248,7 +330,9 @@ def test_injected_sleep_is_booked_as_compute(agent_settings):
         for _ in range(3):
             time.sleep(0.02)  # the step's own compute
             agent.step()
-    metrics = read_topic(agent_settings, "worker", "metrics", lambda f: sum(m.step_count for m in f) >= 3)
+    metrics = read_topic(
+        agent_settings, "worker", "metrics", lambda f: sum(m.step_count for m in f) >= 3
+    )
     steps = [m for m in metrics if m.step_count]
     assert min(m.compute.min_s for m in steps) >= 0.08  # 0.02 s of work, four times
 
@@ -260,10 +344,15 @@ def test_an_action_taken_over_reaches_its_handler_at_once_and_is_acknowledged_by
         command = send_command(agent_settings, batch_size=12, effective_step=500)
         wait_until(lambda: agent._inbox)
         agent.step()
-        assert held == [command] and agent.batch_size == 32  # at step 1, not 500: the handler decides when
+        # at step 1, not 500: the handler decides when
+        assert held == [command] and agent.batch_size == 32
         agent.acknowledge(held[0], AckStatus.APPLIED, "agreed", 7)
     acks = acks_for(agent_settings, command.command_id, AckStatus.APPLIED)
-    assert (acks[-1].status, acks[-1].applied_step, acks[-1].reason) == (AckStatus.APPLIED, 7, "agreed")
+    assert (acks[-1].status, acks[-1].applied_step, acks[-1].reason) == (
+        AckStatus.APPLIED,
+        7,
+        "agreed",
+    )
 
 
 @pytest.mark.parametrize(("rank", "slowed"), [(0, False), (2, True), (None, False)])

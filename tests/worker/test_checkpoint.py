@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from antdt.errors import AntdtError
-from antdt.worker.checkpoint import CheckpointError, CheckpointInfo, load_checkpoint, save_checkpoint
+from antdt.worker.checkpoint import (
+    CheckpointError,
+    CheckpointInfo,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 def trained(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -40,8 +45,15 @@ def assert_same(a, b) -> None:
 
 def test_round_trip_restores_model_optimizer_version_step_and_extra(tmp_path: Path):
     model, optimizer = trained(0)
-    extra = {"epoch": 3, "batch_sizes": [(5, 16), (10, 24)], "note": "before resize", "rng": torch.get_rng_state()}
-    path = save_checkpoint(tmp_path / "ckpt.pt", model, optimizer, shard_version=1234, step=77, extra=extra)
+    extra = {
+        "epoch": 3,
+        "batch_sizes": [(5, 16), (10, 24)],
+        "note": "before resize",
+        "rng": torch.get_rng_state(),
+    }
+    path = save_checkpoint(
+        tmp_path / "ckpt.pt", model, optimizer, shard_version=1234, step=77, extra=extra
+    )
     assert path == tmp_path / "ckpt.pt"
 
     fresh, fresh_optimizer = trained(1)  # different weights and optimizer state
@@ -58,7 +70,9 @@ def test_load_without_optimizer_and_with_map_location(tmp_path: Path):
     model, optimizer = trained(0)
     save_checkpoint(tmp_path / "ckpt.pt", model, None, shard_version=0, step=0)
     fresh, _ = trained(1)
-    assert load_checkpoint(tmp_path / "ckpt.pt", fresh, map_location="cpu") == CheckpointInfo(0, 0, {})
+    assert load_checkpoint(tmp_path / "ckpt.pt", fresh, map_location="cpu") == CheckpointInfo(
+        0, 0, {}
+    )
     assert_same(fresh.state_dict(), model.state_dict())
     with pytest.raises(CheckpointError, match="no optimizer state"):
         load_checkpoint(tmp_path / "ckpt.pt", fresh, optimizer)
@@ -73,7 +87,9 @@ def test_save_replaces_atomically_and_leaves_no_temp_file(tmp_path: Path):
     assert load_checkpoint(target, model).shard_version == 2
 
 
-def test_a_failed_save_keeps_the_previous_checkpoint_and_cleans_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_failed_save_keeps_the_previous_checkpoint_and_cleans_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     model, optimizer = trained(0)
     target = tmp_path / "ckpt.pt"
     save_checkpoint(target, model, optimizer, shard_version=1, step=10)
@@ -101,7 +117,11 @@ def test_corrupt_file_is_a_one_line_checkpoint_error(tmp_path: Path, damage: str
     model, optimizer = trained(0)
     path = save_checkpoint(tmp_path / "ckpt.pt", model, optimizer, shard_version=5, step=1)
     data = path.read_bytes()
-    path.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"not a checkpoint" * 10, "empty": b""}[damage])
+    path.write_bytes(
+        {"truncate": data[: len(data) // 2], "garbage": b"not a checkpoint" * 10, "empty": b""}[
+            damage
+        ]
+    )
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(CheckpointError, match="unreadable") as caught:
         load_checkpoint(path, model, optimizer)

@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from antdt.control.signing import sign, verify
 from antdt.schemas.models import AckStatus, CommandAction, MitigationCommand
-from antdt.signing import sign, verify
 from antdt.worker.commands import ACCEPT, CommandVerifier
 
 KEY = b"k" * 32
-NOW = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 
 
 def command(**changes) -> MitigationCommand:
     fields = dict(
-        command_id="c-1", job_id="job", target_worker="w1", action=CommandAction.SET_SHARD_QUOTA, shard_quota=1,
-        reason="test", evidence=[], policy="antdt-nd", issued_at=NOW, expires_at=NOW + timedelta(minutes=1),
+        command_id="c-1",
+        job_id="job",
+        target_worker="w1",
+        action=CommandAction.SET_SHARD_QUOTA,
+        shard_quota=1,
+        reason="test",
+        evidence=[],
+        policy="antdt-nd",
+        issued_at=NOW,
+        expires_at=NOW + timedelta(minutes=1),
         controller_epoch=3,
     )
     fields.update(changes)
@@ -51,7 +59,10 @@ def test_a_valid_signed_command_is_accepted_once():
         (lambda: sign(command(), b"forger-key-forger-key-forger-key"), "bad signature"),
         (lambda: sign(command(job_id="other-job"), KEY), "wrong target"),
         (lambda: sign(command(target_worker="w2"), KEY), "wrong target"),
-        (lambda: sign(command(expires_at=NOW, issued_at=NOW - timedelta(seconds=5)), KEY), "expired"),
+        (
+            lambda: sign(command(expires_at=NOW, issued_at=NOW - timedelta(seconds=5)), KEY),
+            "expired",
+        ),
     ],
     ids=["unsigned", "garbage-signature", "forged", "other-job", "other-worker", "expired"],
 )
@@ -71,7 +82,8 @@ def test_a_stale_controller_epoch_is_refused_after_a_newer_one():
 
 def test_a_forged_command_cannot_raise_the_trusted_epoch():
     v = verifier()
-    v.check(command(command_id="forged", controller_epoch=999))  # unsigned: refused before its epoch counts
+    # unsigned: refused before its epoch counts
+    v.check(command(command_id="forged", controller_epoch=999))
     assert v.highest_epoch == 0
     assert v.check(sign(command(command_id="real", controller_epoch=3), KEY)) is ACCEPT
 
@@ -82,7 +94,9 @@ def test_dry_run_is_acknowledged_and_ignored():
 
 
 def test_a_node_hint_is_acknowledged_as_ignored_not_failed():
-    hint = command(action=CommandAction.MARK_NODE_DEGRADED, shard_quota=None, parameters={"node": "n2"})
+    hint = command(
+        action=CommandAction.MARK_NODE_DEGRADED, shard_quota=None, parameters={"node": "n2"}
+    )
     verdict = verifier().check(sign(hint, KEY))
     assert verdict.status is AckStatus.IGNORED and "orchestrator" in verdict.reason
 

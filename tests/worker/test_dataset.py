@@ -1,4 +1,5 @@
-"""ShardedDataset with the real sharder: samples tagged, committed at the step, every one exactly once per epoch."""
+"""ShardedDataset with the real sharder: samples tagged, committed at the step, every one exactly
+once per epoch."""
 
 from __future__ import annotations
 
@@ -19,11 +20,20 @@ from tests.services.sharder.harness import assert_exactly_once, job_log, running
 
 
 def spec(size: int, shard_size: int, epochs: int) -> DatasetSpec:
-    return DatasetSpec(name="ds", size=size, shard_size=shard_size, epochs=epochs, shuffle_seed=5, max_attempts=3, lease_s=60)
+    return DatasetSpec(
+        name="ds",
+        size=size,
+        shard_size=shard_size,
+        epochs=epochs,
+        shuffle_seed=5,
+        max_attempts=3,
+        lease_s=60,
+    )
 
 
 def train(settings, job, worker, dataset_spec, num_workers, seen: Counter, failures: list) -> None:
-    """A training loop as the agent's docstring shows it: iterate, step (which commits), until finished."""
+    """A training loop as the agent's docstring shows it: iterate, step (which commits), until
+    finished."""
     try:
         _train(settings, job, worker, dataset_spec, num_workers, seen)
     except BaseException as exc:  # noqa: BLE001 - the test reports it
@@ -37,28 +47,42 @@ def _train(settings, job, worker, dataset_spec, num_workers, seen: Counter) -> N
         while not data.finished:
             for batch in agent.iterate(batches):
                 seen.update((tag.epoch, tag.index) for tag in agent.pending_tags)
-                assert sorted(int(i) for i in batch) == sorted(tag.index for tag in agent.pending_tags)
+                assert sorted(int(i) for i in batch) == sorted(
+                    tag.index for tag in agent.pending_tags
+                )
                 agent.step(samples=len(batch))
         data.close()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("trainers", "num_workers"), [(2, 0), (2, 2)], ids=["2-trainers-in-process", "2-trainers-2-loader-processes-each"])
+@pytest.mark.parametrize(
+    ("trainers", "num_workers"),
+    [(2, 0), (2, 2)],
+    ids=["2-trainers-in-process", "2-trainers-2-loader-processes-each"],
+)
 def test_every_sample_exactly_once_per_epoch(settings, topics, trainers, num_workers):
     dataset_spec = spec(size=600, shard_size=25, epochs=2)
     job = f"job-ds-{num_workers}"
     seen: Counter = Counter()
     failures: list[BaseException] = []
     with running_sharder(settings):
-        threads = [threading.Thread(target=train, args=(settings, job, f"w{k}", dataset_spec, num_workers, seen, failures),
-                                    daemon=True) for k in range(trainers)]
+        threads = [
+            threading.Thread(
+                target=train,
+                args=(settings, job, f"w{k}", dataset_spec, num_workers, seen, failures),
+                daemon=True,
+            )
+            for k in range(trainers)
+        ]
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 150
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         assert not failures, f"a trainer failed: {failures[0]!r}"
-        assert not any(thread.is_alive() for thread in threads), "a trainer did not finish within 150 s"
+        assert not any(thread.is_alive() for thread in threads), (
+            "a trainer did not finish within 150 s"
+        )
     assert seen == Counter({(epoch, i): 1 for epoch in range(2) for i in range(600)})
     events = job_log(settings, job)
     assert_exactly_once(job, dataset_spec, events)
@@ -67,12 +91,19 @@ def test_every_sample_exactly_once_per_epoch(settings, topics, trainers, num_wor
 
 def test_the_dataset_size_must_match_the_spec(settings):
     with pytest.raises(ValueError, match="has 10 samples but the spec says 600"):
-        ShardedDataset(list(range(10)), spec(600, 25, 1), settings=settings, job_id="j", worker_id="w")
+        ShardedDataset(
+            list(range(10)), spec(600, 25, 1), settings=settings, job_id="j", worker_id="w"
+        )
 
 
 def test_within_shard_order_is_shuffled_deterministically_and_applied_samples_are_skipped(settings):
-    again = ShardedDataset(list(range(100)), spec(size=100, shard_size=50, epochs=1), settings=settings, job_id="x",
-                           worker_id="w")
+    again = ShardedDataset(
+        list(range(100)),
+        spec(size=100, shard_size=50, epochs=1),
+        settings=settings,
+        job_id="x",
+        worker_id="w",
+    )
     shard = type("S", (), {"start": 0, "length": 50, "shard_id": 0, "done": []})()
     assert again._positions(0, shard) == again._positions(0, shard) != list(range(50))
     assert sorted(again._positions(0, shard)) == list(range(50))
@@ -81,7 +112,10 @@ def test_within_shard_order_is_shuffled_deterministically_and_applied_samples_ar
 
 
 def test_samples_come_tagged_with_their_grant(settings, topics):
-    with running_sharder(settings), Agent("job-tags", "w0", settings=settings, listen_for_commands=False) as agent:
+    with (
+        running_sharder(settings),
+        Agent("job-tags", "w0", settings=settings, listen_for_commands=False) as agent,
+    ):
         data = agent.shards(list(range(100)), spec(size=100, shard_size=50, epochs=1))
         first = next(iter(data))
         data.close()
@@ -92,8 +126,11 @@ def test_samples_come_tagged_with_their_grant(settings, topics):
 
 
 @pytest.mark.slow
-def test_a_commit_the_bus_loses_is_sent_again_and_the_epoch_still_ends_exactly_once(settings, topics):
-    """The first commit report never reaches the sharder: the next answer shows it missing, the worker sends it again.
+def test_a_commit_the_bus_loses_is_sent_again_and_the_epoch_still_ends_exactly_once(
+    settings, topics
+):
+    """The first commit report never reaches the sharder: the next answer shows it missing, the
+    worker sends it again.
 
     Without that the shard stays held, read to the end, never DONE: the
     worker would wait for it for ever, its requests renewing the lease.
@@ -141,21 +178,31 @@ def lose_the_first_commit(client) -> None:
 
 
 def test_a_silent_sharder_ends_the_wait_with_a_clear_error(settings, topics):
-    """No sharder running: each request times out and is asked again, until the bound, then NoAnswer names it."""
+    """No sharder running: each request times out and is asked again, until the bound, then NoAnswer
+    names it."""
     with Agent("job-silent", "w0", settings=settings, listen_for_commands=False) as agent:
-        data = agent.shards(list(range(100)), spec(size=100, shard_size=50, epochs=1), request_timeout_s=0.3,
-                            sharder_timeout_s=1.0)
+        data = agent.shards(
+            list(range(100)),
+            spec(size=100, shard_size=50, epochs=1),
+            request_timeout_s=0.3,
+            sharder_timeout_s=1.0,
+        )
         with pytest.raises(NoAnswer, match=r"worker w0: no answer from the sharder for \d+ s"):
             next(iter(data))
         data.close()
 
 
-def test_checkpoint_then_restore_retrains_exactly_what_the_model_has_not_seen(settings, topics, tmp_path):
+def test_checkpoint_then_restore_retrains_exactly_what_the_model_has_not_seen(
+    settings, topics, tmp_path
+):
     dataset_spec = spec(size=200, shard_size=20, epochs=1)
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     before, after_restore = [], []
-    with running_sharder(settings), Agent("job-ckpt", "w0", settings=settings, listen_for_commands=False) as agent:
+    with (
+        running_sharder(settings),
+        Agent("job-ckpt", "w0", settings=settings, listen_for_commands=False) as agent,
+    ):
         data = agent.shards(list(range(200)), dataset_spec, shuffle=False)
         stream = agent.iterate(iter(data))
         for _ in range(50):  # fifty steps of one sample: committed, in the model
@@ -174,12 +221,16 @@ def test_checkpoint_then_restore_retrains_exactly_what_the_model_has_not_seen(se
                 agent.step()
         data.close()
     assert version > 0
-    assert sorted(before[:50] + after_restore) == list(range(200))  # the rest of the epoch, exactly once
+    # the rest of the epoch, exactly once
+    assert sorted(before[:50] + after_restore) == list(range(200))
     assert set(before[50:]) <= set(after_restore)  # what the model lost is trained again
 
 
-def test_a_worker_that_a_rewind_leaves_in_a_later_epoch_goes_back_to_the_rewound_one(settings, topics):
-    """Another process (a parameter server back from its checkpoint) rewinds the job to before this worker's epoch ended.
+def test_a_worker_that_a_rewind_leaves_in_a_later_epoch_goes_back_to_the_rewound_one(
+    settings, topics
+):
+    """Another process (a parameter server back from its checkpoint) rewinds the job to before this
+    worker's epoch ended.
 
     The sharder is back in epoch 0 and answers this worker's requests for
     epoch 1 with epoch 0: the worker must follow it there, or it waits for
@@ -187,8 +238,11 @@ def test_a_worker_that_a_rewind_leaves_in_a_later_epoch_goes_back_to_the_rewound
     """
     dataset_spec = spec(size=100, shard_size=50, epochs=2)
     trained: list[tuple[int, int]] = []
-    with (running_sharder(settings), Agent("job-back", "w0", settings=settings, listen_for_commands=False) as agent,
-          ShardClient(settings, "job-back", "ps-0", dataset_spec) as server):
+    with (
+        running_sharder(settings),
+        Agent("job-back", "w0", settings=settings, listen_for_commands=False) as agent,
+        ShardClient(settings, "job-back", "ps-0", dataset_spec) as server,
+    ):
         data = agent.shards(list(range(100)), dataset_spec, shuffle=False)
         stream = agent.iterate(iter(data))
         for _ in range(50):  # the first shard, committed
@@ -210,19 +264,25 @@ def test_a_worker_that_a_rewind_leaves_in_a_later_epoch_goes_back_to_the_rewound
         worker = threading.Thread(target=rest, daemon=True)
         worker.start()
         worker.join(60)
-        assert not worker.is_alive(), "the worker waits in epoch 1 while the rewind reopened epoch 0"
+        assert not worker.is_alive(), (
+            "the worker waits in epoch 1 while the rewind reopened epoch 0"
+        )
         data.close()
     assert sorted(trained) == [(0, i) for i in range(50, 100)] + [(1, i) for i in range(100)]
-    report = audit_log(job_log(settings, "job-back"), "job-back")  # shard 1's first DONE was undone: audit, not DONE counts
+    # shard 1's first DONE was undone: audit, not DONE counts
+    report = audit_log(job_log(settings, "job-back"), "job-back")
     assert report.ok and report.finished, report.violations
     assert [e.samples_done_once for e in report.epochs] == [100, 100]
 
 
 def test_one_shard_at_a_time_a_pass_goes_on_until_the_sharder_really_has_nothing(settings, topics):
-    """With quota 1 the prefetched answer can never hold the next shard (the current one was unread when it was
-    asked): it is asked again at once, not taken for "nothing now", which would end the pass and have a
-    synchronous feed hand out short batches at every shard's end."""
-    with running_sharder(settings), Agent("job-one", "w0", settings=settings, listen_for_commands=False) as agent:
+    """With quota 1 the prefetched answer can never hold the next shard (the current one was unread
+    when it was asked): it is asked again at once, not taken for "nothing now", which would end the
+    pass and have a synchronous feed hand out short batches at every shard's end."""
+    with (
+        running_sharder(settings),
+        Agent("job-one", "w0", settings=settings, listen_for_commands=False) as agent,
+    ):
         data = agent.shards(list(range(100)), spec(size=100, shard_size=10, epochs=1))
         data.quota = 1
         first_pass = list(iter(data))

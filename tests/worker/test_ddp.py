@@ -21,8 +21,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from antdt.worker.ddp import (
-    BatchSizePlan, CollectiveTimeout, DistributedError, StepSizedTimeout, WeightedGradientAverager,
-    agreed_checkpoint_version, wait_within, world_size,
+    CollectiveTimeout,
+    DistributedError,
+    StepSizedTimeout,
+    WeightedGradientAverager,
+    agreed_checkpoint_version,
+    wait_within,
+    world_size,
 )
 from antdt.worker.ledger import LedgerSlots, SampleLedger
 from antdt.worker.provenance import SampleTag
@@ -39,11 +44,14 @@ PLANS = {
 
 
 class Net(torch.nn.Module):
-    """A small MLP plus a head that only rare samples reach, so some ranks (and some steps) have no gradient for it."""
+    """A small MLP plus a head that only rare samples reach, so some ranks (and some steps) have no
+    gradient for it."""
 
     def __init__(self):
         super().__init__()
-        self.body = torch.nn.Sequential(torch.nn.Linear(FEATURES, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(FEATURES, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)
+        )
         self.rare = torch.nn.Linear(FEATURES, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -66,17 +74,17 @@ def new_model(mixed: bool = False) -> tuple[Net, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
 
 
-def plan_for(world: int, rank: int) -> BatchSizePlan:
+def size_at(world: int, rank: int, step: int) -> int:
+    """The rank's local batch size at ``step``: its initial one, or the latest change at or before
+    it."""
     initial, changes = PLANS[world]
-    plan = BatchSizePlan(initial[rank])
-    for step, sizes in changes.items():
-        plan.schedule(step, sizes[rank])
-    return plan
+    latest = [sizes for at, sizes in sorted(changes.items()) if at <= step]
+    return (latest[-1] if latest else initial)[rank]
 
 
 def batch(world: int, step: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """The global batch of ``step`` (the same in every process) and each rank's local size."""
-    sizes = [plan_for(world, rank).size_for(step) for rank in range(world)]
+    sizes = [size_at(world, rank, step) for rank in range(world)]
     generator = torch.Generator().manual_seed(100 * world + step)
     x = torch.randn(sum(sizes), FEATURES, generator=generator, dtype=torch.float64)
     y = torch.randn(sum(sizes), 1, generator=generator, dtype=torch.float64)
@@ -98,10 +106,16 @@ def reference(world: int, mixed: bool) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def rank_main(rank: int, world: int, init_file: str, out_dir: str, mixed: bool, device: str = "cpu") -> None:
+def rank_main(
+    rank: int, world: int, init_file: str, out_dir: str, mixed: bool, device: str = "cpu"
+) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60),
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
     )
     try:
         timed = []
@@ -111,11 +125,15 @@ def rank_main(rank: int, world: int, init_file: str, out_dir: str, mixed: bool, 
             def timer():
                 timed.append(name)
                 yield
+
             return timer
 
         ledger = SampleLedger(STEPS * 100, 1)
-        averager = WeightedGradientAverager(sync_timer=timer_named("default"),
-                                            ledger=LedgerSlots(ledger, world, rank, cap=32), timeout=StepSizedTimeout())
+        averager = WeightedGradientAverager(
+            sync_timer=timer_named("default"),
+            ledger=LedgerSlots(ledger, world, rank, cap=32),
+            timeout=StepSizedTimeout(),
+        )
         model, optimizer = new_model(mixed)
         model.to(device)
         global_batches, counted = [], []
@@ -125,22 +143,26 @@ def rank_main(rank: int, world: int, init_file: str, out_dir: str, mixed: bool, 
             start = sum(sizes[:rank])
             optimizer.zero_grad()
             if sizes[rank]:
-                train_step(model, x[start:start + sizes[rank]], y[start:start + sizes[rank]])
+                train_step(model, x[start : start + sizes[rank]], y[start : start + sizes[rank]])
             else:  # paused: stale garbage in the gradients must not leak into the update
                 for param in model.parameters():
                     param.grad = torch.full_like(param, math.nan)
             this_call = timer_named("per call") if step % 2 else None
-            tags = [SampleTag(0, step * 100 + start + i) for i in range(sizes[rank])]  # sample = place in the step
+            # sample = place in the step
+            tags = [SampleTag(0, step * 100 + start + i) for i in range(sizes[rank])]
             if step % 3:
                 global_batches.append(averager.sync(model, sizes[rank], this_call, tags=tags))
             else:  # with counters riding along: each rank adds rank + 1
-                total, sums = averager.sync_counting(model, sizes[rank], [rank + 1, 0], this_call, tags=tags)
+                total, sums = averager.sync_counting(
+                    model, sizes[rank], [rank + 1, 0], this_call, tags=tags
+                )
                 global_batches.append(total)
                 counted.append(sums)
             optimizer.step()
 
         flushed = []
-        version = agreed_checkpoint_version(lambda: flushed.append(1), lambda: 41 + rank)  # only rank 0 asks
+        # only rank 0 asks
+        version = agreed_checkpoint_version(lambda: flushed.append(1), lambda: 41 + rank)
         try:
             agreed_checkpoint_version(lambda: None, lambda: 1 // 0)
             failure = None
@@ -149,8 +171,16 @@ def rank_main(rank: int, world: int, init_file: str, out_dir: str, mixed: bool, 
         except DistributedError:
             failure = "told"
         torch.save(
-            {"state": {name: value.cpu() for name, value in model.state_dict().items()}, "global_batches": global_batches, "timed": timed, "counted": counted,
-             "version": version, "flushed": len(flushed), "failure": failure, "ledger": ledger.counts},
+            {
+                "state": {name: value.cpu() for name, value in model.state_dict().items()},
+                "global_batches": global_batches,
+                "timed": timed,
+                "counted": counted,
+                "version": version,
+                "flushed": len(flushed),
+                "failure": failure,
+                "ledger": ledger.counts,
+            },
             Path(out_dir) / f"rank{rank}.pt",
         )
         dist.barrier()  # nobody tears the group down while a peer is still in the last collective
@@ -162,25 +192,39 @@ ON_A_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUD
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("world", "mixed", "device"), [
-    (2, False, "cpu"), (3, False, "cpu"), (3, True, "cpu"),
-    # CUDA gradients over gloo (every rank on one device: NCCL refuses two ranks per GPU)
-    pytest.param(2, False, "cuda", marks=ON_A_GPU), pytest.param(3, True, "cuda", marks=ON_A_GPU),
-])
-def test_weighted_average_equals_single_process_on_the_whole_batch(world: int, mixed: bool, device: str,
-                                                                   tmp_path: Path):
-    mp.spawn(rank_main, args=(world, str(tmp_path / "init"), str(tmp_path), mixed, device), nprocs=world, join=True)
+@pytest.mark.parametrize(
+    ("world", "mixed", "device"),
+    [
+        (2, False, "cpu"),
+        (3, False, "cpu"),
+        (3, True, "cpu"),
+        # CUDA gradients over gloo (every rank on one device: NCCL refuses two ranks per GPU)
+        pytest.param(2, False, "cuda", marks=ON_A_GPU),
+        pytest.param(3, True, "cuda", marks=ON_A_GPU),
+    ],
+)
+def test_weighted_average_equals_single_process_on_the_whole_batch(
+    world: int, mixed: bool, device: str, tmp_path: Path
+):
+    mp.spawn(
+        rank_main,
+        args=(world, str(tmp_path / "init"), str(tmp_path), mixed, device),
+        nprocs=world,
+        join=True,
+    )
     expected = reference(world, mixed)
     for rank in range(world):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         for name, value in expected.items():
             tolerance = 1e-5 if mixed else 1e-10  # the float32 head rounds what flows through it
-            torch.testing.assert_close(got["state"][name], value, atol=tolerance, rtol=0, msg=f"rank {rank} {name}")
+            torch.testing.assert_close(
+                got["state"][name], value, atol=tolerance, rtol=0, msg=f"rank {rank} {name}"
+            )
         assert got["counted"] == [[world * (world + 1) // 2, 0]] * len(range(0, STEPS, 3))
         assert got["global_batches"] == [sum(batch(world, step)[2]) for step in range(STEPS)]
         expected_counts = torch.zeros(STEPS * 100, dtype=torch.int32)
         for step in range(STEPS):
-            expected_counts[step * 100:step * 100 + sum(batch(world, step)[2])] = 1
+            expected_counts[step * 100 : step * 100 + sum(batch(world, step)[2])] = 1
         assert torch.equal(got["ledger"][0], expected_counts), f"rank {rank}'s ledger"
         assert got["timed"] == ["default", "per call"] * (STEPS // 2)
         assert got["version"] == 41 and got["flushed"] == 1
@@ -188,18 +232,27 @@ def test_weighted_average_equals_single_process_on_the_whole_batch(world: int, m
 
 
 def stuck_rank_main(rank: int, init_file: str, out_dir: str) -> None:
-    """Rank 1 stops taking part after three steps (stuck, not dead); rank 0 must give up on its own."""
+    """Rank 1 stops taking part after three steps (stuck, not dead); rank 0 must give up on its
+    own."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
     model, _ = new_model()
-    averager = WeightedGradientAverager(timeout=StepSizedTimeout(floor_s=1.0, factor=4.0, first_s=30.0))
+    averager = WeightedGradientAverager(
+        timeout=StepSizedTimeout(floor_s=1.0, factor=4.0, first_s=30.0)
+    )
     outcome = Path(out_dir) / f"rank-{rank}.txt"
     try:
         for step in range(5):
             if rank == 1 and step == 3:
                 outcome.write_text("stuck")
                 import time
+
                 time.sleep(20)  # longer than rank 0's bound; the test does not wait for it
                 return
             x, y, _ = batch(2, 0)
@@ -211,18 +264,28 @@ def stuck_rank_main(rank: int, init_file: str, out_dir: str) -> None:
     finally:
         if rank == 0:
             import os
-            os._exit(0)  # the group is unusable: leave without the collective clean-up, as a real rank must
+
+            # the group is unusable: leave without the collective clean-up, as a real rank must
+            os._exit(0)
 
 
 def test_a_stuck_rank_is_noticed_within_the_step_sized_bound(tmp_path: Path):
-    context = mp.start_processes(stuck_rank_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=False,
-                                 start_method="spawn")
+    context = mp.start_processes(
+        stuck_rank_main,
+        args=(str(tmp_path / "init"), str(tmp_path)),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
+    )
     try:
         rank0 = context.processes[0]
         rank0.join(timeout=25)
         assert rank0.exitcode == 0, "rank 0 did not give up on the stuck rank"
         message = (tmp_path / "rank-0.txt").read_text()
-        assert message.startswith("the all-reduce of step 3 waited") and "a rank is dead or stuck" in message
+        assert (
+            message.startswith("the all-reduce of step 3 waited")
+            and "a rank is dead or stuck" in message
+        )
         assert "limit 1.0 s" in message  # 4x steps of milliseconds is below the floor
     finally:
         for process in context.processes:
@@ -231,7 +294,8 @@ def test_a_stuck_rank_is_noticed_within_the_step_sized_bound(tmp_path: Path):
 
 
 class Unfinished:
-    """A collective that never finishes: its wait raises what the backend raises past the timeout."""
+    """A collective that never finishes: its wait raises what the backend raises past the
+    timeout."""
 
     def __init__(self, text: str):
         self.text = text
@@ -240,20 +304,35 @@ class Unfinished:
         raise RuntimeError(self.text)
 
 
-@pytest.mark.parametrize("text", [
-    "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 1000ms for recv operation to complete",
-    "[PG ID 0 PG GUID 0(default_pg) Rank 0] WorkNCCL(SeqNum=7, OpType=ALLREDUCE, Timeout(ms)=1000) "
-    "ran for 1003 milliseconds before timing out.",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+        "Timed out waiting 1000ms for recv operation to complete",
+        "[PG ID 0 PG GUID 0(default_pg) Rank 0] "
+        "WorkNCCL(SeqNum=7, OpType=ALLREDUCE, Timeout(ms)=1000) "
+        "ran for 1003 milliseconds before timing out.",
+    ],
+)
 def test_either_backends_timeout_is_a_collective_timeout(text: str):
-    with pytest.raises(CollectiveTimeout, match="the all-reduce of step 3 waited .* a rank is dead or stuck"):
+    with pytest.raises(
+        CollectiveTimeout, match="the all-reduce of step 3 waited .* a rank is dead or stuck"
+    ):
         wait_within([Unfinished(text)], 1.0, "the all-reduce of step 3")
 
 
 def test_another_failure_of_a_collective_is_not_called_a_timeout():
     with pytest.raises(RuntimeError, match="Connection reset by peer"):
-        wait_within([Unfinished("[gloo/transport/tcp/pair.cc:598] Connection closed by peer: Connection reset by peer")],
-                    1.0, "the all-reduce of step 3")
+        wait_within(
+            [
+                Unfinished(
+                    "[gloo/transport/tcp/pair.cc:598] Connection closed by peer: "
+                    "Connection reset by peer"
+                )
+            ],
+            1.0,
+            "the all-reduce of step 3",
+        )
 
 
 def test_the_bound_follows_the_slowest_recent_step():
@@ -261,7 +340,8 @@ def test_the_bound_follows_the_slowest_recent_step():
     assert bound.limit_s() == 60.0
     for now in (0.0, 0.1, 0.2, 2.2, 2.3, 2.4, 2.5):
         bound.completed(now)
-    assert bound.limit_s() == 1.0  # the 2 s period has left the window of three; 5 x 0.1 s is below the floor
+    # the 2 s period has left the window of three; 5 x 0.1 s is below the floor
+    assert bound.limit_s() == 1.0
     bound.completed(5.5)
     assert bound.limit_s() == pytest.approx(15.0)
 
@@ -276,9 +356,15 @@ def test_plans_exercise_what_they_claim():
         for step in range(STEPS):
             x, _, local = batch(world, step)
             hits = (x[:, 0] > RARE).tolist()
-            rare.append([sum(hits[sum(local[:rank]):sum(local[:rank + 1])]) for rank in range(world)])
-        assert any(not any(step) for step in rare), "a step where no rank has a gradient for the rare head"
-        assert any(step.count(0) == 1 for step in rare), "a step where some ranks have one and some not"
+            rare.append(
+                [sum(hits[sum(local[:rank]) : sum(local[: rank + 1])]) for rank in range(world)]
+            )
+        assert any(not any(step) for step in rare), (
+            "a step where no rank has a gradient for the rare head"
+        )
+        assert any(step.count(0) == 1 for step in rare), (
+            "a step where some ranks have one and some not"
+        )
 
 
 # ------------------------------------------------------------------ one process
@@ -289,7 +375,11 @@ def test_without_distributed_sync_is_a_no_op():
     model, _ = new_model()
     x, y, _ = batch(2, 0)
     train_step(model, x, y)
-    before = {name: param.grad.clone() for name, param in model.named_parameters() if param.grad is not None}
+    before = {
+        name: param.grad.clone()
+        for name, param in model.named_parameters()
+        if param.grad is not None
+    }
     identities = {name: id(param.grad) for name, param in model.named_parameters()}
     assert WeightedGradientAverager().sync(model, 8) == 8
     for name, param in model.named_parameters():
@@ -307,44 +397,8 @@ def test_sync_refuses_a_bad_batch_size():
 
 def test_checkpoint_version_without_distributed_flushes_then_asks():
     calls = []
-    assert agreed_checkpoint_version(lambda: calls.append("flush"), lambda: calls.append("ask") or 7) == 7
+    assert (
+        agreed_checkpoint_version(lambda: calls.append("flush"), lambda: calls.append("ask") or 7)
+        == 7
+    )
     assert calls == ["flush", "ask"]
-
-
-# ------------------------------------------------------------------ BatchSizePlan
-
-
-def test_plan_switches_at_the_effective_step():
-    plan = BatchSizePlan(32)
-    plan.schedule(10, 24)
-    plan.schedule(5, 16)
-    assert [plan.size_for(step) for step in (0, 4, 5, 9, 10, 1000)] == [32, 32, 16, 16, 24, 24]
-    assert plan.changes == [(5, 16), (10, 24)]
-
-
-def test_plan_schedule_is_idempotent_and_the_last_word_wins():
-    plan = BatchSizePlan(8)
-    plan.schedule(3, 4)
-    plan.schedule(3, 4)
-    assert plan.changes == [(3, 4)]
-    plan.schedule(3, 0)
-    assert plan.size_for(3) == 0 and plan.changes == [(3, 0)]
-
-
-def test_plan_forget_before_keeps_later_answers():
-    plan = BatchSizePlan(8)
-    for step, size in [(2, 6), (4, 5), (9, 7)]:
-        plan.schedule(step, size)
-    plan.forget_before(5)
-    assert plan.initial == 5 and plan.changes == [(9, 7)]
-    assert [plan.size_for(step) for step in (5, 8, 9)] == [5, 5, 7]
-    plan.forget_before(1)
-    assert plan.changes == [(9, 7)]
-
-
-@pytest.mark.parametrize("step, size", [(-1, 4), (1, -4), (1.0, 4), (1, 4.0), (True, 4)])
-def test_plan_refuses_bad_values(step, size):
-    with pytest.raises(ValueError):
-        BatchSizePlan(8).schedule(step, size)
-    with pytest.raises(ValueError):
-        BatchSizePlan(-1)

@@ -24,16 +24,23 @@ def test_static_slices_partition_every_epoch_across_ranks():
             taken[rank] += got
         assert feed.exhausted
     assert all(len(samples) == size * epochs // world for samples in taken.values())
-    epochs_taken = [tag.epoch for tag in StaticFeed(inputs, labels, 0, world, epochs, seed=5).take(size).tags]
+    epochs_taken = [
+        tag.epoch for tag in StaticFeed(inputs, labels, 0, world, epochs, seed=5).take(size).tags
+    ]
     assert epochs_taken == [0] * (size // world) + [1] * (size // world)
     per_epoch = size // world
     for epoch in range(epochs):
-        seen = sorted(x for samples in taken.values() for x in samples[epoch * per_epoch:(epoch + 1) * per_epoch])
+        seen = sorted(
+            x
+            for samples in taken.values()
+            for x in samples[epoch * per_epoch : (epoch + 1) * per_epoch]
+        )
         assert seen == list(range(size))  # each sample exactly once per epoch
 
 
 class ScriptedDataset:
-    """Stands in for a ShardedDataset (no bus here): epochs of samples, then finished; can be told to WAIT."""
+    """Stands in for a ShardedDataset (no bus here): epochs of samples, then finished; can be told
+    to WAIT."""
 
     def __init__(self, epochs: list[list[int]]):
         self.epochs = epochs
@@ -51,7 +58,10 @@ class ScriptedDataset:
                 self.release.wait(10)
                 self.waiting = False
                 continue
-            yield Tagged((torch.tensor([float(value)]), torch.tensor(value)), (SampleTag(0, value, 0, 0, "w"),))
+            yield Tagged(
+                (torch.tensor([float(value)]), torch.tensor(value)),
+                (SampleTag(0, value, 0, 0, "w"),),
+            )
         if not self.epochs:
             self.finished = True
 
@@ -80,7 +90,8 @@ def test_a_waiting_sharder_yields_a_short_batch_instead_of_blocking_the_step():
     dataset = ScriptedDataset([[0, 1, -1, 2, 3]])
     feed = ShardFeed(dataset, capacity=8).start()
     first = feed.take(4)
-    assert first.data[1].tolist() == [0, 1] and [t.index for t in first.tags] == [0, 1]  # short: the sharder said WAIT, the other ranks must not wait for us
+    # short: the sharder said WAIT, the other ranks must not wait for us
+    assert first.data[1].tolist() == [0, 1] and [t.index for t in first.tags] == [0, 1]
     assert feed.take(4) is None  # nothing buffered while still waiting
     dataset.release.set()
     rest = drain(feed, 4)
@@ -92,7 +103,7 @@ def test_an_error_in_the_feed_reaches_the_training_thread():
     class Broken(ScriptedDataset):
         def __iter__(self):
             raise RuntimeError("sharder unreachable")
-            yield  # noqa: unreachable - makes this a generator
+            yield  # unreachable: makes this a generator
 
     feed = ShardFeed(Broken([[0]]), capacity=4).start()
     with pytest.raises(RuntimeError, match="sharder unreachable"):
@@ -100,14 +111,19 @@ def test_an_error_in_the_feed_reaches_the_training_thread():
     feed.close()
 
 
-def test_a_rank_sized_to_0_gives_its_shards_back_and_the_others_train_them_exactly_once(settings, topics):
-    """Sitting out drops the buffer and returns the held shards (their progress kept); sized up, it reads again."""
+def test_a_rank_sized_to_0_gives_its_shards_back_and_the_others_train_them_exactly_once(
+    settings, topics
+):
+    """Sitting out drops the buffer and returns the held shards (their progress kept); sized up, it
+    reads again."""
     from antdt.schemas.models import DatasetSpec
     from antdt.services.sharder.audit import audit_log
     from antdt.worker import Agent
     from tests.services.sharder.harness import job_log, running_sharder
 
-    spec = DatasetSpec(name="sit", size=200, shard_size=20, epochs=1, shuffle_seed=1, max_attempts=3, lease_s=60)
+    spec = DatasetSpec(
+        name="sit", size=200, shard_size=20, epochs=1, shuffle_seed=1, max_attempts=3, lease_s=60
+    )
     trained: list[int] = []
 
     def train_one_batch(agent, feed, size):
@@ -116,8 +132,11 @@ def test_a_rank_sized_to_0_gives_its_shards_back_and_the_others_train_them_exact
         trained.extend(labels.tolist())
         agent.step(samples=len(labels))
 
-    with (running_sharder(settings), Agent("job-sit", "r0", settings=settings, listen_for_commands=False) as sitter,
-          Agent("job-sit", "r1", settings=settings, listen_for_commands=False) as other):
+    with (
+        running_sharder(settings),
+        Agent("job-sit", "r0", settings=settings, listen_for_commands=False) as sitter,
+        Agent("job-sit", "r1", settings=settings, listen_for_commands=False) as other,
+    ):
         data = sitter.shards(Labelled(200), spec)
         data.quota = 1
         feed = ShardFeed(data, lambda: 8).start()
@@ -138,7 +157,8 @@ def test_a_rank_sized_to_0_gives_its_shards_back_and_the_others_train_them_exact
         worker.start()
         worker.join(60)
         assert not worker.is_alive(), "the other rank waits for shards the sitting-out rank kept"
-        for _ in range(200):  # it learns the job is finished while holding nothing (bounded: 200 x 50 ms)
+        # it learns the job is finished while holding nothing (bounded: 200 x 50 ms)
+        for _ in range(200):
             if feed.exhausted:
                 break
             feed.take(0)

@@ -7,9 +7,9 @@ import pytest
 
 from antdt.errors import AntdtError
 from antdt.worker.injection import (
-    Episode,
     InjectionSpecError,
     SlowdownSpec,
+    SlowPeriod,
     StragglerInjector,
     parse_slowdown,
 )
@@ -43,7 +43,7 @@ def test_constant_spec():
 
 def test_episode_spec_is_sorted():
     spec = parse_slowdown("60-70:3.0, 10-40:4")
-    assert spec.episodes == (Episode(10, 40, 4.0), Episode(60, 70, 3.0))
+    assert spec.episodes == (SlowPeriod(10, 40, 4.0), SlowPeriod(60, 70, 3.0))
     assert str(spec) == "10-40:4,60-70:3"
 
 
@@ -88,7 +88,18 @@ def test_bad_mode():
 def test_factor_follows_episodes_on_the_injector_clock():
     clock = FakeClock()
     injector = StragglerInjector(parse_slowdown("10-40:4.0,60-70:3.0"), clock=clock).start()
-    expected = {0: 1.0, 9.99: 1.0, 10: 4.0, 39.9: 4.0, 40: 1.0, 59: 1.0, 60: 3.0, 69.9: 3.0, 70: 1.0, 500: 1.0}
+    expected = {
+        0: 1.0,
+        9.99: 1.0,
+        10: 4.0,
+        39.9: 4.0,
+        40: 1.0,
+        59: 1.0,
+        60: 3.0,
+        69.9: 3.0,
+        70: 1.0,
+        500: 1.0,
+    }
     for elapsed, factor in expected.items():
         clock.now = 1000.0 + elapsed
         assert injector.factor_now() == factor, elapsed
@@ -138,9 +149,11 @@ def test_constant_sleep_mode():
 
 
 def test_from_env():
-    injector = StragglerInjector.from_env({"ANTDT_SLOWDOWN": "10-40:4", "ANTDT_SLOWDOWN_MODE": "CPU"})
+    injector = StragglerInjector.from_env(
+        {"ANTDT_SLOWDOWN": "10-40:4", "ANTDT_SLOWDOWN_MODE": "CPU"}
+    )
     assert injector.mode == "cpu"
-    assert injector.spec == SlowdownSpec(episodes=(Episode(10, 40, 4.0),))
+    assert injector.spec == SlowdownSpec(episodes=(SlowPeriod(10, 40, 4.0),))
     assert StragglerInjector.from_env({}).spec is None
     assert StragglerInjector.from_env({"ANTDT_SLOWDOWN": "  "}).spec is None
     assert StragglerInjector.from_env({"ANTDT_SLOWDOWN": "2"}).mode == "sleep"
@@ -149,7 +162,9 @@ def test_from_env():
 def test_from_env_errors_name_the_variable():
     with pytest.raises(InjectionSpecError, match=r"^ANTDT_SLOWDOWN: bad slowdown spec '10-x:2'"):
         StragglerInjector.from_env({"ANTDT_SLOWDOWN": "10-x:2"})
-    with pytest.raises(InjectionSpecError, match=r"^ANTDT_SLOWDOWN_MODE: unknown slowdown mode 'gpu'"):
+    with pytest.raises(
+        InjectionSpecError, match=r"^ANTDT_SLOWDOWN_MODE: unknown slowdown mode 'gpu'"
+    ):
         StragglerInjector.from_env({"ANTDT_SLOWDOWN": "2", "ANTDT_SLOWDOWN_MODE": "gpu"})
 
 
@@ -157,13 +172,18 @@ def test_from_env_errors_name_the_variable():
 
 
 def _children() -> set[int]:
-    return {child.pid for child in psutil.Process().children(recursive=True) if child.is_running()
-            and child.status() != psutil.STATUS_ZOMBIE}
+    return {
+        child.pid
+        for child in psutil.Process().children(recursive=True)
+        if child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+    }
 
 
 def test_cpu_mode_runs_competitors_only_during_the_episode():
     clock, sleep = FakeClock(), FakeSleep()
-    injector = StragglerInjector(parse_slowdown("10-20:2"), mode="cpu", clock=clock, sleep=sleep, competitors=2)
+    injector = StragglerInjector(
+        parse_slowdown("10-20:2"), mode="cpu", clock=clock, sleep=sleep, competitors=2
+    )
     with injector:
         assert injector.competitor_pids == []
         clock.now += 10
@@ -175,11 +195,15 @@ def test_cpu_mode_runs_competitors_only_during_the_episode():
         assert injector.update() is False
         assert injector.competitor_pids == []
         assert not pids & _children()
-        assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
+        assert not any(
+            psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            for pid in pids
+        )
 
 
 def test_close_stops_competitors_mid_episode():
-    injector = StragglerInjector(parse_slowdown("4"), mode="cpu", competitors=2).start()  # constant: from the start
+    # constant: from the start
+    injector = StragglerInjector(parse_slowdown("4"), mode="cpu", competitors=2).start()
     pids = set(injector.competitor_pids)
     assert len(pids) == 2 and pids <= _children()
     injector.close()
@@ -199,14 +223,21 @@ def test_competitors_exit_by_themselves_when_orphaned():
 
     # A short-lived parent starts a competitor and exits without closing; the orphan must follow.
     parent = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent("""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
             import os
             from antdt.worker.injection import parse_slowdown, StragglerInjector
             injector = StragglerInjector(parse_slowdown("9"), mode="cpu", competitors=1).start()
             print(injector.competitor_pids[0], flush=True)
             os._exit(0)  # no atexit, no close(): as if killed
-        """)],
-        capture_output=True, text=True, timeout=20, check=True,
+        """),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
     )
     orphan = int(parent.stdout.strip())
     try:

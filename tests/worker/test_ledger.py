@@ -37,7 +37,11 @@ def test_slots_from_every_rank_sum_into_every_samples_count():
     world, cap = 3, 4
     ledgers = [SampleLedger(10, 2) for _ in range(world)]
     slots = [LedgerSlots(ledgers[r], world, r, cap) for r in range(world)]
-    batches = [[SampleTag(0, 9), SampleTag(0, 0)], [], [SampleTag(1, 3), SampleTag(1, 4), SampleTag(1, 5)]]
+    batches = [
+        [SampleTag(0, 9), SampleTag(0, 0)],
+        [],
+        [SampleTag(1, 3), SampleTag(1, 4), SampleTag(1, 5)],
+    ]
     summed = [sum(values) for values in zip(*(slots[r].encode(batches[r]) for r in range(world)))]
     for rank_slots in slots:
         rank_slots.add(summed)

@@ -50,7 +50,8 @@ def test_deltas_are_non_negative_and_cpu_is_measured():
     sampler.sample()
     before = psutil.Process().cpu_times()
     total = 0
-    while sum(psutil.Process().cpu_times()[:2]) - sum(before[:2]) < 0.05:  # burn CPU until the counter moves
+    # burn CPU until the counter moves
+    while sum(psutil.Process().cpu_times()[:2]) - sum(before[:2]) < 0.05:
         total += sum(range(1000))
     clock.now += 1.0
     second = sampler.sample()
@@ -145,7 +146,9 @@ def test_nvml_field_failure_leaves_only_that_field_none():
 
 
 def test_broken_nvml_falls_back_to_torch_memory():
-    cuda = SimpleNamespace(is_initialized=lambda: True, mem_get_info=lambda index: (6 << 30, 16 << 30))
+    cuda = SimpleNamespace(
+        is_initialized=lambda: True, mem_get_info=lambda index: (6 << 30, 16 << 30)
+    )
     sampler = ResourceSampler(gpu=FirstOf([NvmlGpu(0, FakeNvml("handle")), TorchGpu(0, cuda)]))
     snapshot = sampler.sample()
     assert snapshot.gpu_utilization_percent is None

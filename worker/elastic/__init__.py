@@ -1,4 +1,5 @@
-"""antdt under torchrun (torch.distributed.elastic): identity, leaving an elastic job, synchronous training.
+"""antdt under torchrun (torch.distributed.elastic): identity, leaving an elastic job, synchronous
+training.
 
 :class:`~antdt.worker.elastic.job.ElasticJob` (``from antdt.worker import
 ElasticJob``) is what a DDP script swaps in for its sampler, loader and DDP

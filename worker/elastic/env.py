@@ -1,4 +1,5 @@
-"""Who a process is under torchrun (torch.distributed.elastic): read from the variables torchrun sets.
+"""Who a process is under torchrun (torch.distributed.elastic): read from the variables torchrun
+sets.
 
 torchrun gives every worker process its place in the job (``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``GROUP_RANK`` for its node, ...) and its
@@ -39,20 +40,26 @@ class TorchrunEnv:
         if RUN_ID_VAR not in environ:
             return None
         return cls(
-            run_id=environ[RUN_ID_VAR], rank=_int(environ, "RANK"), local_rank=_int(environ, "LOCAL_RANK"),
-            world_size=_int(environ, "WORLD_SIZE"), local_world_size=_int(environ, "LOCAL_WORLD_SIZE", 1),
-            group_rank=_int(environ, "GROUP_RANK", 0), group_world_size=_int(environ, "GROUP_WORLD_SIZE", 1),
+            run_id=environ[RUN_ID_VAR],
+            rank=_int(environ, "RANK"),
+            local_rank=_int(environ, "LOCAL_RANK"),
+            world_size=_int(environ, "WORLD_SIZE"),
+            local_world_size=_int(environ, "LOCAL_WORLD_SIZE", 1),
+            group_rank=_int(environ, "GROUP_RANK", 0),
+            group_world_size=_int(environ, "GROUP_WORLD_SIZE", 1),
             restart_count=_int(environ, "TORCHELASTIC_RESTART_COUNT", 0),
             max_restarts=_int(environ, "TORCHELASTIC_MAX_RESTARTS", 0),
         )
 
     @property
     def named_run(self) -> bool:
-        """Whether the run id names the job (``--rdzv-id``); torchrun's default is the literal "none"."""
+        """Whether the run id names the job (``--rdzv-id``); torchrun's default is the literal
+        "none"."""
         return bool(self.run_id) and self.run_id != "none"
 
     def worker_id(self, node: str) -> str:
-        """This process's antdt id: its node and local rank, the same across restarts and re-rendezvous.
+        """This process's antdt id: its node and local rank, the same across restarts and
+        re-rendezvous.
 
         Not the global rank: after a node leaves, the ranks are handed out
         again, and a rank number would then name another process.
@@ -64,7 +71,9 @@ def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> i
     text = environ.get(name)
     if text is None:
         if default is None:
-            raise ConfigError(f"{name} is not set, though {RUN_ID_VAR} is: not a process torchrun started")
+            raise ConfigError(
+                f"{name} is not set, though {RUN_ID_VAR} is: not a process torchrun started"
+            )
         return default
     try:
         value = int(text)

@@ -55,9 +55,14 @@ from antdt.schemas.models import AckStatus, CommandAction, DatasetSpec, Mitigati
 from antdt.worker.agent import Agent
 from antdt.worker.checkpoint import load_checkpoint, save_checkpoint
 from antdt.worker.ddp import (
-    StepSizedTimeout, WeightedGradientAverager, agreed_checkpoint_version, broadcast_int, broke_the_group,
+    StepSizedTimeout,
+    WeightedGradientAverager,
+    agreed_checkpoint_version,
+    broadcast_int,
+    broke_the_group,
     collective_device,
-    end_broken_group, world_size,
+    end_broken_group,
+    world_size,
 )
 from antdt.worker.elastic.resize import AgreedResize
 from antdt.worker.feeds import ShardFeed
@@ -65,7 +70,8 @@ from antdt.worker.ledger import LedgerSlots, SampleLedger
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-#: How long rank 0 waits for the sharder's checkpoint version (a busy sharder answers late; every rank waits).
+#: How long rank 0 waits for the sharder's checkpoint version (a busy sharder answers late; every
+#: rank waits).
 VERSION_WAIT_S = 30.0
 
 
@@ -75,13 +81,27 @@ def split_evenly(total: int, parts: int) -> list[int]:
 
 
 class ElasticJob:
-    """One rank's part of a synchronous job under torchrun (module docstring). Use as a context manager."""
+    """One rank's part of a synchronous job under torchrun (module docstring). Use as a context
+    manager."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset, *, batch_size: int,
-                 checkpoint: str | Path, epochs: int = 1, shard_size: int | None = None, seed: int = 0,
-                 checkpoint_every_s: float | None = None, name: str = "dataset", ledger_dir: str | Path | None = None,
-                 agent: Agent | None = None):
-        """``batch_size``: each rank's at the first start (the global batch is ``batch_size`` x the world).
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        dataset,
+        *,
+        batch_size: int,
+        checkpoint: str | Path,
+        epochs: int = 1,
+        shard_size: int | None = None,
+        seed: int = 0,
+        checkpoint_every_s: float | None = None,
+        name: str = "dataset",
+        ledger_dir: str | Path | None = None,
+        agent: Agent | None = None,
+    ):
+        """``batch_size``: each rank's at the first start (the global batch is ``batch_size`` x the
+        world).
 
         ``checkpoint``: where rank 0 saves (every rank must be able to read it);
         ``ledger_dir``: where rank 0 writes the ledger at the end (default: beside it).
@@ -92,9 +112,18 @@ class ElasticJob:
         self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.world = world_size()
         self.checkpoint_path = Path(checkpoint)
-        self.ledger_dir = Path(ledger_dir) if ledger_dir is not None else self.checkpoint_path.parent
-        self.spec = DatasetSpec(name=name, size=len(dataset), shard_size=shard_size or 4 * batch_size, epochs=epochs,
-                                shuffle_seed=seed, max_attempts=3, lease_s=30.0)
+        self.ledger_dir = (
+            Path(ledger_dir) if ledger_dir is not None else self.checkpoint_path.parent
+        )
+        self.spec = DatasetSpec(
+            name=name,
+            size=len(dataset),
+            shard_size=shard_size or 4 * batch_size,
+            epochs=epochs,
+            shuffle_seed=seed,
+            max_attempts=3,
+            lease_s=30.0,
+        )
         self._own_agent = agent is None
         self.agent = agent if agent is not None else Agent(batch_size=batch_size)
         self.checkpoint_every_s = checkpoint_every_s or self.agent.settings.checkpoint_every_s
@@ -107,7 +136,8 @@ class ElasticJob:
         self.restored_step: int | None = None  # the checkpoint's step when this process resumed one
         self._checkpoint_at = 0.0
         self._pending = 0  # samples in the batch handed out, not yet synchronised
-        self._synced: tuple[int, int, int] | None = None  # this step's (global batch, ranks with data, checkpoint due)
+        # this step's (global batch, ranks with data, checkpoint due)
+        self._synced: tuple[int, int, int] | None = None
         self._resize = AgreedResize()
         self._offers = [0, 0, 0]  # this step's summed resize offers
         self.agent.handle(CommandAction.ADJUST_BATCH_SIZE, self._on_resize)
@@ -119,11 +149,15 @@ class ElasticJob:
             self.agent.__enter__()
         try:
             self.data = self.agent.shards(self.dataset, self.spec)
-            self.data.quota = 1  # one shard at a time: what a rank holds when an epoch runs out is small
-            with self.agent.sync_wait():  # set-up holds every rank alike: not the first step's compute
+            # one shard at a time: what a rank holds when an epoch runs out is small
+            self.data.quota = 1
+            # set-up holds every rank alike: not the first step's compute
+            with self.agent.sync_wait():
                 self._collective(self._restore_or_start)
             self.averager = WeightedGradientAverager(
-                ledger=LedgerSlots(self.ledger, self.world, self.rank, self.global_batch), timeout=StepSizedTimeout())
+                ledger=LedgerSlots(self.ledger, self.world, self.rank, self.global_batch),
+                timeout=StepSizedTimeout(),
+            )
             self.feed = ShardFeed(self.data, lambda: 2 * self.agent.batch_size).start()
         except BaseException as exc:
             self.__exit__(type(exc), exc, exc.__traceback__)
@@ -158,17 +192,27 @@ class ElasticJob:
                 self._pending, self._synced = len(labels), None
                 yield inputs, labels
                 if self._synced is None:
-                    raise AntdtError("call job.sync() in every step, after backward() and before optimizer.step()")
+                    raise AntdtError(
+                        "call job.sync() in every step, "
+                        "after backward() and before optimizer.step()"
+                    )
                 self.samples += self._pending
             self._end_step()
 
     def sync(self) -> int:
-        """Average the gradients over the ranks, weighted by batch size; returns the global batch of the step."""
+        """Average the gradients over the ranks, weighted by batch size; returns the global batch of
+        the step."""
         due = int(self.rank == 0 and time.monotonic() >= self._checkpoint_at)
         counters = [int(not self.feed.exhausted), due, *self._resize.offer(self.agent.batch_size)]
         global_batch, (with_data, checkpoint_due, *self._offers) = self._collective(
-            lambda: self.averager.sync_counting(self.model, self._pending, counters, sync_timer=self.agent.sync_wait,
-                                                tags=self.agent.pending_tags))
+            lambda: self.averager.sync_counting(
+                self.model,
+                self._pending,
+                counters,
+                sync_timer=self.agent.sync_wait,
+                tags=self.agent.pending_tags,
+            )
+        )
         self._synced = (global_batch, with_data, checkpoint_due)
         return global_batch
 
@@ -184,9 +228,11 @@ class ElasticJob:
         self.agent.step(samples=self._pending)  # commits the samples: their update is in the model
         self._switch_if_agreed()
         if with_data and checkpoint_due:
-            with self.agent.sync_wait():  # every rank waits for it alike: not one rank's slow compute
+            # every rank waits for it alike: not one rank's slow compute
+            with self.agent.sync_wait():
                 self._collective(self._checkpoint)
-            self.averager.timeout.not_a_step(time.monotonic())  # a checkpoint does not lengthen the step bound
+            # a checkpoint does not lengthen the step bound
+            self.averager.timeout.not_a_step(time.monotonic())
         if not with_data:
             self.finished = True
             self._finish()
@@ -196,10 +242,13 @@ class ElasticJob:
     def _on_resize(self, command: MitigationCommand) -> None:
         superseded = self._resize.receive(command)
         if superseded is not None:
-            self.agent.acknowledge(superseded, AckStatus.IGNORED, "superseded by a later batch size")
+            self.agent.acknowledge(
+                superseded, AckStatus.IGNORED, "superseded by a later batch size"
+            )
 
     def _switch_if_agreed(self) -> None:
-        """Apply the pending batch size from the next step once every changed rank holds its command."""
+        """Apply the pending batch size from the next step once every changed rank holds its
+        command."""
         step = self.agent.step_count
         command = self._resize.agreed(self._offers, step, self.global_batch)
         if command is None:
@@ -207,13 +256,18 @@ class ElasticJob:
         self.agent.batch_size = command.batch_size
         self.global_batch = self._offers[1]
         late = step - (command.effective_step or step)
-        self.agent.acknowledge(command, AckStatus.APPLIED, f"late by {late} steps: waited for every changed "
-                               "rank's command" if late else None, step)
+        self.agent.acknowledge(
+            command,
+            AckStatus.APPLIED,
+            f"late by {late} steps: waited for every changed rank's command" if late else None,
+            step,
+        )
 
     # ------------------------------------------------------------ checkpoints
 
     def _restore_or_start(self) -> None:
-        """The last checkpoint of this job, shards rewound to it before any rank reads; else a first one.
+        """The last checkpoint of this job, shards rewound to it before any rank reads; else a first
+        one.
 
         Rank 0 decides and tells the others, so the ranks never part ways
         over a file that changes under them.
@@ -227,21 +281,28 @@ class ElasticJob:
         self._same_replicas()
 
     def _own_checkpoint(self, required: bool = False):
-        """This job's checkpoint, loaded into the model and optimizer; None if there is none (or another job's)."""
+        """This job's checkpoint, loaded into the model and optimizer; None if there is none (or
+        another job's)."""
         job = self.agent.spec.job_id
 
         def ours(info) -> bool:
             owner = info.extra.get("job_id")
             if owner != job:
-                log.warning("not resuming %s: it is job %r's, this is %r", self.checkpoint_path, owner, job)
+                log.warning(
+                    "not resuming %s: it is job %r's, this is %r", self.checkpoint_path, owner, job
+                )
             return owner == job
 
         info = None
         if self.checkpoint_path.exists() or required:
-            info = load_checkpoint(self.checkpoint_path, self.model, self.optimizer, map_location="cpu", only_if=ours)
+            info = load_checkpoint(
+                self.checkpoint_path, self.model, self.optimizer, map_location="cpu", only_if=ours
+            )
         if info is None and required:
-            raise AntdtError(f"{self.checkpoint_path} changed while the ranks read it: rank 0 resumed job "
-                             f"{job!r} from it, rank {self.rank} found another job's (two jobs share the path?)")
+            raise AntdtError(
+                f"{self.checkpoint_path} changed while the ranks read it: rank 0 resumed job "
+                f"{job!r} from it, rank {self.rank} found another job's (two jobs share the path?)"
+            )
         return info
 
     def _resume(self, info) -> None:
@@ -249,7 +310,8 @@ class ElasticJob:
         self.ledger.load_state_dict({"counts": extra["ledger"]})
         self.global_batch = int(extra["global_batch"])
         sizes = list(extra["batch_sizes"])
-        if len(sizes) != self.world:  # a re-rendezvous with another world size: keep the global batch
+        # a re-rendezvous with another world size: keep the global batch
+        if len(sizes) != self.world:
             sizes = split_evenly(self.global_batch, self.world)
         self.agent.batch_size = sizes[self.rank]
         self.agent.step_count = info.step
@@ -258,26 +320,48 @@ class ElasticJob:
             self.data.rewind(info.shard_version)
         if self.world > 1:
             dist.barrier()  # nobody reads data before the rewind
-        log.info("resumed %s at step %d with batch %d of %d", self.checkpoint_path, info.step,
-                 self.agent.batch_size, self.global_batch)
+        log.info(
+            "resumed %s at step %d with batch %d of %d",
+            self.checkpoint_path,
+            info.step,
+            self.agent.batch_size,
+            self.global_batch,
+        )
 
     def _checkpoint(self) -> None:
-        """Every rank's commits so far covered by one version; rank 0 saves it with the model and the ledger."""
+        """Every rank's commits so far covered by one version; rank 0 saves it with the model and
+        the ledger."""
         sizes = torch.zeros(self.world, dtype=torch.int64, device=collective_device())
         sizes[self.rank] = self.agent.batch_size
         if self.world > 1:
             dist.all_reduce(sizes)
         client = self.agent.shard_client
-        version = agreed_checkpoint_version(client.flush, lambda: client.checkpoint(
-            self.data.epoch, self.agent.step_count, timeout_s=VERSION_WAIT_S))
+        version = agreed_checkpoint_version(
+            client.flush,
+            lambda: client.checkpoint(
+                self.data.epoch, self.agent.step_count, timeout_s=VERSION_WAIT_S
+            ),
+        )
         if self.rank == 0:
-            save_checkpoint(self.checkpoint_path, self.model, self.optimizer, version, self.agent.step_count, {
-                "ledger": self.ledger.counts.clone(), "batch_sizes": sizes.tolist(),
-                "global_batch": self.global_batch, "job_id": self.agent.spec.job_id, "world": self.world})
+            save_checkpoint(
+                self.checkpoint_path,
+                self.model,
+                self.optimizer,
+                version,
+                self.agent.step_count,
+                {
+                    "ledger": self.ledger.counts.clone(),
+                    "batch_sizes": sizes.tolist(),
+                    "global_batch": self.global_batch,
+                    "job_id": self.agent.spec.job_id,
+                    "world": self.world,
+                },
+            )
         self._checkpoint_at = time.monotonic() + self.checkpoint_every_s
 
     def _same_replicas(self) -> None:
-        """Rank 0's parameters and buffers everywhere, as DDP's constructor does (a restore loads them alike)."""
+        """Rank 0's parameters and buffers everywhere, as DDP's constructor does (a restore loads
+        them alike)."""
         if self.world == 1:
             return
         with torch.no_grad():
@@ -293,14 +377,23 @@ class ElasticJob:
         counts = self.ledger.counts
         wrong = int((counts != 1).sum())
         if wrong:
-            log.error("ledger: %d of %d sample-epochs not trained exactly once (%s)", wrong, counts.numel(),
-                      self.ledger_dir)
+            log.error(
+                "ledger: %d of %d sample-epochs not trained exactly once (%s)",
+                wrong,
+                counts.numel(),
+                self.ledger_dir,
+            )
         else:
-            log.info("ledger: all %d samples of %d epochs trained exactly once (%s)", counts.shape[1],
-                     counts.shape[0], self.ledger_dir)
+            log.info(
+                "ledger: all %d samples of %d epochs trained exactly once (%s)",
+                counts.shape[1],
+                counts.shape[0],
+                self.ledger_dir,
+            )
 
     def _collective(self, run: Callable[[], T]) -> T:
-        """``run()``; a broken group ends the process for the launcher to restart the group (exit 77)."""
+        """``run()``; a broken group ends the process for the launcher to restart the group (exit
+        77)."""
         try:
             return run()
         except Exception as exc:

@@ -27,11 +27,15 @@ def leave_torchrun_job(wait_s: float = STOP_WAIT_S) -> None:
     if agent <= 1:
         log.warning("evicted, but the torchrun agent is gone already: exiting")
         return
-    log.warning("evicted: stopping this node's torchrun agent (pid %d) so the node leaves the job", agent)
+    log.warning(
+        "evicted: stopping this node's torchrun agent (pid %d) so the node leaves the job", agent
+    )
     os.kill(agent, signal.SIGTERM)
     deadline = time.monotonic() + wait_s
     while os.getppid() == agent:
         if time.monotonic() >= deadline:
-            log.warning("the torchrun agent did not stop this worker within %.0f s: exiting", wait_s)
+            log.warning(
+                "the torchrun agent did not stop this worker within %.0f s: exiting", wait_s
+            )
             return
         time.sleep(0.1)

@@ -25,7 +25,8 @@ from antdt.schemas.models import RANKS_CHANGED, MitigationCommand
 
 @dataclass
 class AgreedResize:
-    """One rank's pending batch-size command and the in-band agreement on when it switches (pure)."""
+    """One rank's pending batch-size command and the in-band agreement on when it switches
+    (pure)."""
 
     pending: MitigationCommand | None = None
     _offered: MitigationCommand | None = None
@@ -36,14 +37,18 @@ class AgreedResize:
         return superseded
 
     def offer(self, current_size: int) -> list[int]:
-        """This rank's counters for the step's all-reduce: [holds a command, size it would have, its step]."""
+        """This rank's counters for the step's all-reduce: [holds a command, size it would have, its
+        step]."""
         self._offered = self.pending
         if self.pending is None:
             return [0, current_size, 0]
         return [1, self.pending.batch_size, self.pending.effective_step or 0]
 
-    def agreed(self, sums: list[int], next_step: int, global_batch: int) -> MitigationCommand | None:
-        """The command to apply from ``next_step`` on, given the summed offers of the last all-reduce.
+    def agreed(
+        self, sums: list[int], next_step: int, global_batch: int
+    ) -> MitigationCommand | None:
+        """The command to apply from ``next_step`` on, given the summed offers of the last
+        all-reduce.
 
         ``global_batch``: the job's, for a command that does not name one.
         """
@@ -53,7 +58,11 @@ class AgreedResize:
             return None
         step = command.effective_step or 0
         changed = int(command.parameters.get(RANKS_CHANGED, holders))
-        if holders != changed or steps != holders * step or total != (command.global_batch_size or global_batch):
+        if (
+            holders != changed
+            or steps != holders * step
+            or total != (command.global_batch_size or global_batch)
+        ):
             return None  # some changed rank does not hold its command (of this decision) yet
         if next_step < step:
             return None

@@ -8,12 +8,11 @@ unchanged by an average: every sample's update enters the mean model with
 the same weight, whichever worker trained it and whichever group it
 joined (unbiased). A straggler's replica is pulled toward its group's.
 
-The exchange is point to point inside the job's one process group: the
-members send their flattened replica to the leader (the lowest rank), which
-averages and sends the mean back; a pair swaps replicas both ways at once.
-Disjoint groups exchange at the same time over disjoint pairs, nobody
-creates a process group, and no rank outside the group takes part. A group of every rank (a checkpoint, the end) uses
-one all-reduce instead, and sums the ranks' ledgers in it.
+The exchange is point to point inside the job's one process group: the members send their flattened
+replica to the leader (the lowest rank), which averages and sends the mean back; a pair swaps
+replicas both ways at once. Disjoint groups exchange at the same time over disjoint pairs, nobody
+creates a process group, and no rank outside the group takes part. A group of every rank (a
+checkpoint, the end) uses one all-reduce instead, and sums the ranks' ledgers in it.
 
 A CUDA model under gloo travels through the host (gloo moves no CUDA
 tensor point to point); under NCCL it stays on its device.
@@ -38,14 +37,22 @@ class GroupAverager:
     """Replaces a model's parameters (and floating buffers) by their mean over a group's members."""
 
     def __init__(self, model: torch.nn.Module, timeout_s: float = 30.0):
-        self.tensors = [p for p in model.parameters()] + [b for b in model.buffers() if b.is_floating_point()]
+        self.tensors = [p for p in model.parameters()] + [
+            b for b in model.buffers() if b.is_floating_point()
+        ]
         kinds = {(t.device, t.dtype) for t in self.tensors}
         if len(kinds) != 1:
-            raise AntdtError(f"partial reduce averages a model on one device with one dtype, not {sorted(map(str, kinds))}")
+            raise AntdtError(
+                "partial reduce averages a model on one device with one dtype, "
+                f"not {sorted(map(str, kinds))}"
+            )
         self.timeout_s = timeout_s
 
-    def average(self, group: GroupFormed, ledger: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Average with ``group``'s members; for a group of every rank, ``ledger`` summed over them too."""
+    def average(
+        self, group: GroupFormed, ledger: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """Average with ``group``'s members; for a group of every rank, ``ledger`` summed over them
+        too."""
         if group.reason in WHOLE_GROUP_REASONS:
             return self._all_ranks(ledger)
         if len(group.ranks) > 1:
@@ -57,42 +64,58 @@ class GroupAverager:
         works = [dist.all_reduce(flat, async_op=True)]
         summed = None
         if ledger is not None:
-            summed = ledger.to(collective_device(), dtype=torch.int64)  # int32 sums could overflow at scale
+            # int32 sums could overflow at scale
+            summed = ledger.to(collective_device(), dtype=torch.int64)
             works.append(dist.all_reduce(summed, async_op=True))
         self._wait(works, "the all-ranks average")
         self._put(flat.div_(dist.get_world_size()))
         return None if summed is None else summed.cpu()
 
     def _point_to_point(self, group: GroupFormed) -> None:
-        me, leader, tag = dist.get_rank(), group.leader, group.group_id % (2 ** 31)
+        me, leader, tag = dist.get_rank(), group.leader, group.group_id % (2**31)
         flat = self._flat()
-        if len(group.ranks) == 2:  # a pair swaps replicas both ways at once: one transfer's time, not two
+        # a pair swaps replicas both ways at once: one transfer's time, not two
+        if len(group.ranks) == 2:
             other = group.ranks[1] if me == leader else leader
             theirs = torch.empty_like(flat)
-            self._wait([dist.isend(flat, other, tag=tag), dist.irecv(theirs, other, tag=tag)],
-                       f"group {group.group_id}: swapping with rank {other}")
+            self._wait(
+                [dist.isend(flat, other, tag=tag), dist.irecv(theirs, other, tag=tag)],
+                f"group {group.group_id}: swapping with rank {other}",
+            )
             self._put(flat.add_(theirs).div_(2))  # a + b == b + a: both hold the same mean
             return
         if me != leader:
-            self._wait([dist.isend(flat, leader, tag=tag)], f"group {group.group_id}: sending to rank {leader}")
-            self._wait([dist.irecv(flat, leader, tag=tag)], f"group {group.group_id}: the mean from rank {leader}")
+            self._wait(
+                [dist.isend(flat, leader, tag=tag)],
+                f"group {group.group_id}: sending to rank {leader}",
+            )
+            self._wait(
+                [dist.irecv(flat, leader, tag=tag)],
+                f"group {group.group_id}: the mean from rank {leader}",
+            )
             self._put(flat)
             return
         others = [r for r in group.ranks if r != me]
         parts = [torch.empty_like(flat) for _ in others]
-        self._wait([dist.irecv(part, r, tag=tag) for part, r in zip(parts, others)],
-                   f"group {group.group_id}: the replicas of ranks {others}")
+        self._wait(
+            [dist.irecv(part, r, tag=tag) for part, r in zip(parts, others)],
+            f"group {group.group_id}: the replicas of ranks {others}",
+        )
         for part in parts:
             flat.add_(part)
         flat.div_(len(group.ranks))
-        self._wait([dist.isend(flat, r, tag=tag) for r in others], f"group {group.group_id}: sending the mean")
+        self._wait(
+            [dist.isend(flat, r, tag=tag) for r in others],
+            f"group {group.group_id}: sending the mean",
+        )
         self._put(flat)
 
     def _flat(self) -> torch.Tensor:
         return torch.cat([t.detach().reshape(-1) for t in self.tensors]).to(self._exchange_device())
 
     def _exchange_device(self) -> torch.device:
-        """The model's own device under NCCL; the host under gloo, which aborts the process sending a CUDA tensor."""
+        """The model's own device under NCCL; the host under gloo, which aborts the process sending
+        a CUDA tensor."""
         here = self.tensors[0].device
         if here.type == "cpu" or "nccl" in str(dist.get_backend()).lower():
             return here
@@ -103,7 +126,7 @@ class GroupAverager:
         with torch.no_grad():
             for tensor in self.tensors:
                 n = tensor.numel()
-                tensor.copy_(flat[offset:offset + n].view_as(tensor))
+                tensor.copy_(flat[offset : offset + n].view_as(tensor))
                 offset += n
 
     def _wait(self, works: list, what: str) -> None:

@@ -50,28 +50,62 @@ class NoGroup(AntdtError):
 class GroupClient(OwnKeyClient):
     """Announce and wait, for one worker incarnation in one generation of its process group."""
 
-    def __init__(self, settings: Settings, job_id: str, worker_id: str, incarnation: str, rank: int, world: int,
-                 generation: int, codec: Codec | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        job_id: str,
+        worker_id: str,
+        incarnation: str,
+        rank: int,
+        world: int,
+        generation: int,
+        codec: Codec | None = None,
+    ):
         self._ready_topic = topic_spec("group", "ready").full_name(settings.topic_prefix)
         self._formed_topic = topic_spec("group", "formed").full_name(settings.topic_prefix)
-        super().__init__(settings, job_id, worker_id, self._formed_topic, f"antdt-worker-{worker_id}-groups", codec)
+        super().__init__(
+            settings,
+            job_id,
+            worker_id,
+            self._formed_topic,
+            f"antdt-worker-{worker_id}-groups",
+            codec,
+        )
         self.incarnation = incarnation
         self.rank, self.world, self.generation = rank, world, generation
         self._seq = itertools.count(1)
-        self._last: tuple[int, bytes] = (0, b"")  # the latest announcement (seq, record), to send again
+        # the latest announcement (seq, record), to send again
+        self._last: tuple[int, bytes] = (0, b"")
 
     @classmethod
     def for_agent(cls, agent, generation: int) -> GroupClient:
         spec = agent.spec
-        return cls(agent.settings, spec.job_id, spec.worker_id, agent.incarnation, spec.rank, spec.world_size or 1,
-                   generation)
+        return cls(
+            agent.settings,
+            spec.job_id,
+            spec.worker_id,
+            agent.incarnation,
+            spec.rank,
+            spec.world_size or 1,
+            generation,
+        )
 
     def announce(self, step: int, finished: bool = False) -> int:
-        """Ready to average after ``step`` local steps (``finished``: no data left); returns the seq to wait for."""
+        """Ready to average after ``step`` local steps (``finished``: no data left); returns the seq
+        to wait for."""
         seq = next(self._seq)
-        event = GroupReady(job_id=self.job_id, worker_id=self.worker_id, incarnation=self.incarnation,
-                           generation=self.generation, rank=self.rank, world_size=self.world, seq=seq, step=step,
-                           finished=finished, timestamp=utc_now())
+        event = GroupReady(
+            job_id=self.job_id,
+            worker_id=self.worker_id,
+            incarnation=self.incarnation,
+            generation=self.generation,
+            rank=self.rank,
+            world_size=self.world,
+            seq=seq,
+            step=step,
+            finished=finished,
+            timestamp=utc_now(),
+        )
         value = self.codec.encode(event, self._ready_topic)
         self._last = (seq, value)
         self._send(value)
@@ -86,10 +120,13 @@ class GroupClient(OwnKeyClient):
         began = time.monotonic()
         nudge_at, again_at = began + NUDGE_AFTER_S, began + ANNOUNCE_AGAIN_S
         while (now := time.monotonic()) - began < timeout_s:
-            if self._rewinder.check() and self._last[0] == seq:  # the bus came back empty: our announcement is gone
+            # the bus came back empty: our announcement is gone
+            if self._rewinder.check() and self._last[0] == seq:
                 refresh_metadata(self._producer)
                 self._send(self._last[1])
-            for message in poll_batch(self._consumer, 100, min(0.01, max(0.001, timeout_s - (now - began)))):
+            for message in poll_batch(
+                self._consumer, 100, min(0.01, max(0.001, timeout_s - (now - began)))
+            ):
                 group = self._group_in(message)
                 if group is not None and group.in_reply_to == seq:
                     return group
@@ -99,18 +136,25 @@ class GroupClient(OwnKeyClient):
                 self._producer.poll(0)
                 nudge_at = now + NUDGE_EVERY_S
             if now >= again_at and self._last[0] == seq:
-                log.warning("worker %s: no group %.1f s after announcement %d: announcing it again",
-                            self.worker_id, now - began, seq)
+                log.warning(
+                    "worker %s: no group %.1f s after announcement %d: announcing it again",
+                    self.worker_id,
+                    now - began,
+                    seq,
+                )
                 self._send(self._last[1])
                 again_at = now + ANNOUNCE_AGAIN_S
-        raise NoGroup(f"worker {self.worker_id}: no group from the grouper for announcement {seq} within "
-                      f"{timeout_s:.0f} s (is `antdt grouper` running?)")
+        raise NoGroup(
+            f"worker {self.worker_id}: no group from the grouper for announcement {seq} within "
+            f"{timeout_s:.0f} s (is `antdt grouper` running?)"
+        )
 
     def _group_in(self, message) -> GroupFormed | None:
-        """A group of this generation for this worker, or None (markers, old groups, dead-lettered records)."""
+        """A group of this generation for this worker, or None (markers, old groups, dead-lettered
+        records)."""
         if message.key() != self._key or marker_id(message) is not None:
             return None
-        group = decode_addressed(message, self.codec, self._deadletter, GroupFormed, self.job_id, self.worker_id,
-                                 "group")
+        group = decode_addressed(
+            message, self.codec, self._deadletter, GroupFormed, self.job_id, self.worker_id, "group"
+        )
         return group if group is not None and group.generation == self.generation else None
-

@@ -12,7 +12,12 @@ from __future__ import annotations
 import importlib
 
 __all__ = ["Layout", "ParameterClient", "ParameterServer", "ServerSpec"]
-_WHERE = {"Layout": "layout", "ParameterClient": "client", "ParameterServer": "server", "ServerSpec": "server"}
+_WHERE = {
+    "Layout": "layout",
+    "ParameterClient": "client",
+    "ParameterServer": "server",
+    "ServerSpec": "server",
+}
 
 
 def __getattr__(name: str):

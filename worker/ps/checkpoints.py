@@ -1,4 +1,5 @@
-"""A parameter-server shard's checkpoints, named by the log seq of the CHECKPOINT they were taken at.
+"""A parameter-server shard's checkpoints, named by the log seq of the CHECKPOINT they were taken
+at.
 
 Every shard saves at the same CHECKPOINT events of the shard log, so a seq
 names a state that exists on every shard: a rollback to it is consistent
@@ -22,14 +23,16 @@ _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 
 class CheckpointStore:
     def __init__(self, directory: str | Path, keep: int = 4, keep_s: float = 300.0):
-        """The newest ``keep`` are kept, and every one younger than ``keep_s``: a shard that was down that
-        long still finds the version the others go back to."""
+        """The newest ``keep`` are kept, and every one younger than ``keep_s``: a shard that was
+        down that long still finds the version the others go back to."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.keep, self.keep_s = keep, keep_s
 
     def versions(self) -> list[int]:
-        return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := _NAME.match(p.name)))
+        return sorted(
+            int(m.group(1)) for p in self.directory.iterdir() if (m := _NAME.match(p.name))
+        )
 
     def latest(self) -> int | None:
         versions = self.versions()
@@ -38,7 +41,7 @@ class CheckpointStore:
     def save(self, version: int, state: dict) -> Path:
         path = save_atomically(state, self.directory / f"ckpt-{version}.pt", durable=False)
         now = time.time()
-        for old in self.versions()[:-self.keep]:
+        for old in self.versions()[: -self.keep]:
             stale = self.directory / f"ckpt-{old}.pt"
             if now - stale.stat().st_mtime > self.keep_s:
                 stale.unlink(missing_ok=True)
@@ -47,7 +50,9 @@ class CheckpointStore:
     def load(self, version: int) -> dict:
         path = self.directory / f"ckpt-{version}.pt"
         if not path.exists():
-            raise AntdtError(f"no checkpoint at version {version} in {self.directory} (have {self.versions()})")
+            raise AntdtError(
+                f"no checkpoint at version {version} in {self.directory} (have {self.versions()})"
+            )
         return torch.load(path, weights_only=True)
 
     def forget_after(self, version: int) -> None:

@@ -26,9 +26,9 @@ import torch
 from antdt.errors import AntdtError
 from antdt.worker.agent import Agent
 from antdt.worker.commits import PendingUpdate
-from antdt.worker.shard_client import NoAnswer
 from antdt.worker.ps import wire
 from antdt.worker.ps.layout import Layout
+from antdt.worker.shard_client import NoAnswer
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,16 @@ class ServerUnavailable(AntdtError):
 class ParameterClient:
     """Connections to every shard of the job's parameter server, for one worker's model."""
 
-    def __init__(self, agent: Agent, addresses: list[str], model: torch.nn.Module, *, timeout_s: float = 120.0,
-                 max_outstanding: int = 2, answer_timeout_s: float = 10.0):
+    def __init__(
+        self,
+        agent: Agent,
+        addresses: list[str],
+        model: torch.nn.Module,
+        *,
+        timeout_s: float = 120.0,
+        max_outstanding: int = 2,
+        answer_timeout_s: float = 10.0,
+    ):
         if not addresses:
             raise AntdtError("no parameter-server address given")
         self.agent, self.addresses, self.timeout_s = agent, list(addresses), timeout_s
@@ -59,8 +67,13 @@ class ParameterClient:
 
     # ------------------------------------------------------------ requests with bounded retries
 
-    def _call(self, shard: int, header: dict, payload: torch.Tensor | None = None,
-              deadline: float | None = None) -> tuple[dict, torch.Tensor | None]:
+    def _call(
+        self,
+        shard: int,
+        header: dict,
+        payload: torch.Tensor | None = None,
+        deadline: float | None = None,
+    ) -> tuple[dict, torch.Tensor | None]:
         """One request to ``shard``, retried (reconnecting) while the shard is away or not ready."""
         deadline = deadline or time.monotonic() + self.timeout_s
         why = "no answer"
@@ -80,12 +93,16 @@ class ParameterClient:
                 return reply, values
             why = reply.get("reason", "not ready")
             time.sleep(RETRY_S)
-        raise ServerUnavailable(f"parameter server {self.addresses[shard]} (shard {shard}) did not serve "
-                                f"{header['op']} within {self.timeout_s:.0f} s: {why}")
+        raise ServerUnavailable(
+            f"parameter server {self.addresses[shard]} (shard {shard}) did not serve "
+            f"{header['op']} within {self.timeout_s:.0f} s: {why}"
+        )
 
     def _socket(self, shard: int, deadline: float) -> socket.socket:
         if self._sockets[shard] is None:
-            self._sockets[shard] = wire.connect(self.addresses[shard], max(1.0, min(30.0, deadline - time.monotonic())))
+            self._sockets[shard] = wire.connect(
+                self.addresses[shard], max(1.0, min(30.0, deadline - time.monotonic()))
+            )
         return self._sockets[shard]
 
     def _drop(self, shard: int) -> None:
@@ -96,15 +113,25 @@ class ParameterClient:
     # ------------------------------------------------------------ the model
 
     def start(self) -> ParameterClient:
-        """Offer this worker's initial values (the first offer per shard wins), then pull the server's."""
+        """Offer this worker's initial values (the first offer per shard wins), then pull the
+        server's."""
         for shard in range(len(self.addresses)):
             hello, _ = self._call(shard, {"op": "hello"})
             if hello["shards"] != len(self.addresses) or hello["shard"] != shard:
-                raise AntdtError(f"{self.addresses[shard]} is shard {hello['shard']} of {hello['shards']}, "
-                                 f"not shard {shard} of {len(self.addresses)}: check the order of the addresses")
+                raise AntdtError(
+                    f"{self.addresses[shard]} is shard {hello['shard']} of {hello['shards']}, "
+                    f"not shard {shard} of {len(self.addresses)}: check the order of the addresses"
+                )
             values = self.layout.gather([p.detach() for p in self.params], shard)
-            self._call(shard, {"op": "init", "signature": self.layout.signature(shard),
-                               "worker": self.agent.spec.worker_id}, values)
+            self._call(
+                shard,
+                {
+                    "op": "init",
+                    "signature": self.layout.signature(shard),
+                    "worker": self.agent.spec.worker_id,
+                },
+                values,
+            )
         self.pull()
         return self
 
@@ -125,12 +152,16 @@ class ParameterClient:
         """
         with self.agent.sync_wait():
             self._settle(block=len(self._outstanding) >= self.max_outstanding)
-            update_id = f"{self.agent.spec.worker_id}/{self.agent.incarnation[:12]}/{next(self._numbers)}"
+            update_id = (
+                f"{self.agent.spec.worker_id}/{self.agent.incarnation[:12]}/{next(self._numbers)}"
+            )
             samples = len(self.agent.pending_tags)
             if not self._prepare_everywhere(update_id, samples):
                 self.stale += 1
                 return False
-            pending = self.agent.committer.request(self.agent.take_tags(), update_id, self.agent.step_count)
+            pending = self.agent.committer.request(
+                self.agent.take_tags(), update_id, self.agent.step_count
+            )
             if pending is not None:
                 self._outstanding.append(pending)
             self.pushed += 1
@@ -140,7 +171,12 @@ class ParameterClient:
         grads = [p.grad for p in self.params]
         accepted = []
         for shard in range(len(self.addresses)):
-            header = {"op": "prepare", "update_id": update_id, "base_version": self.versions[shard], "samples": samples}
+            header = {
+                "op": "prepare",
+                "update_id": update_id,
+                "base_version": self.versions[shard],
+                "samples": samples,
+            }
             reply, _ = self._call(shard, header, self.layout.gather(grads, shard))
             if not reply.get("ok"):
                 self._abort(update_id, accepted)
@@ -151,7 +187,9 @@ class ParameterClient:
     def _abort(self, update_id: str, shards) -> None:
         for shard in shards:
             try:
-                self._call(shard, {"op": "abort", "update_id": update_id}, deadline=time.monotonic() + 5.0)
+                self._call(
+                    shard, {"op": "abort", "update_id": update_id}, deadline=time.monotonic() + 5.0
+                )
             except AntdtError:
                 pass  # it expires there anyway
 
@@ -170,17 +208,22 @@ class ParameterClient:
                 self._abort(oldest.update_id, range(len(self.addresses)))
 
     def _wait_for(self, pending: PendingUpdate):
-        """The answer to a commit, asked again every ``answer_timeout_s`` (an answer lost on the bus) for ``timeout_s``."""
+        """The answer to a commit, asked again every ``answer_timeout_s`` (an answer lost on the
+        bus) for ``timeout_s``."""
         client, deadline = self.agent.shard_client, time.monotonic() + self.timeout_s
         while True:
             try:
                 return client.wait_answer(pending.seq, self.answer_timeout_s, flush=False)
             except NoAnswer:
                 if time.monotonic() >= deadline:
-                    raise NoAnswer(f"worker {self.agent.spec.worker_id}: no answer from the sharder to the commit of "
-                                   f"update {pending.update_id} for {self.timeout_s:.0f} s (is the sharder running "
-                                   f"and the bus reachable?)") from None
-                log.warning("update %s: no answer to its commit yet, asking again", pending.update_id)
+                    raise NoAnswer(
+                        f"worker {self.agent.spec.worker_id}: no answer from the sharder "
+                        f"to the commit of update {pending.update_id} for {self.timeout_s:.0f} s "
+                        "(is the sharder running and the bus reachable?)"
+                    ) from None
+                log.warning(
+                    "update %s: no answer to its commit yet, asking again", pending.update_id
+                )
                 pending = self.agent.committer.resend(pending)
                 self._outstanding[0] = pending
 
@@ -195,7 +238,8 @@ class ParameterClient:
 
 
 def read_parameters(addresses: list[str], model: torch.nn.Module, timeout_s: float = 5.0) -> bool:
-    """The servers' current parameters into ``model`` (an observer's read: no agent, no retries); False if any shard is away."""
+    """The servers' current parameters into ``model`` (an observer's read: no agent, no retries);
+    False if any shard is away."""
     layout = Layout.of(model, len(addresses))
     named = dict(model.named_parameters())
     params = [named[name] for name in layout.names]

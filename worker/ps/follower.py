@@ -26,7 +26,8 @@ from antdt.bus.readers import assign_now, key_partition, poll_batch
 from antdt.bus.watch import Rewinder, shared_watch
 from antdt.errors import AntdtError
 from antdt.schemas.codec import Codec
-from antdt.schemas.models import ShardLogEvent, ShardTransition as T
+from antdt.schemas.models import ShardLogEvent
+from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.eventlog import log_topic
 from antdt.settings import Settings
 
@@ -59,17 +60,23 @@ class Position:
 
 
 class LogFollower:
-    """The job's log events from ``start`` (an offset), each with its offset and its place in the order."""
+    """The job's log events from ``start`` (an offset), each with its offset and its place in the
+    order."""
 
-    def __init__(self, settings: Settings, job_id: str, codec: Codec, start: int, position: Position):
+    def __init__(
+        self, settings: Settings, job_id: str, codec: Codec, start: int, position: Position
+    ):
         self.job_id, self.codec, self.position = job_id, codec, position
         self.topic = log_topic(settings)
         self.partition = key_partition(settings, self.topic, job_id)
         self._consumer = make_consumer(settings, client_id=f"antdt-ps-{job_id}", low_latency=True)
         assign_now(self._consumer, [TopicPartition(self.topic, self.partition, start)])
-        self._producer = make_producer(settings, client_id=f"antdt-ps-{job_id}-nudge", **{"linger.ms": 0})
+        self._producer = make_producer(
+            settings, client_id=f"antdt-ps-{job_id}-nudge", **{"linger.ms": 0}
+        )
         self._watch = shared_watch(settings)
-        self._rewinder = Rewinder(self._consumer, self._watch)  # after a bus reset the log starts at offset 0 again
+        # after a bus reset the log starts at offset 0 again
+        self._rewinder = Rewinder(self._consumer, self._watch)
         self.undecodable = 0
 
     def poll(self, timeout_s: float) -> list[tuple[int, ShardLogEvent, Order]]:
@@ -80,7 +87,8 @@ class LogFollower:
                 continue
             try:
                 event = self.codec.decode(message.value(), self.topic)
-            except AntdtError as exc:  # the sharder dead-letters bad input; a bad log record is only counted here
+            # the sharder dead-letters bad input; a bad log record is only counted here
+            except AntdtError as exc:
                 self.undecodable += 1
                 log.error("undecodable shard log record at offset %d: %s", message.offset(), exc)
                 continue

@@ -29,7 +29,10 @@ class Layout:
         params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         for name, param in params:
             if param.dtype is not torch.float32:
-                raise AntdtError(f"parameter {name} is {param.dtype}; the parameter server holds float32 parameters")
+                raise AntdtError(
+                    f"parameter {name} is {param.dtype}; "
+                    "the parameter server holds float32 parameters"
+                )
         names = tuple(name for name, _ in params)
         shapes = tuple(tuple(p.shape) for _, p in params)
         return cls(names, shapes, shards, _owners(shapes, shards))
@@ -46,8 +49,12 @@ class Layout:
 
     def gather(self, tensors: list[torch.Tensor], shard: int) -> torch.Tensor:
         """Shard ``shard``'s tensors as one flat float32 tensor (zeros for a missing gradient)."""
-        parts = [tensors[i].detach().reshape(-1) if tensors[i] is not None else torch.zeros(prod(self.shapes[i]))
-                 for i in self.members(shard)]
+        parts = [
+            tensors[i].detach().reshape(-1)
+            if tensors[i] is not None
+            else torch.zeros(prod(self.shapes[i]))
+            for i in self.members(shard)
+        ]
         return torch.cat(parts) if parts else torch.zeros(0)
 
     def scatter(self, flat: torch.Tensor, shard: int, targets: list[torch.Tensor]) -> None:
@@ -55,7 +62,7 @@ class Layout:
         offset = 0
         for i in self.members(shard):
             n = prod(self.shapes[i])
-            targets[i].data.copy_(flat[offset:offset + n].view(self.shapes[i]))
+            targets[i].data.copy_(flat[offset : offset + n].view(self.shapes[i]))
             offset += n
 
 

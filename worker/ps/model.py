@@ -1,4 +1,5 @@
-"""One parameter-server shard's part of the model: parameters, optimizer, ledger, applied-update count.
+"""One parameter-server shard's part of the model: parameters, optimizer, ledger, applied-update
+count.
 
 The shard's tensors live in one flat float32 parameter with its own
 optimizer (SGD and the common optimizers act element by element, so a flat
@@ -32,11 +33,14 @@ class ShardModel:
         return self.flat is not None
 
     def initialize(self, signature: list, values: torch.Tensor) -> bool:
-        """Take the first worker's initial values; False (and nothing changed) if already initialized."""
+        """Take the first worker's initial values; False (and nothing changed) if already
+        initialized."""
         with self.lock:
             if self.flat is not None:
                 if signature != self.signature:
-                    raise AntdtError(f"this shard holds {self.signature}; a worker sent {signature}")
+                    raise AntdtError(
+                        f"this shard holds {self.signature}; a worker sent {signature}"
+                    )
                 return False
             self._create(signature, values.clone())
             return True
@@ -55,7 +59,9 @@ class ShardModel:
         """One update into the parameters, and its samples into the ledger, together."""
         with self.lock:
             if gradient.numel() != self.flat.numel():
-                raise AntdtError(f"an update of {gradient.numel()} values for a shard of {self.flat.numel()}")
+                raise AntdtError(
+                    f"an update of {gradient.numel()} values for a shard of {self.flat.numel()}"
+                )
             self.flat.grad = gradient.view_as(self.flat)
             self.optimizer.step()
             self.flat.grad = None
@@ -70,9 +76,13 @@ class ShardModel:
 
     def state_dict(self) -> dict:
         with self.lock:
-            return {"signature": self.signature, "values": self.flat.detach().clone(),
-                    "optimizer": self.optimizer.state_dict(), "version": self.version,
-                    "ledger": self.ledger.state_dict() if self.ledger is not None else None}
+            return {
+                "signature": self.signature,
+                "values": self.flat.detach().clone(),
+                "optimizer": self.optimizer.state_dict(),
+                "version": self.version,
+                "ledger": self.ledger.state_dict() if self.ledger is not None else None,
+            }
 
     def load_state_dict(self, state: dict) -> None:
         with self.lock:

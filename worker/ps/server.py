@@ -22,17 +22,15 @@ newest version they all have.
 
 States (the shard's state machine)::
 
-    WAITING --a worker's initial values, then the first checkpoint--> SERVING
-    start with a checkpoint, or a gap in the log --> RECOVERING
-    RECOVERING --a REWOUND read in the log, its checkpoint loaded--> SERVING
-    SERVING --a RESTART or EVICT command for it--> LEAVING
-    LEAVING --a checkpoint saved after the command (or LEAVE_WITHIN_S)--> exits with the agent's exit code
+    WAITING --a worker's initial values, then the first checkpoint--> SERVING start with a
+    checkpoint, or a gap in the log --> RECOVERING RECOVERING --a REWOUND read in the log, its
+    checkpoint loaded--> SERVING SERVING --a RESTART or EVICT command for it--> LEAVING LEAVING --a
+    checkpoint saved after the command (or LEAVE_WITHIN_S)--> exits with the agent's exit code
 
-Only a SERVING shard takes gradients. A LEAVING one (the controller moves a
-slow shard to another node) asks for a checkpoint and keeps applying what
-is committed until it has saved it, so its replacement starts from the
-newest version and rolls the job back by as little as possible. A shard that cannot follow the log (a
-REWOUND to a version it has no checkpoint of, or no REWOUND within
+Only a SERVING shard takes gradients. A LEAVING one (the controller moves a slow shard to another
+node) asks for a checkpoint and keeps applying what is committed until it has saved it, so its
+replacement starts from the newest version and rolls the job back by as little as possible. A shard
+that cannot follow the log (a REWOUND to a version it has no checkpoint of, or no REWOUND within
 ``recover_within_s``) exits with one line; its restart rolls everyone back.
 """
 
@@ -54,21 +52,24 @@ from antdt.bus.clients import make_producer
 from antdt.bus.watch import shared_watch
 from antdt.errors import AntdtError
 from antdt.schemas.codec import make_codec
-from antdt.schemas.models import ProgressKind, ShardLogEvent, ShardTransition as T
+from antdt.schemas.models import ProgressKind, ShardLogEvent
+from antdt.schemas.models import ShardTransition as T
+from antdt.services.sharder.eventlog import log_topic, read_until_marker
 from antdt.settings import Settings
 from antdt.worker.agent import Agent, WorkerExit
 from antdt.worker.ps import metrics, wire
 from antdt.worker.ps.checkpoints import CheckpointStore
-from antdt.services.sharder.eventlog import log_topic, read_until_marker
 from antdt.worker.ps.follower import LogFollower, Order, Position
 from antdt.worker.ps.model import ShardModel
 from antdt.worker.shard_client import ShardClient
 
 log = logging.getLogger(__name__)
 
-#: Updates waiting this long with their commit not yet read are late enough to nudge the log partition.
+#: Updates waiting this long with their commit not yet read are late enough to nudge the log
+#: partition.
 NUDGE_AFTER_S = 0.2
-#: ... and nudging stops for an update this old (its commit was refused, or its worker died before sending it).
+#: ... and nudging stops for an update this old (its commit was refused, or its worker died before
+#: sending it).
 NUDGE_FOR_S = 10.0
 #: A shard told to restart waits this long at most for its last checkpoint before it exits anyway.
 LEAVE_WITHIN_S = 10.0
@@ -104,12 +105,15 @@ class ServerSpec:
     max_staleness: int | None = None
     pending_ttl_s: float = 300.0
     recover_within_s: float = 90.0
-    commands: bool = True  # obey the controller's RESTART and EVICT (the agent listens for commands)
-    #: The name the shard reports under and is commanded by (default ``ps-<shard>``); on Kubernetes the pod's
-    #: name, which the remediation deletes on RESTART so the StatefulSet starts it again on another node.
+    # obey the controller's RESTART and EVICT (the agent listens for commands)
+    commands: bool = True
+    #: The name the shard reports under and is commanded by (default ``ps-<shard>``); on Kubernetes
+    #: the pod's name, which the remediation deletes on RESTART so the StatefulSet starts it again
+    #: on another node.
     agent_id: str | None = None
-    #: Demos and tests: the seconds each piece of work ("pull", "prepare", "apply") lasts at least now, as on
-    #: a slower or contended machine; the shard then does one piece at a time, as one busy machine would.
+    #: Demos and tests: the seconds each piece of work ("pull", "prepare", "apply") lasts at least
+    #: now, as on a slower or contended machine; the shard then does one piece at a time, as one
+    #: busy machine would.
     pace: Callable[[str], float] | None = None
 
     @property
@@ -166,21 +170,30 @@ class ParameterServer:
 
     def start(self) -> ParameterServer:
         settings = self.settings.model_copy(update={"job_id": self.spec.job_id})
-        self._agent = Agent(settings=settings, worker_id=self.spec.agent_id or self.spec.name, role="ps",
-                            listen_for_commands=self.spec.commands, batch_size=0).__enter__()
+        self._agent = Agent(
+            settings=settings,
+            worker_id=self.spec.agent_id or self.spec.name,
+            role="ps",
+            listen_for_commands=self.spec.commands,
+            batch_size=0,
+        ).__enter__()
         self._client = self._agent.shard_client
         self._watch = shared_watch(settings)
         self._watch.check_now()
         start, position = self._resume()
         self._follower = LogFollower(settings, self.spec.job_id, self._codec, start, position)
-        for target, name in ((self._accept_loop, "antdt-ps-accept"), (self._follow_loop, "antdt-ps-follow")):
+        for target, name in (
+            (self._accept_loop, "antdt-ps-accept"),
+            (self._follow_loop, "antdt-ps-follow"),
+        ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
         return self
 
     def _resume(self) -> tuple[int, Position]:
-        """Where the log is read from: the start, or just past the CHECKPOINT of the newest checkpoint.
+        """Where the log is read from: the start, or just past the CHECKPOINT of the newest
+        checkpoint.
 
         Offsets name places in one cluster's log only: after a bus reset the
         log starts again at offset 0, and it is read from there (events seen
@@ -190,36 +203,51 @@ class ParameterServer:
         if latest is None:
             return 0, Position()
         saved = self.store.load(latest)
-        same_log = saved.get("cluster_id") is not None and saved.get("cluster_id") == self._watch.cluster_id
-        start, position = saved["log_offset"] + 1 if same_log else 0, Position(saved["writer_epoch"], latest)
+        same_log = (
+            saved.get("cluster_id") is not None
+            and saved.get("cluster_id") == self._watch.cluster_id
+        )
+        start, position = (
+            saved["log_offset"] + 1 if same_log else 0,
+            Position(saved["writer_epoch"], latest),
+        )
         target, start = self._rewinds_missed(latest, start, position)
         self._load(target)
         self._enter_recovery(target, f"restarted from the checkpoint at version {target}")
         return start, position
 
     def _rewinds_missed(self, version: int, start: int, position: Position) -> tuple[int, int]:
-        """Read the log to its end: a rewind after ``version`` to an older one abandoned it (and what came after).
+        """Read the log to its end: a rewind after ``version`` to an older one abandoned it (and
+        what came after).
 
         Returns the version to go back to and the offset to follow the log from.
         """
         producer = make_producer(self.settings, client_id=f"antdt-{self.spec.name}-catch-up")
         try:
-            for message in read_until_marker(self.settings, log_topic(self.settings), self.spec.job_id.encode(),
-                                             start, producer):
+            for message in read_until_marker(
+                self.settings, log_topic(self.settings), self.spec.job_id.encode(), start, producer
+            ):
                 start = message.offset() + 1
                 event = self._codec.decode(message.value(), log_topic(self.settings))
-                if position.place(event) is not Order.SKIP and event.transition is T.REWOUND and event.version < version:
+                if (
+                    position.place(event) is not Order.SKIP
+                    and event.transition is T.REWOUND
+                    and event.version < version
+                ):
                     version = self._newest_at_most(event.version)
         finally:
             producer.flush(2)
         return version, start
 
     def _newest_at_most(self, version: int) -> int:
-        """This shard's newest version not after ``version`` (newer ones were abandoned and are deleted)."""
+        """This shard's newest version not after ``version`` (newer ones were abandoned and are
+        deleted)."""
         self.store.forget_after(version)
         newest = self.store.latest()
         if newest is None:
-            raise ServerFailure(f"{self.spec.name} has no checkpoint at or before version {version}")
+            raise ServerFailure(
+                f"{self.spec.name} has no checkpoint at or before version {version}"
+            )
         return newest
 
     def _load(self, version: int) -> None:
@@ -263,7 +291,9 @@ class ParameterServer:
                 return
             connection.settimeout(None)
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._serve, args=(connection,), name="antdt-ps-conn", daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(connection,), name="antdt-ps-conn", daemon=True
+            ).start()
 
     def _serve(self, connection: socket.socket) -> None:
         with connection:
@@ -276,24 +306,39 @@ class ParameterServer:
                         self._pace(header.get("op"), started)
                     wire.send(connection, reply, values)
                 except wire.WireError:
-                    return  # the worker went away; its pending updates wait for their commit or expire
+                    # the worker went away; its pending updates wait for their commit or expire
+                    return
                 except Exception as exc:  # noqa: BLE001 - a bad request is answered, the server goes on
                     try:
-                        wire.send(connection, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+                        wire.send(
+                            connection, {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+                        )
                     except wire.WireError:
                         return
 
-    def _handle(self, header: dict, payload: torch.Tensor | None) -> tuple[dict, torch.Tensor | None]:
+    def _handle(
+        self, header: dict, payload: torch.Tensor | None
+    ) -> tuple[dict, torch.Tensor | None]:
         op = header.get("op")
         if op == "hello":
-            return {"ok": True, "shard": self.spec.shard, "shards": self.spec.shards, "state": self.state.value,
-                    "initialized": self.model.initialized}, None
+            return {
+                "ok": True,
+                "shard": self.spec.shard,
+                "shards": self.spec.shards,
+                "state": self.state.value,
+                "initialized": self.model.initialized,
+            }, None
         if op == "init":
             if payload is None:
                 raise AntdtError("init without values")
             fresh = self.model.initialize(header["signature"], payload)
             if fresh:
-                log.info("%s initialized by %s (%d values)", self.spec.name, header.get("worker"), payload.numel())
+                log.info(
+                    "%s initialized by %s (%d values)",
+                    self.spec.name,
+                    header.get("worker"),
+                    payload.numel(),
+                )
             return {"ok": True, "fresh": fresh}, None
         if op == "pull":
             if not self.model.initialized:
@@ -308,17 +353,28 @@ class ParameterServer:
         raise AntdtError(f"unknown request {op!r}")
 
     def _prepare(self, header: dict, gradient: torch.Tensor | None) -> dict:
-        """Hold a gradient until its commit is read in the log (or refuse it: the worker then does not commit)."""
+        """Hold a gradient until its commit is read in the log (or refuse it: the worker then does
+        not commit)."""
         if not self.serving:
-            return {"ok": False, "retry": True, "reason": f"{self.spec.name} is {self.state.value.lower()}"}
+            return {
+                "ok": False,
+                "retry": True,
+                "reason": f"{self.spec.name} is {self.state.value.lower()}",
+            }
         if gradient is None:
             raise AntdtError("prepare without a gradient")
         base = header.get("base_version")
         bound = self.spec.max_staleness
         if bound is not None and base is not None and self.model.version - base > bound:
             metrics.STALE.inc()
-            return {"ok": False, "stale": True, "reason": f"computed {self.model.version - base} updates ago (bound {bound})"}
-        self.pending[header["update_id"]] = _Pending(gradient, int(header.get("samples", 0)), time.monotonic())
+            return {
+                "ok": False,
+                "stale": True,
+                "reason": f"computed {self.model.version - base} updates ago (bound {bound})",
+            }
+        self.pending[header["update_id"]] = _Pending(
+            gradient, int(header.get("samples", 0)), time.monotonic()
+        )
         metrics.PENDING.set(len(self.pending))
         return {"ok": True}
 
@@ -361,11 +417,19 @@ class ParameterServer:
     def _apply(self, event: ShardLogEvent) -> None:
         update = self.pending.pop(event.update_id, None)
         if update is None:
-            self._roll_back(f"update {event.update_id} is committed but its gradient never reached {self.spec.name}")
+            self._roll_back(
+                f"update {event.update_id} is committed "
+                f"but its gradient never reached {self.spec.name}"
+            )
             return
         samples = [s for commit in event.commits for s in commit.samples]
         if update.samples and update.samples != len(samples):
-            log.error("update %s: prepared for %d samples, committed with %d", event.update_id, update.samples, len(samples))
+            log.error(
+                "update %s: prepared for %d samples, committed with %d",
+                event.update_id,
+                update.samples,
+                len(samples),
+            )
         with self._machine:
             started = time.perf_counter()
             self.model.apply(update.gradient, event.epoch, samples)
@@ -375,13 +439,15 @@ class ParameterServer:
         self._agent.queue_depth = len(self.pending)
         try:
             self._agent.record(elapsed, len(samples))
-        except WorkerExit as exc:  # the controller restarts or evicts this shard: leave with a checkpoint
+        # the controller restarts or evicts this shard: leave with a checkpoint
+        except WorkerExit as exc:
             self._begin_leaving(exc)
         metrics.APPLIED.inc()
         metrics.PENDING.set(len(self.pending))
 
     def _pace(self, work: str | None, started: float) -> None:
-        """Hold until ``work`` begun at ``started`` has lasted what ``spec.pace`` says (nothing without it)."""
+        """Hold until ``work`` begun at ``started`` has lasted what ``spec.pace`` says (nothing
+        without it)."""
         if self.spec.pace is not None and work is not None:
             remaining = started + self.spec.pace(work) - time.perf_counter()
             if remaining > 0:
@@ -391,8 +457,16 @@ class ParameterServer:
         if not self.model.initialized:
             return
         position = self._follower.position
-        self.store.save(event.seq, {"model": self.model.state_dict(), "epoch": self.epoch, "log_offset": offset,
-                                    "writer_epoch": position.writer_epoch, "cluster_id": self._watch.cluster_id})
+        self.store.save(
+            event.seq,
+            {
+                "model": self.model.state_dict(),
+                "epoch": self.epoch,
+                "log_offset": offset,
+                "writer_epoch": position.writer_epoch,
+                "cluster_id": self._watch.cluster_id,
+            },
+        )
         metrics.CHECKPOINTS.inc()
         if self.state is ServerState.LEAVING:
             self._leave(f"checkpoint at version {event.seq} saved")
@@ -416,16 +490,25 @@ class ParameterServer:
         version = self._newest_at_most(event.version)
         self._load(version)
         if version != event.version:
-            self._enter_recovery(version, f"version {event.version} (rewound at seq {event.seq}) is not here")
+            self._enter_recovery(
+                version, f"version {event.version} (rewound at seq {event.seq}) is not here"
+            )
             return
         self._become(ServerState.SERVING)
-        log.warning("%s back at version %d (rewound at seq %d by %s)", self.spec.name, event.version, event.seq,
-                    event.worker_id)
+        log.warning(
+            "%s back at version %d (rewound at seq %d by %s)",
+            self.spec.name,
+            event.version,
+            event.seq,
+            event.worker_id,
+        )
 
     def _roll_back(self, why: str) -> None:
         latest = self.store.latest()
         if latest is None:
-            raise ServerFailure(f"{self.spec.name}: {why}, and it has no checkpoint to roll back to")
+            raise ServerFailure(
+                f"{self.spec.name}: {why}, and it has no checkpoint to roll back to"
+            )
         self._load(latest)
         self._enter_recovery(latest, why)
 
@@ -440,7 +523,8 @@ class ParameterServer:
         self.exit = self._leaving
 
     def _enter_recovery(self, version: int, why: str) -> None:
-        """Ask the sharder to rewind to ``version``; until the REWOUND is read, nothing is applied."""
+        """Ask the sharder to rewind to ``version``; until the REWOUND is read, nothing is
+        applied."""
         log.warning("%s: %s; rolling back to version %d", self.spec.name, why, version)
         self._become(ServerState.RECOVERING)
         self._recovering_since = time.monotonic()
@@ -459,14 +543,30 @@ class ParameterServer:
     def _housekeeping(self) -> None:
         now = time.monotonic()
         if self._leaving is not None and self.exit is None and now > self._leave_by:
-            self._leave(f"no checkpoint within {LEAVE_WITHIN_S:.0f} s: its replacement rolls the job back further")
-        if self.state is ServerState.RECOVERING and now - self._recovering_since > self.spec.recover_within_s:
-            raise ServerFailure(f"{self.spec.name}: no REWOUND in the log within {self.spec.recover_within_s:.0f} s")
-        if self.state is ServerState.WAITING and self.model.initialized and self.model.ledger is not None \
-                and not self._asked_first_checkpoint:
+            self._leave(
+                f"no checkpoint within {LEAVE_WITHIN_S:.0f} s: "
+                "its replacement rolls the job back further"
+            )
+        if (
+            self.state is ServerState.RECOVERING
+            and now - self._recovering_since > self.spec.recover_within_s
+        ):
+            raise ServerFailure(
+                f"{self.spec.name}: no REWOUND in the log within {self.spec.recover_within_s:.0f} s"
+            )
+        if (
+            self.state is ServerState.WAITING
+            and self.model.initialized
+            and self.model.ledger is not None
+            and not self._asked_first_checkpoint
+        ):
             self._asked_first_checkpoint = True
             self._ask_checkpoint()
-        elif self.serving and self.spec.shard == 0 and now - self._last_checkpoint_ask >= self.spec.checkpoint_every_s:
+        elif (
+            self.serving
+            and self.spec.shard == 0
+            and now - self._last_checkpoint_ask >= self.spec.checkpoint_every_s
+        ):
             self._ask_checkpoint()
         self._expire(now)
         self._nudge(now)
@@ -476,7 +576,9 @@ class ParameterServer:
         self._client.send(ProgressKind.CHECKPOINT, self.epoch, answered=False)
 
     def _expire(self, now: float) -> None:
-        expired = [u for u, p in list(self.pending.items()) if now - p.received > self.spec.pending_ttl_s]
+        expired = [
+            u for u, p in list(self.pending.items()) if now - p.received > self.spec.pending_ttl_s
+        ]
         for update in expired:
             self.pending.pop(update, None)
         if expired:
@@ -484,13 +586,16 @@ class ParameterServer:
             metrics.PENDING.set(len(self.pending))
 
     def _nudge(self, now: float) -> None:
-        """Nudge while the log may hold something back: an update waits, or one was applied a moment ago.
+        """Nudge while the log may hold something back: an update waits, or one was applied a moment
+        ago.
 
         (After the last update of an epoch comes its EPOCH_CLOSED, which may be
         the partition's last record for a while.) An update whose commit was
         refused or never sent stops counting after ``NUDGE_FOR_S`` and expires.
         """
-        waiting = [now - p.received for p in list(self.pending.values()) if now - p.received < NUDGE_FOR_S]
+        waiting = [
+            now - p.received for p in list(self.pending.values()) if now - p.received < NUDGE_FOR_S
+        ]
         recent = NUDGE_AFTER_S < now - self._last_apply < NUDGE_FOR_S
         if ((waiting and max(waiting) > NUDGE_AFTER_S) or recent) and now - self._last_nudge > 0.5:
             self._last_nudge = now

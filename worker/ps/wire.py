@@ -67,7 +67,8 @@ def _into(sock: socket.socket, view: memoryview) -> None:
 
 
 def connect(address: str, timeout_s: float) -> socket.socket:
-    """A connection to ``host:port`` with ``timeout_s`` on every call (Nagle off: frames are small and many)."""
+    """A connection to ``host:port`` with ``timeout_s`` on every call (Nagle off: frames are small
+    and many)."""
     host, _, port = address.rpartition(":")
     try:
         sock = socket.create_connection((host or "localhost", int(port)), timeout=timeout_s)

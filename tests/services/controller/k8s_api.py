@@ -1,4 +1,5 @@
-"""A stand-in Kubernetes API server for the actuator's tests: it records requests and answers with chosen statuses.
+"""A stand-in Kubernetes API server for the actuator's tests: it records requests and answers with
+chosen statuses.
 
 It is not a fake of Kubernetes' behaviour: the actuator's contract with the
 cluster is the method, path, headers and body of each request, and that is
@@ -43,8 +44,14 @@ class RecordingApiServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
                 with server.seen:  # recorded before the answer, so the caller sees it on return
-                    server.requests.append({"method": self.command, "path": self.path, "body": body,
-                                            "headers": dict(self.headers)})
+                    server.requests.append(
+                        {
+                            "method": self.command,
+                            "path": self.path,
+                            "body": body,
+                            "headers": dict(self.headers),
+                        }
+                    )
                     server.seen.notify_all()
                 self.send_response(server.statuses.get((self.command, self.path), 200))
                 self.send_header("Content-Length", "2")

@@ -1,25 +1,34 @@
-"""The controller core's safety: dry run, ids, epoch, signatures, rate limit, policies by name or path (no Kafka)."""
+"""The controller core's safety: dry run, ids, epoch, signatures, rate limit, policies by name or
+path (no Kafka)."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
+from antdt.control.signing import verify
 from antdt.errors import ConfigError
-from antdt.schemas.models import AckStatus, CommandAction as A, ControlComponent, ControlConfig, StragglerClass as C
+from antdt.schemas.models import AckStatus, ControlComponent, ControlConfig
+from antdt.schemas.models import CommandAction as A
+from antdt.schemas.models import StragglerClass as C
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.core import ControllerCore
 from antdt.services.controller.policy import load_policy, registered
 from antdt.services.controller.safety import Stamp
-from antdt.signing import verify
 from antdt.worker.commands import CommandVerifier
 from tests.services.controller.helpers import at, report, verdict
 
 
 def control(changes, job=None):
-    return ControlConfig(config_id="c", job_id=job, component=ControlComponent.CONTROLLER, changes=changes,
-                         issued_by="t", issued_at=datetime.now(timezone.utc))
+    return ControlConfig(
+        config_id="c",
+        job_id=job,
+        component=ControlComponent.CONTROLLER,
+        changes=changes,
+        issued_by="t",
+        issued_at=datetime.now(UTC),
+    )
 
 
 def test_dry_run_commands_are_flagged_change_nothing_and_agents_ignore_them():
@@ -35,8 +44,15 @@ def test_commands_carry_reason_evidence_verdict_epoch_and_expiry():
     core = ControllerCore(ControllerConfig(command_ttl_s=30), Stamp(epoch=7))
     the_verdict = verdict("w1", cls=C.PERSISTENT)
     for command in core.on_verdict(the_verdict, at(0)).commands:
-        assert command.reason and command.verdict_id == the_verdict.verdict_id and command.policy == "antdt-nd"
-        assert command.controller_epoch == 7 and (command.expires_at - command.issued_at).total_seconds() == 30
+        assert (
+            command.reason
+            and command.verdict_id == the_verdict.verdict_id
+            and command.policy == "antdt-nd"
+        )
+        assert (
+            command.controller_epoch == 7
+            and (command.expires_at - command.issued_at).total_seconds() == 30
+        )
 
 
 def test_a_verdict_seen_twice_is_acted_on_once_and_ids_survive_a_new_controller():
@@ -53,8 +69,16 @@ def test_a_verdict_seen_twice_is_acted_on_once_and_ids_survive_a_new_controller(
 
 def test_commands_are_signed_and_a_stale_epoch_is_rejected():
     key = b"k" * 32
-    old = ControllerCore(stamp=Stamp(epoch=1, signing_key=key)).on_verdict(verdict("w1"), at(0)).commands[0]
-    new = ControllerCore(stamp=Stamp(epoch=2, signing_key=key)).on_verdict(verdict("w1", t=1), at(1)).commands[0]
+    old = (
+        ControllerCore(stamp=Stamp(epoch=1, signing_key=key))
+        .on_verdict(verdict("w1"), at(0))
+        .commands[0]
+    )
+    new = (
+        ControllerCore(stamp=Stamp(epoch=2, signing_key=key))
+        .on_verdict(verdict("w1", t=1), at(1))
+        .commands[0]
+    )
     assert verify(old, key) and verify(new, key)
     agent = CommandVerifier("job", "w1", key, clock=lambda: at(2))
     assert agent.check(new).status is None
@@ -76,14 +100,24 @@ def test_policy_threshold_and_dry_run_change_at_run_time():
     assert core.apply(control({"controller.dry_run": "true", "controller.straggler_quota": "0"}))
     command = core.on_verdict(verdict("w1"), at(0)).commands[0]
     assert command.dry_run and command.shard_quota == 0
-    assert core.apply(control({"controller.policy": "tests.services.controller.custom_policy:PauseEveryStraggler"}, job="job"))
+    assert core.apply(
+        control(
+            {"controller.policy": "tests.services.controller.custom_policy:PauseEveryStraggler"},
+            job="job",
+        )
+    )
     assert [c.action for c in core.on_verdict(verdict("w2"), at(1)).commands] == [A.PAUSE]
 
 
 def test_invalid_changes_are_refused_whole():
     core = ControllerCore()
-    for changes in ({"controller.policy": "nope"}, {"controller.policy": "tests.services.controller.custom_policy:NOT_A_POLICY"},
-                    {"controller.dry_run": "maybe"}, {"controller.leader_quota": "1"}, {"controller.unknown": "1"}):
+    for changes in (
+        {"controller.policy": "nope"},
+        {"controller.policy": "tests.services.controller.custom_policy:NOT_A_POLICY"},
+        {"controller.dry_run": "maybe"},
+        {"controller.leader_quota": "1"},
+        {"controller.unknown": "1"},
+    ):
         with pytest.raises(ConfigError):
             core.apply(control(changes))
     assert core.config.defaults == ControllerConfig() and core.config.overrides == {}
@@ -91,7 +125,10 @@ def test_invalid_changes_are_refused_whole():
 
 def test_policies_load_by_name_or_import_path():
     assert {"antdt-nd", "antdt-dd"} <= set(registered())
-    assert load_policy("tests.services.controller.custom_policy:PauseEveryStraggler").name == "pause-every-straggler"
+    assert (
+        load_policy("tests.services.controller.custom_policy:PauseEveryStraggler").name
+        == "pause-every-straggler"
+    )
     with pytest.raises(ConfigError, match="cannot load"):
         load_policy("no.such.module:Policy")
 
@@ -100,5 +137,8 @@ def test_dd_through_the_core_adjusts_batches_from_worker_reports():
     core = ControllerCore(ControllerConfig(policy="antdt-dd"))
     core.on_metrics(report("a", 100, 32, 50), at(0))
     outcome = core.on_metrics(report("b", 300, 32, 50), at(0))
-    assert {(c.target_worker, c.batch_size, c.global_batch_size) for c in outcome.commands} == {("a", 16, 64), ("b", 48, 64)}
+    assert {(c.target_worker, c.batch_size, c.global_batch_size) for c in outcome.commands} == {
+        ("a", 16, 64),
+        ("b", 48, 64),
+    }
     assert core.job("job").workers["a"].batch_size == 16

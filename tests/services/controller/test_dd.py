@@ -1,4 +1,5 @@
-"""AntDT-DD: the split follows the step-time model, one switch step, one decision per measured change (no Kafka)."""
+"""AntDT-DD: the split follows the step-time model, one switch step, one decision per measured
+change (no Kafka)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,11 @@ def test_bounds_are_respected():
     job = job_with({"a": 10, "b": 1000, "c": 1000})
     decision = decide(job, ControllerConfig(min_batch_size=16, max_batch_size=40), 0)
     sizes = {w: job.workers[w].batch_size for w in job.workers} | sizes_of(decision)
-    assert sum(sizes.values()) == 96 and all(16 <= s <= 40 for s in sizes.values()) and sizes["a"] == 16
+    assert (
+        sum(sizes.values()) == 96
+        and all(16 <= s <= 40 for s in sizes.values())
+        and sizes["a"] == 16
+    )
 
 
 def test_no_second_decision_until_every_worker_reported_from_after_the_switch():
@@ -59,7 +64,8 @@ def test_no_second_decision_until_every_worker_reported_from_after_the_switch():
     first = decide(job, config, 0)
     assert sizes_of(first) == {"a": 16, "b": 48}
     switch = first.intents[0].effective_step
-    job.on_metrics(report("a", 100, 32, switch - 1, t=1))  # still the old size: the command is on its way
+    # still the old size: the command is on its way
+    job.on_metrics(report("a", 100, 32, switch - 1, t=1))
     job.on_metrics(report("b", 300, 32, switch - 1, t=1))
     assert decide(job, config, 1).intents == ()
     job.on_metrics(report("a", 100, 16, switch + 10, t=3))
@@ -78,18 +84,22 @@ def test_small_gains_and_early_rebalances_are_not_sent():
 
 
 def test_the_fixed_part_learnt_from_the_first_switch_shapes_the_second():
-    """Steps cost 0.01 s x (10 + batch) on a and 4x that on b; the first split is proportional, the second exact."""
+    """Steps cost 0.01 s x (10 + batch) on a and 4x that on b; the first split is proportional, the
+    second exact."""
+
     def step_report(worker, batch, step, t):
         per_sample = 0.01 if worker == "a" else 0.04
         return report(worker, batch / (per_sample * (10 + batch)), batch, step, t=t)
 
     job = JobView("job")
     for worker in "ab":
-        job.on_metrics(step_report(worker, 32, 95, -0.5))  # the first report carries one-off costs: not evidence
+        # the first report carries one-off costs: not evidence
+        job.on_metrics(step_report(worker, 32, 95, -0.5))
         job.on_metrics(step_report(worker, 32, 100, 0))
     config = ControllerConfig(rebalance_interval_s=0)
     first = decide(job, config, 0)
-    assert sizes_of(first) in ({"a": 51, "b": 13}, {"a": 52, "b": 12})  # throughput alone: 32/0.42 vs 32/1.68 samples/s
+    # throughput alone: 32/0.42 vs 32/1.68 samples/s
+    assert sizes_of(first) in ({"a": 51, "b": 13}, {"a": 52, "b": 12})
     switch = first.intents[0].effective_step
     for worker, batch in sizes_of(first).items():
         job.on_metrics(step_report(worker, batch, switch + 5, 0.5))
@@ -105,11 +115,13 @@ def test_nothing_until_every_worker_has_reported():
 
 
 def test_a_configured_global_batch_is_not_split_over_the_first_workers_to_report():
-    job = job_with({"a": 100, "b": 300})  # 64 of a global batch of 256: six more workers still to come
+    # 64 of a global batch of 256: six more workers still to come
+    job = job_with({"a": 100, "b": 300})
     config = ControllerConfig(global_batch_size=256)
     assert decide(job, config, 0).intents == ()
     assert decide(job, config, 4).intents == ()
-    assert sum(sizes_of(decide(job, config, 6)).values()) == 256  # nobody else came: the job is these two
+    # nobody else came: the job is these two
+    assert sum(sizes_of(decide(job, config, 6)).values()) == 256
 
 
 def test_in_band_sizing_leaves_the_batches_to_the_workers():
@@ -120,7 +132,9 @@ def test_in_band_sizing_leaves_the_batches_to_the_workers():
 def test_a_worker_silent_for_long_has_left_and_the_rest_share_the_global_batch():
     job = job_with({"a": 100, "b": 100, "c": 100})
     for worker in ("a", "b"):  # c (an evicted node) reports no more
-        job.on_metrics(report(worker, 100 if worker == "a" else 300, 48, 200, t=20, incarnation="i2"))
+        job.on_metrics(
+            report(worker, 100 if worker == "a" else 300, 48, 200, t=20, incarnation="i2")
+        )
     config = ControllerConfig(global_batch_size=96)
     assert decide(job, config, 10).intents == ()  # c not silent long enough yet: still counted
     assert sum(sizes_of(decide(job, config, 20)).values()) == 96
@@ -129,7 +143,11 @@ def test_a_worker_silent_for_long_has_left_and_the_rest_share_the_global_batch()
 def test_nothing_until_as_many_workers_as_the_group_reports():
     job = JobView("job")
     for worker in ("r0", "r2"):  # r1 of a group of three has not reported yet
-        job.on_metrics(report(worker, 100 if worker == "r0" else 300, 32, 100).model_copy(update={"world_size": 3}))
+        job.on_metrics(
+            report(worker, 100 if worker == "r0" else 300, 32, 100).model_copy(
+                update={"world_size": 3}
+            )
+        )
     assert decide(job, ControllerConfig(), 0).intents == ()
     job.on_metrics(report("r1", 100, 32, 100).model_copy(update={"world_size": 3}))
     assert sum(sizes_of(decide(job, ControllerConfig(), 0)).values()) == 96
@@ -139,6 +157,9 @@ def test_a_restarted_group_is_sized_again_from_its_own_steps():
     job = job_with({"a": 100, "b": 300})
     config = ControllerConfig(rebalance_interval_s=0)
     switch = decide(job, config, 0).intents[0].effective_step
-    for worker, speed in (("a", 100), ("b", 100)):  # restarted from a checkpoint far before the switch
-        job.on_metrics(report(worker, speed, 16 if worker == "a" else 48, switch - 50, t=5, incarnation="i2"))
+    # restarted from a checkpoint far before the switch
+    for worker, speed in (("a", 100), ("b", 100)):
+        job.on_metrics(
+            report(worker, speed, 16 if worker == "a" else 48, switch - 50, t=5, incarnation="i2")
+        )
     assert sizes_of(decide(job, config, 5)) == {"a": 32, "b": 32}

@@ -31,11 +31,15 @@ def api_server():
 
 
 def command(action: CommandAction, **changes):
-    return mitigation_command().model_copy(update={"action": action, "target_worker": "train-0-abcde", **changes})
+    return mitigation_command().model_copy(
+        update={"action": action, "target_worker": "train-0-abcde", **changes}
+    )
 
 
 def actuator_for(server: RecordingApiServer, token: str | None = "t0ken") -> KubernetesActuator:
-    return KubernetesActuator(KubernetesApi(server.url, token, None, timeout_s=5), "training", "antdt.io/degraded")
+    return KubernetesActuator(
+        KubernetesApi(server.url, token, None, timeout_s=5), "training", "antdt.io/degraded"
+    )
 
 
 def counted(action: CommandAction, outcome: Outcome) -> float:
@@ -47,7 +51,10 @@ def test_restart_and_evict_delete_the_workers_pod(api_server, action):
     before = counted(action, Outcome.DONE)
     assert actuator_for(api_server).act(command(action)) == [Outcome.DONE]
     (request,) = api_server.requests
-    assert (request["method"], request["path"]) == ("DELETE", "/api/v1/namespaces/training/pods/train-0-abcde")
+    assert (request["method"], request["path"]) == (
+        "DELETE",
+        "/api/v1/namespaces/training/pods/train-0-abcde",
+    )
     assert request["headers"]["Authorization"] == "Bearer t0ken"
     assert counted(action, Outcome.DONE) == before + 1
 
@@ -61,12 +68,15 @@ def test_a_degraded_node_gets_the_label_the_pod_template_avoids(api_server):
     assert request["body"] == {"metadata": {"labels": {"antdt.io/degraded": "true"}}}
 
 
-@pytest.mark.parametrize("changes", [
-    {"action": CommandAction.RESTART, "dry_run": True},
-    {"action": CommandAction.ADJUST_BATCH_SIZE},
-    {"action": CommandAction.SET_SHARD_QUOTA},
-    {"action": CommandAction.MARK_NODE_DEGRADED, "parameters": {}},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"action": CommandAction.RESTART, "dry_run": True},
+        {"action": CommandAction.ADJUST_BATCH_SIZE},
+        {"action": CommandAction.SET_SHARD_QUOTA},
+        {"action": CommandAction.MARK_NODE_DEGRADED, "parameters": {}},
+    ],
+)
 def test_dry_runs_and_what_agents_do_alone_make_no_call(changes):
     assert calls_for(command(**changes), "training", "antdt.io/degraded") == []
 
@@ -99,7 +109,9 @@ def test_submitted_commands_are_carried_out_in_order_off_the_callers_thread(api_
     actuator.submit(command(CommandAction.ADJUST_BATCH_SIZE))  # nothing to do on the cluster
     actuator.close()
     assert [(r["method"], r["path"]) for r in api_server.wait_for(2)] == [
-        ("PATCH", "/api/v1/nodes/n1"), ("DELETE", "/api/v1/namespaces/training/pods/train-0-abcde")]
+        ("PATCH", "/api/v1/nodes/n1"),
+        ("DELETE", "/api/v1/namespaces/training/pods/train-0-abcde"),
+    ]
 
 
 def test_remediation_is_off_unless_asked(monkeypatch):
@@ -112,14 +124,18 @@ def test_in_cluster_defaults_come_from_the_service_account(tmp_path, monkeypatch
     (tmp_path / "token").write_text("sa-token\n")
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "6443")
-    actuator = KubernetesActuator.from_settings(KubernetesSettings(remediation=True, service_account_dir=tmp_path))
+    actuator = KubernetesActuator.from_settings(
+        KubernetesSettings(remediation=True, service_account_dir=tmp_path)
+    )
     assert (actuator.namespace, actuator.api.url) == ("ml-team", "https://10.0.0.1:6443")
 
 
 def test_outside_a_pod_without_an_api_url_is_a_one_line_error(tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ConfigError, match="not a pod .* set ANTDT_K8S_API_URL"):
-        KubernetesActuator.from_settings(KubernetesSettings(remediation=True, namespace="x", service_account_dir=tmp_path))
+        KubernetesActuator.from_settings(
+            KubernetesSettings(remediation=True, namespace="x", service_account_dir=tmp_path)
+        )
 
 
 def test_a_bad_setting_names_its_variable(monkeypatch):

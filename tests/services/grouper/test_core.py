@@ -1,34 +1,58 @@
-"""The grouper's decisions: first come first served, deadlines, the whole-group points, generations."""
+"""The grouper's decisions: first come first served, deadlines, the whole-group points,
+generations."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings as hsettings
+from hypothesis import given
+from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from antdt.errors import ConfigError
 from antdt.schemas.models import GroupReady, GroupReason
 from antdt.schemas.types import utc_now
-from antdt.services.grouper.core import GroupFormer, GrouperConfig
+from antdt.services.grouper.core import GrouperConfig, GroupFormer
 
 JOB = "job-pr"
 
 
-def ready(rank: int, seq: int, world: int = 4, finished: bool = False, generation: int = 0,
-          incarnation: str | None = None) -> GroupReady:
-    return GroupReady(job_id=JOB, worker_id=f"w{rank}", incarnation=incarnation or f"inc-{rank}", generation=generation,
-                      rank=rank, world_size=world, seq=seq, step=seq, finished=finished, timestamp=utc_now())
+def ready(
+    rank: int,
+    seq: int,
+    world: int = 4,
+    finished: bool = False,
+    generation: int = 0,
+    incarnation: str | None = None,
+) -> GroupReady:
+    return GroupReady(
+        job_id=JOB,
+        worker_id=f"w{rank}",
+        incarnation=incarnation or f"inc-{rank}",
+        generation=generation,
+        rank=rank,
+        world_size=world,
+        seq=seq,
+        step=seq,
+        finished=finished,
+        timestamp=utc_now(),
+    )
 
 
 def former(p: int = 2, deadline: float = 0.05, checkpoint: float = 0.0) -> GroupFormer:
-    return GroupFormer(GrouperConfig(group_size=p, deadline_s=deadline, checkpoint_every_s=checkpoint))
+    return GroupFormer(
+        GrouperConfig(group_size=p, deadline_s=deadline, checkpoint_every_s=checkpoint)
+    )
 
 
 def test_the_first_p_ready_form_a_group_in_arrival_order():
     grouper = former(p=2)
     assert grouper.ready(ready(3, 1), 0.0) == []
     [group] = grouper.ready(ready(1, 1), 0.01)
-    assert (group.reason, group.ranks, [m.seq for m in group.members]) == (GroupReason.QUORUM, [1, 3], [1, 1])
+    assert (group.reason, group.ranks, [m.seq for m in group.members]) == (
+        GroupReason.QUORUM,
+        [1, 3],
+        [1, 1],
+    )
     assert grouper.ready(ready(0, 1), 0.02) == []  # the next group starts empty
     assert grouper.ready(ready(2, 1), 0.03)[0].ranks == [0, 2]
 
@@ -52,26 +76,34 @@ def test_when_the_others_have_no_data_left_nobody_waits_for_them():
     [group] = grouper.ready(ready(3, 9), 0.1)  # the only one still training: no one else can come
     assert (group.reason, group.ranks) == (GroupReason.NO_MORE, [3])
     [final] = grouper.ready(ready(3, 10, finished=True), 0.2)
-    assert (final.reason, final.ranks, [m.seq for m in final.members]) == (GroupReason.FINAL, [0, 1, 2, 3], [5, 5, 5, 10])
+    assert (final.reason, final.ranks, [m.seq for m in final.members]) == (
+        GroupReason.FINAL,
+        [0, 1, 2, 3],
+        [5, 5, 5, 10],
+    )
 
 
 def test_a_due_checkpoint_gathers_every_rank_and_no_partial_group_forms_meanwhile():
     grouper = former(p=2, checkpoint=10.0)
     grouper.ready(ready(0, 1), 0.0)
-    assert grouper.ready(ready(1, 1), 0.0)[0].reason is GroupReason.QUORUM  # the job's clock started at 0.0
-    assert grouper.ready(ready(2, 1), 10.0) == [] and grouper.ready(ready(3, 1), 10.0) == []  # due: no quorum
+    # the job's clock started at 0.0
+    assert grouper.ready(ready(1, 1), 0.0)[0].reason is GroupReason.QUORUM
+    # due: no quorum
+    assert grouper.ready(ready(2, 1), 10.0) == [] and grouper.ready(ready(3, 1), 10.0) == []
     assert grouper.tick(11.0) == []  # no deadline either: everyone gathers
     assert grouper.ready(ready(0, 2), 11.1) == []
     [whole] = grouper.ready(ready(1, 2), 11.2)
     assert (whole.reason, whole.ranks, whole.at) == (GroupReason.CHECKPOINT, [0, 1, 2, 3], 11.2)
     grouper.ready(ready(0, 3), 11.3)
-    assert grouper.ready(ready(1, 3), 11.3)[0].reason is GroupReason.QUORUM  # the clock restarted at the checkpoint
+    # the clock restarted at the checkpoint
+    assert grouper.ready(ready(1, 3), 11.3)[0].reason is GroupReason.QUORUM
 
 
 def test_a_newer_generation_starts_afresh_and_an_older_one_is_ignored():
     grouper = former(p=2)
     grouper.ready(ready(0, 7, generation=0), 0.0)
-    assert grouper.ready(ready(1, 1, generation=1, incarnation="new-1"), 0.01) == []  # rank 0 of gen 0 dropped
+    # rank 0 of gen 0 dropped
+    assert grouper.ready(ready(1, 1, generation=1, incarnation="new-1"), 0.01) == []
     assert grouper.ready(ready(2, 8, generation=0), 0.02) == [] and grouper.ignored == 1
     [group] = grouper.ready(ready(0, 1, generation=1, incarnation="new-0"), 0.03)
     assert (group.generation, group.ranks) == (1, [0, 1])
@@ -82,7 +114,8 @@ def test_an_announcement_sent_again_keeps_its_place_and_one_already_grouped_is_n
     grouper.ready(ready(0, 1), 0.0)
     grouper.ready(ready(0, 1), 0.04)  # sent again: still waiting since 0.0
     assert grouper.tick(0.05)[0].members[0].since == 0.0
-    assert grouper.ready(ready(0, 1), 0.06) == [] and grouper.jobs[JOB].waiting == {}  # its group formed already
+    # its group formed already
+    assert grouper.ready(ready(0, 1), 0.06) == [] and grouper.jobs[JOB].waiting == {}
 
 
 def test_group_ids_grow_within_a_job_from_the_first_id():
@@ -94,7 +127,9 @@ def test_group_ids_grow_within_a_job_from_the_first_id():
     assert ids == [1000, 1001, 1002]
 
 
-@pytest.mark.parametrize("bad", [dict(group_size=1), dict(deadline_s=-1), dict(checkpoint_every_s=-5)])
+@pytest.mark.parametrize(
+    "bad", [dict(group_size=1), dict(deadline_s=-1), dict(checkpoint_every_s=-5)]
+)
 def test_a_broken_config_is_refused(bad):
     with pytest.raises(ConfigError):
         GrouperConfig(**bad)
@@ -102,15 +137,21 @@ def test_a_broken_config_is_refused(bad):
 
 # ------------------------------------------------------------ properties
 
+
 @st.composite
 def runs(draw):
-    """A world, P, a deadline, and a schedule: at each tick some ranks finish their step (or their data) and announce."""
+    """A world, P, a deadline, and a schedule: at each tick some ranks finish their step (or their
+    data) and announce."""
     world = draw(st.integers(2, 6))
     p = draw(st.integers(2, 4))
     deadline = draw(st.sampled_from([0.0, 0.05, 0.5]))
     checkpoint = draw(st.sampled_from([0.0, 1.0]))
-    ticks = draw(st.lists(st.tuples(st.floats(0.0, 0.4), st.lists(st.integers(0, world - 1), max_size=world)),
-                          max_size=40))
+    ticks = draw(
+        st.lists(
+            st.tuples(st.floats(0.0, 0.4), st.lists(st.integers(0, world - 1), max_size=world)),
+            max_size=40,
+        )
+    )
     return world, p, deadline, checkpoint, ticks
 
 
@@ -126,7 +167,9 @@ def test_every_announcement_is_grouped_at_most_once_with_live_ranks_and_deadline
 
     def check(groups):
         for group in groups:
-            assert group.ranks == sorted(set(group.ranks)) and all(r in waiting for r in group.ranks)
+            assert group.ranks == sorted(set(group.ranks)) and all(
+                r in waiting for r in group.ranks
+            )
             if group.reason in (GroupReason.CHECKPOINT, GroupReason.FINAL):
                 assert group.ranks == list(range(world))
             else:
@@ -145,9 +188,18 @@ def test_every_announcement_is_grouped_at_most_once_with_live_ranks_and_deadline
             waiting[rank] = now
             check(grouper.ready(ready(rank, seq[rank], world=world), now))
         check(grouper.tick(now))
-        due = checkpoint and now - grouper.jobs[JOB].last_whole_at >= checkpoint if JOB in grouper.jobs else False
-        if not due:  # nobody outwaits the deadline (unless every rank is gathering for a checkpoint)
-            assert all(now - since < deadline for since in waiting.values()) or deadline == 0 and not waiting
+        due = (
+            checkpoint and now - grouper.jobs[JOB].last_whole_at >= checkpoint
+            if JOB in grouper.jobs
+            else False
+        )
+        # nobody outwaits the deadline (unless every rank is gathering for a checkpoint)
+        if not due:
+            assert (
+                all(now - since < deadline for since in waiting.values())
+                or deadline == 0
+                and not waiting
+            )
 
 
 @hsettings(max_examples=100, deadline=None)
@@ -156,7 +208,10 @@ def test_the_final_group_forms_once_when_every_rank_has_run_out_of_data(world, p
     grouper = former(p=p, deadline=0.05)
     finals = []
     for i, rank in enumerate([r for r in order if r < world]):
-        finals += [g for g in grouper.ready(ready(rank, 1, world=world, finished=True), 0.01 * i)
-                   if g.reason is GroupReason.FINAL]
+        finals += [
+            g
+            for g in grouper.ready(ready(rank, 1, world=world, finished=True), 0.01 * i)
+            if g.reason is GroupReason.FINAL
+        ]
         finals += [g for g in grouper.tick(1.0) if g.reason is GroupReason.FINAL]
     assert len(finals) == 1 and finals[0].ranks == list(range(world))

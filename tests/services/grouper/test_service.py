@@ -1,4 +1,5 @@
-"""``antdt grouper`` against the real embedded broker: workers announce, groups come back, bad input is dead-lettered."""
+"""``antdt grouper`` against the real embedded broker: workers announce, groups come back, bad input
+is dead-lettered."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from antdt.bus.clients import make_producer
 from antdt.bus.deadletter import HEADER_ERROR
 from antdt.cli.main import run
-from antdt.launch import settings_env
+from antdt.runtime.launch import settings_env
 from antdt.schemas.codec import make_codec
 from antdt.schemas.examples import group_ready
 from antdt.schemas.models import GroupReason
@@ -25,8 +26,10 @@ WORLD = 4
 
 
 def clients(settings, job: str, generation: int = 0) -> list[GroupClient]:
-    return [GroupClient(settings, job, f"w{rank}", f"inc-{rank}-{generation}", rank, WORLD, generation)
-            for rank in range(WORLD)]
+    return [
+        GroupClient(settings, job, f"w{rank}", f"inc-{rank}-{generation}", rank, WORLD, generation)
+        for rank in range(WORLD)
+    ]
 
 
 def steps(client: GroupClient, count: int, out: dict) -> None:
@@ -41,7 +44,9 @@ def test_workers_are_grouped_first_come_first_served_and_end_in_one_final_group(
     members = clients(settings, "job-g")
     got: dict[int, list] = {}
     with running_loop(GrouperService(settings, config), "grouper"):
-        threads = [threading.Thread(target=steps, args=(c, 5 + c.rank, got), daemon=True) for c in members]
+        threads = [
+            threading.Thread(target=steps, args=(c, 5 + c.rank, got), daemon=True) for c in members
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -50,15 +55,21 @@ def test_workers_are_grouped_first_come_first_served_and_end_in_one_final_group(
         client.close()
     assert sorted(got) == list(range(WORLD))
     for rank, groups in got.items():
-        assert [g.in_reply_to for g in groups] == list(range(1, len(groups) + 1))  # every announcement answered once
+        # every announcement answered once
+        assert [g.in_reply_to for g in groups] == list(range(1, len(groups) + 1))
         assert all(f"w{rank}" in g.members and g.job_id == "job-g" for g in groups)
         assert groups[-1].reason is GroupReason.FINAL and groups[-1].ranks == list(range(WORLD))
         assert all(len(g.ranks) <= 2 for g in groups[:-1])
-    finals = {g.group_id for groups in got.values() for g in groups if g.reason is GroupReason.FINAL}
+    finals = {
+        g.group_id for groups in got.values() for g in groups if g.reason is GroupReason.FINAL
+    }
     assert len(finals) == 1
-    copies = read_copies(settings, make_codec(), "job-g")  # the bus holds every member's copy: the audit
+    # the bus holds every member's copy: the audit
+    copies = read_copies(settings, make_codec(), "job-g")
     assert len(copies) == sum(len(groups) for groups in got.values())
-    assert len(one_per_group(copies)) == len({(g.group_id) for groups in got.values() for g in groups})
+    assert len(one_per_group(copies)) == len(
+        {(g.group_id) for groups in got.values() for g in groups}
+    )
     figures = summary(copies)
     assert figures["by_reason"]["FINAL"] == 1 and figures["per_worker"]["w3"] == 5 + 3 + 1
 
@@ -74,9 +85,27 @@ def test_an_operator_replays_the_groups_of_a_job(settings, topics, monkeypatch, 
     for name, value in settings_env(settings).items():
         monkeypatch.setenv(name, value)
     capsys.readouterr()
-    assert run(["replay", "--log", "groups", "--job", "job-r", "--json", "--out", str(tmp_path / "groups.avro")]) == 0
+    assert (
+        run(
+            [
+                "replay",
+                "--log",
+                "groups",
+                "--job",
+                "job-r",
+                "--json",
+                "--out",
+                str(tmp_path / "groups.avro"),
+            ]
+        )
+        == 0
+    )
     [listed] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert (listed["group_id"], listed["members"], listed["reason"]) == (formed[0].group_id, ["w0", "w1"], "QUORUM")
+    assert (listed["group_id"], listed["members"], listed["reason"]) == (
+        formed[0].group_id,
+        ["w0", "w1"],
+        "QUORUM",
+    )
     assert (tmp_path / "groups.avro").stat().st_size > 0
     assert run(["replay", "--log", "groups"]) == 2  # a job is needed: a one-line usage error
 
@@ -89,7 +118,9 @@ def test_an_older_generation_is_never_grouped_with_a_newer_one(settings, topics)
         first = new[1].announce(0)
         second = new[2].announce(0)
         group = new[1].wait(first, 20.0)
-        assert (group.generation, group.ranks) == (1, [1, 2]) and new[2].wait(second, 20.0).group_id == group.group_id
+        assert (group.generation, group.ranks) == (1, [1, 2]) and new[2].wait(
+            second, 20.0
+        ).group_id == group.group_id
         with pytest.raises(NoGroup, match="no group from the grouper"):
             old[0].wait(stale, 0.5)
     for client in old + new:
@@ -103,7 +134,9 @@ def test_bad_input_is_dead_lettered_and_the_grouper_keeps_serving(settings, topi
     with running_loop(GrouperService(settings, config), "grouper"):
         producer = make_producer(settings)
         producer.produce(ready_topic, key=b"job-bad", value=b"\x00garbage")
-        producer.produce(ready_topic, key=b"another-job", value=make_codec().encode(group_ready(), ready_topic))
+        producer.produce(
+            ready_topic, key=b"another-job", value=make_codec().encode(group_ready(), ready_topic)
+        )
         producer.flush(5)
         seqs = a.announce(0), b.announce(0)
         assert a.wait(seqs[0], 20.0).ranks == [0, 1] and b.wait(seqs[1], 20.0).ranks == [0, 1]

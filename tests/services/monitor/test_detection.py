@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from antdt.loadgen.traces import TraceSlowdown, TraceSpec, generate
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import EvidenceCause, StragglerVerdict, VerdictKind
 from antdt.services.monitor.detection import DetectorConfig, JobDetector
-from antdt.services.monitor.traces import Episode, TraceSpec, generate
 
 
 def verdicts_for(spec: TraceSpec, config: DetectorConfig | None = None, seed: int = 0, mutate=None):
@@ -20,7 +20,7 @@ def verdicts_for(spec: TraceSpec, config: DetectorConfig | None = None, seed: in
 
 def test_verdicts_are_valid_messages_that_round_trip():
     codec = SingleObjectCodec()
-    verdicts = verdicts_for(TraceSpec(seconds=70, episodes=[Episode("w2", 10, 70, 2.0)]))
+    verdicts = verdicts_for(TraceSpec(seconds=70, episodes=[TraceSlowdown("w2", 10, 70, 2.0)]))
     assert verdicts
     for verdict in verdicts:
         decoded = codec.decode(codec.encode(StragglerVerdict.model_validate(verdict.model_dump())))
@@ -35,7 +35,9 @@ def test_cpu_steal_is_given_as_evidence():
         resources = report.resources.model_copy(update={"cpu_steal_percent": 30.0})
         return report.model_copy(update={"resources": resources})
 
-    verdicts = verdicts_for(TraceSpec(seconds=40, episodes=[Episode("w2", 10, 40, 2.0)]), mutate=steal)
+    verdicts = verdicts_for(
+        TraceSpec(seconds=40, episodes=[TraceSlowdown("w2", 10, 40, 2.0)]), mutate=steal
+    )
     causes = {e.cause for e in verdicts[0].evidence}
     assert verdicts[0].kind is VerdictKind.STRAGGLER and EvidenceCause.CPU_STEAL in causes
 
@@ -43,33 +45,47 @@ def test_cpu_steal_is_given_as_evidence():
 def test_gpu_figures_are_given_as_evidence_when_there_is_a_gpu():
     def gpu(report):
         busy = 99.0 if report.worker_id == "w2" else 60.0  # a competitor on w2's GPU
-        resources = report.resources.model_copy(update={
-            "gpu_utilization_percent": busy, "gpu_memory_used_bytes": 8 << 30, "gpu_memory_total_bytes": 16 << 30})
+        resources = report.resources.model_copy(
+            update={
+                "gpu_utilization_percent": busy,
+                "gpu_memory_used_bytes": 8 << 30,
+                "gpu_memory_total_bytes": 16 << 30,
+            }
+        )
         return report.model_copy(update={"resources": resources})
 
-    verdicts = verdicts_for(TraceSpec(seconds=40, episodes=[Episode("w2", 10, 40, 2.0)]), mutate=gpu)
+    verdicts = verdicts_for(
+        TraceSpec(seconds=40, episodes=[TraceSlowdown("w2", 10, 40, 2.0)]), mutate=gpu
+    )
     gpu_evidence = [e for e in verdicts[0].evidence if e.cause is EvidenceCause.GPU]
-    assert [(e.metric, e.value, e.baseline) for e in gpu_evidence] == [("resources.gpu_utilization_percent", 99.0, 60.0)]
-    without_gpu = verdicts_for(TraceSpec(seconds=40, episodes=[Episode("w2", 10, 40, 2.0)]))
+    assert [(e.metric, e.value, e.baseline) for e in gpu_evidence] == [
+        ("resources.gpu_utilization_percent", 99.0, 60.0)
+    ]
+    without_gpu = verdicts_for(TraceSpec(seconds=40, episodes=[TraceSlowdown("w2", 10, 40, 2.0)]))
     assert all(e.cause is not EvidenceCause.GPU for e in without_gpu[0].evidence)
 
 
 def test_too_few_workers_give_no_baseline_and_no_verdict():
-    assert verdicts_for(TraceSpec(workers=2, seconds=40, episodes=[Episode("w1", 10, 40, 4.0)])) == []
+    assert (
+        verdicts_for(TraceSpec(workers=2, seconds=40, episodes=[TraceSlowdown("w1", 10, 40, 4.0)]))
+        == []
+    )
 
 
 def test_a_pair_asked_to_be_judged_names_the_slower_member_and_only_it():
-    spec = TraceSpec(workers=2, seconds=40, episodes=[Episode("w1", 10, 40, 4.0)])
+    spec = TraceSpec(workers=2, seconds=40, episodes=[TraceSlowdown("w1", 10, 40, 4.0)])
     detector = JobDetector("trace", pairs=True)
     verdicts = [v for report in generate(spec, 0) for v in detector.observe(report)]
     assert verdicts and {v.worker_id for v in verdicts} == {"w1"}
     assert verdicts[0].kind is VerdictKind.STRAGGLER and verdicts[0].speed_ratio > 3
     quiet = JobDetector("trace", pairs=True)
-    assert [v for r in generate(TraceSpec(workers=2, seconds=40), 0) for v in quiet.observe(r)] == []
+    assert [
+        v for r in generate(TraceSpec(workers=2, seconds=40), 0) for v in quiet.observe(r)
+    ] == []
 
 
 def test_thresholds_are_configurable():
-    spec = TraceSpec(seconds=60, episodes=[Episode("w1", 10, 60, 1.2)])
+    spec = TraceSpec(seconds=60, episodes=[TraceSlowdown("w1", 10, 60, 1.2)])
     assert verdicts_for(spec) == []  # 1.2x is under the default 1.3
     assert verdicts_for(spec, DetectorConfig(straggler_ratio=1.1, clear_ratio=1.05))
 
@@ -77,9 +93,16 @@ def test_thresholds_are_configurable():
 def test_slow_hardware_is_deterministic_however_late_its_verdict_and_a_slowdown_is_not():
     from antdt.schemas.models import StragglerClass
 
-    late = DetectorConfig(join_grace_ticks=0)  # the verdict comes after the grace: only the speed history can tell
-    spec = TraceSpec(seconds=60, episodes=[Episode("w1", 0, 60, 2.0), Episode("w3", 20, 60, 3.0)])
-    onsets = {v.worker_id: v.classification for v in verdicts_for(spec, late) if v.kind is VerdictKind.STRAGGLER}
+    # the verdict comes after the grace: only the speed history can tell
+    late = DetectorConfig(join_grace_ticks=0)
+    spec = TraceSpec(
+        seconds=60, episodes=[TraceSlowdown("w1", 0, 60, 2.0), TraceSlowdown("w3", 20, 60, 3.0)]
+    )
+    onsets = {
+        v.worker_id: v.classification
+        for v in verdicts_for(spec, late)
+        if v.kind is VerdictKind.STRAGGLER
+    }
     assert onsets["w1"] is StragglerClass.DETERMINISTIC  # as slow as it has ever been
-    assert onsets["w3"] in (StragglerClass.TRANSIENT, StragglerClass.PERSISTENT)  # slower than its own past
-
+    # slower than its own past
+    assert onsets["w3"] in (StragglerClass.TRANSIENT, StragglerClass.PERSISTENT)

@@ -7,9 +7,10 @@ from collections import Counter
 
 import pytest
 
-from antdt.schemas.models import StragglerClass as C, VerdictKind as K
+from antdt.loadgen.traces import TraceSlowdown, TraceSpec, generate
+from antdt.schemas.models import StragglerClass as C
+from antdt.schemas.models import VerdictKind as K
 from antdt.services.monitor.detection import JobDetector
-from antdt.services.monitor.traces import Episode, TraceSpec, generate
 
 SEEDS = range(12)
 
@@ -34,7 +35,7 @@ def test_homogeneous_workers_with_noise_give_no_verdict(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_persistent_slowdown_is_detected_and_classed_persistent(seed):
-    spec = TraceSpec(seconds=90, episodes=[Episode("w3", 20, 90, 1.5)])
+    spec = TraceSpec(seconds=90, episodes=[TraceSlowdown("w3", 20, 90, 1.5)])
     verdicts = run(spec, seed)
     mine = [(v.kind, v.classification) for v in verdicts if v.worker_id == "w3"]
     assert mine[:2] == [(K.STRAGGLER, C.TRANSIENT), (K.STRAGGLER, C.PERSISTENT)]
@@ -44,7 +45,9 @@ def test_persistent_slowdown_is_detected_and_classed_persistent(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_short_episodes_are_transient_and_cleared(seed):
-    spec = TraceSpec(seconds=90, episodes=[Episode("w5", 20, 28, 3.0), Episode("w5", 50, 57, 3.0)])
+    spec = TraceSpec(
+        seconds=90, episodes=[TraceSlowdown("w5", 20, 28, 3.0), TraceSlowdown("w5", 50, 57, 3.0)]
+    )
     verdicts = [(v.kind, v.classification) for v in run(spec, seed)]
     assert verdicts == [(K.STRAGGLER, C.TRANSIENT), (K.CLEARED, C.NONE)] * 2
 
@@ -54,7 +57,11 @@ def test_fixed_heterogeneous_speeds_are_deterministic_with_leaders(seed):
     speeds = {"w0": 2.0, "w1": 0.6, "w2": 0.6}
     verdicts = run(TraceSpec(seconds=60, speeds=speeds), seed)
     first = {v.worker_id: (v.kind, v.classification) for v in reversed(verdicts)}
-    assert first == {"w0": (K.STRAGGLER, C.DETERMINISTIC), "w1": (K.LEADER, C.DETERMINISTIC), "w2": (K.LEADER, C.DETERMINISTIC)}
+    assert first == {
+        "w0": (K.STRAGGLER, C.DETERMINISTIC),
+        "w1": (K.LEADER, C.DETERMINISTIC),
+        "w2": (K.LEADER, C.DETERMINISTIC),
+    }
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -78,9 +85,13 @@ def test_quality_report_over_all_seeds():
         phase = random.Random(seed).random()
         for factor in (1.5, 2.0, 4.0):
             onset = 20 + phase
-            spec = TraceSpec(seconds=60, episodes=[Episode("w1", onset, 60, factor)])
+            spec = TraceSpec(seconds=60, episodes=[TraceSlowdown("w1", onset, 60, factor)])
             verdicts = run(spec, seed)
-            onsets = Counter(v.worker_id for v in verdicts if v.kind is K.STRAGGLER and v.classification is C.TRANSIENT)
+            onsets = Counter(
+                v.worker_id
+                for v in verdicts
+                if v.kind is K.STRAGGLER and v.classification is C.TRANSIENT
+            )
             true_positive += onsets.pop("w1", 0) > 0
             missed += "w1" not in {v.worker_id for v in verdicts}
             false_positive += sum(onsets.values())
@@ -90,6 +101,9 @@ def test_quality_report_over_all_seeds():
     precision = true_positive / (true_positive + false_positive)
     recall = true_positive / (true_positive + missed)
     delays.sort()
-    print(f"precision {precision:.3f} recall {recall:.3f} delay p50 {delays[len(delays) // 2]:.2f}s max {delays[-1]:.2f}s")
+    print(
+        f"precision {precision:.3f} recall {recall:.3f} "
+        f"delay p50 {delays[len(delays) // 2]:.2f}s max {delays[-1]:.2f}s"
+    )
     assert precision == 1.0 and recall == 1.0
     assert delays[-1] <= 3.0

@@ -8,9 +8,10 @@ from collections import Counter
 from contextlib import contextmanager
 
 from antdt.bus.clients import make_producer
-from antdt.launch import service_process
+from antdt.runtime.launch import service_process
 from antdt.schemas.codec import SingleObjectCodec
-from antdt.schemas.models import AssignmentStatus, DatasetSpec, ShardTransition as T
+from antdt.schemas.models import AssignmentStatus, DatasetSpec
+from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.audit import audit_log
 from antdt.services.sharder.eventlog import read_job_log
 from antdt.services.sharder.service import SharderConfig, SharderService
@@ -20,8 +21,11 @@ from antdt.worker.shard_client import NoAnswer, ShardClient
 from tests.services.running import running_loop
 
 
-def running_sharder(settings: Settings, config: SharderConfig | None = None, writer_id: str | None = None):
-    """A SharderService on a background thread, stopped (and flushed) on exit (see :func:`running_loop`)."""
+def running_sharder(
+    settings: Settings, config: SharderConfig | None = None, writer_id: str | None = None
+):
+    """A SharderService on a background thread, stopped (and flushed) on exit (see
+    :func:`running_loop`)."""
     return running_loop(SharderService(settings, config, writer_id), "sharder")
 
 
@@ -59,7 +63,9 @@ def work_until_finished(client: ShardClient, deadline_s: float = 120.0, on_shard
     raise AssertionError(f"{client.worker_id} did not finish within {deadline_s:.0f} s")
 
 
-def run_workers(settings: Settings, job_id: str, spec: DatasetSpec, count: int, on_shard=None) -> dict[str, int]:
+def run_workers(
+    settings: Settings, job_id: str, spec: DatasetSpec, count: int, on_shard=None
+) -> dict[str, int]:
     """``count`` worker threads until the job is finished; shards each reported done."""
     results: dict[str, int] = {}
     errors: list[BaseException] = []
@@ -105,7 +111,11 @@ def assert_exactly_once(job_id: str, spec: DatasetSpec, events) -> JobState:
     assert report.ok and report.finished, report.violations
     assert [e.samples_done_once for e in report.epochs] == [spec.size] * spec.epochs
     counts, state = accepted_done_counts(job_id, events)
-    expected = {(epoch, shard): 1 for epoch in range(spec.epochs) for shard in range(spec.shard_count)}
-    assert dict(counts) == expected, f"DONE counts differ: {sorted(set(counts.items()) ^ set(expected.items()))[:10]}"
+    expected = {
+        (epoch, shard): 1 for epoch in range(spec.epochs) for shard in range(spec.shard_count)
+    }
+    assert dict(counts) == expected, (
+        f"DONE counts differ: {sorted(set(counts.items()) ^ set(expected.items()))[:10]}"
+    )
     assert state.finished
     return state

@@ -1,4 +1,5 @@
-"""The independent audit of a shard log (no Kafka): logs are made by ShardCore, then tampered with."""
+"""The independent audit of a shard log (no Kafka): logs are made by ShardCore, then tampered
+with."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from antdt.schemas.models import ProgressKind as K, ShardCommit, ShardLogEvent, ShardState, ShardTransition as T
+from antdt.schemas.models import ProgressKind as K
+from antdt.schemas.models import ShardCommit, ShardLogEvent, ShardState
+from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.audit import EpochStatus, audit_log, shard_ranges
-from antdt.services.sharder.eventlog import lacks_beginning
 from antdt.services.sharder.core import ShardCore
-from antdt.services.sharder.dataset import split
+from antdt.services.sharder.eventlog import lacks_beginning
+from antdt.services.sharder.shards import split
 from antdt.services.sharder.state import fold, from_ms
 from tests.services.sharder.helpers import JOB, dataset, new_core, report
 from tests.services.sharder.test_core_properties import WORKERS, ShardingMachine
@@ -27,7 +30,19 @@ def finish(core: ShardCore, log: list, workers=("w1", "w2"), now: int = 0) -> li
         for worker in workers:
             answer = send(core, log, report(K.REQUESTED, worker, core.state.epoch, now), now)
             for shard in answer.shards:
-                send(core, log, report(K.DONE, worker, answer.epoch, now, shard_id=shard.shard_id, attempt=shard.attempt), now)
+                send(
+                    core,
+                    log,
+                    report(
+                        K.DONE,
+                        worker,
+                        answer.epoch,
+                        now,
+                        shard_id=shard.shard_id,
+                        attempt=shard.attempt,
+                    ),
+                    now,
+                )
     raise AssertionError("the job never finished")
 
 
@@ -45,7 +60,11 @@ def renumbered(events: list[ShardLogEvent]) -> list[ShardLogEvent]:
 
 def first(log: list[ShardLogEvent], transition: T, **fields) -> int:
     """Index of the first event of a kind matching ``fields``."""
-    return next(i for i, e in enumerate(log) if e.transition is transition and all(getattr(e, k) == v for k, v in fields.items()))
+    return next(
+        i
+        for i, e in enumerate(log)
+        if e.transition is transition and all(getattr(e, k) == v for k, v in fields.items())
+    )
 
 
 def clean_job(epochs: int = 2) -> list[ShardLogEvent]:
@@ -60,9 +79,15 @@ def test_a_clean_run_with_churn_passes_and_counts_what_happened():
     core, log = new_core(dataset(size=1050, shard_size=100, epochs=2, lease_s=1.0), quota=2)
     a, _ = send(core, log, report(K.REQUESTED, "w1", 0)).shards
     log += core.expire_leases(1000)  # both of w1's leases run out
-    send(core, log, report(K.DONE, "w1", 0, shard_id=a.shard_id, attempt=a.attempt), 1100)  # late, still good
+    # late, still good
+    send(core, log, report(K.DONE, "w1", 0, shard_id=a.shard_id, attempt=a.attempt), 1100)
     c = send(core, log, report(K.REQUESTED, "w2", 0), 1200).shards[0]
-    send(core, log, report(K.FAILED, "w2", 0, shard_id=c.shard_id, attempt=c.attempt, error="oom"), 1200)
+    send(
+        core,
+        log,
+        report(K.FAILED, "w2", 0, shard_id=c.shard_id, attempt=c.attempt, error="oom"),
+        1200,
+    )
     send(core, log, report(K.REQUESTED, "w3", 0), 1300)
     log += core.worker_left("w3", 1300)
     log = finish(core, log, now=1400)
@@ -72,7 +97,10 @@ def test_a_clean_run_with_churn_passes_and_counts_what_happened():
     assert result.finished and result.job_id == JOB and result.fenced == result.duplicate_seqs == 0
     assert [e.status for e in result.epochs] == [EpochStatus.COMPLETE] * 2
     first_epoch = result.epochs[0]
-    assert first_epoch.samples_done_once == first_epoch.samples == 1050 and first_epoch.shards_done == 11
+    assert (
+        first_epoch.samples_done_once == first_epoch.samples == 1050
+        and first_epoch.shards_done == 11
+    )
     assert (first_epoch.leases_expired, first_epoch.retries, first_epoch.released) == (2, 1, 2)
     assert first_epoch.reclaimed == 4 and not first_epoch.gaps and not first_epoch.duplicate_done
     assert result.epochs[1].reclaimed == result.epochs[1].retries == 0
@@ -91,14 +119,22 @@ def test_a_running_job_is_in_progress_not_a_gap():
     result = audit_log(log)
     assert result.ok and not result.finished
     [epoch] = result.epochs
-    assert epoch.status is EpochStatus.IN_PROGRESS and epoch.samples_done_once == 100 and epoch.samples_pending == 900
+    assert (
+        epoch.status is EpochStatus.IN_PROGRESS
+        and epoch.samples_done_once == 100
+        and epoch.samples_pending == 900
+    )
     assert epoch.gaps == []
 
 
 def test_the_report_is_json_and_can_be_narrowed_to_one_epoch():
     result = audit_log(clean_job())
     data = orjson.loads(orjson.dumps(result.to_dict()))
-    assert data["ok"] is True and data["dataset"]["size"] == 1050 and [e["epoch"] for e in data["epochs"]] == [0, 1]
+    assert (
+        data["ok"] is True
+        and data["dataset"]["size"] == 1050
+        and [e["epoch"] for e in data["epochs"]] == [0, 1]
+    )
     assert [e.epoch for e in result.for_epoch(1).epochs] == [1]
     with pytest.raises(KeyError):
         result.for_epoch(5)
@@ -110,8 +146,13 @@ def test_the_report_is_json_and_can_be_narrowed_to_one_epoch():
 def test_a_duplicate_done_is_detected():
     log = clean_job()
     done = log[first(log, T.DONE, epoch=0)]
-    tampered = renumbered([*log[: first(log, T.EPOCH_CLOSED, epoch=0)], done.model_copy(update={"worker_id": "w2"}),
-                           *log[first(log, T.EPOCH_CLOSED, epoch=0):]])
+    tampered = renumbered(
+        [
+            *log[: first(log, T.EPOCH_CLOSED, epoch=0)],
+            done.model_copy(update={"worker_id": "w2"}),
+            *log[first(log, T.EPOCH_CLOSED, epoch=0) :],
+        ]
+    )
     result = audit_log(tampered)
     assert not result.ok
     assert result.epochs[0].duplicate_done == [done.shard_id]
@@ -126,9 +167,15 @@ def test_a_done_by_a_worker_that_did_not_hold_the_shard_is_detected():
     index = first(log, T.DONE, epoch=1)
     log[index] = log[index].model_copy(update={"worker_id": "intruder"})
     result = audit_log(log)
-    assert result.epochs[1].not_holder_done == [log[index].shard_id] and result.epochs[0].not_holder_done == []
+    assert (
+        result.epochs[1].not_holder_done == [log[index].shard_id]
+        and result.epochs[0].not_holder_done == []
+    )
     [violation] = result.violations
-    assert violation.startswith("epoch 1: ") and "credited to intruder, who did not hold it (held by w" in violation
+    assert (
+        violation.startswith("epoch 1: ")
+        and "credited to intruder, who did not hold it (held by w" in violation
+    )
 
 
 def test_an_epoch_closed_with_a_shard_never_done_is_a_gap():
@@ -137,14 +184,19 @@ def test_an_epoch_closed_with_a_shard_never_done_is_a_gap():
     result = audit_log(renumbered([e for e in log if e is not dropped]))
     assert result.epochs[0].gaps == [(300, 400)] and result.epochs[0].gap_samples == 100
     assert result.epochs[0].samples_done_once == 950
-    assert any("closed with 100 samples neither DONE nor QUARANTINED: [300, 400)" in v for v in result.violations)
+    assert any(
+        "closed with 100 samples neither DONE nor QUARANTINED: [300, 400)" in v
+        for v in result.violations
+    )
 
 
 def test_lost_and_repeated_seqs():
     log = clean_job()
     lost = renumbered(log)[:20] + renumbered(log)[21:]
     result = audit_log(lost)
-    assert result.seq_gaps == [(21, 21)] and any("seqs 21..21 are missing" in v for v in result.violations)
+    assert result.seq_gaps == [(21, 21)] and any(
+        "seqs 21..21 are missing" in v for v in result.violations
+    )
 
     redelivered = log[:30] + [log[25]] + log[30:]
     result = audit_log(redelivered)
@@ -152,7 +204,9 @@ def test_lost_and_repeated_seqs():
 
     conflicting = log[:30] + [log[25].model_copy(update={"reason": "other"})] + log[30:]
     result = audit_log(conflicting)
-    assert result.duplicate_seqs == 1 and any("seq 26: two different events" in v for v in result.violations)
+    assert result.duplicate_seqs == 1 and any(
+        "seq 26: two different events" in v for v in result.violations
+    )
 
 
 def test_a_fenced_writer_is_ignored_and_counted():
@@ -174,18 +228,26 @@ def test_an_event_from_a_writer_that_was_never_elected_is_a_violation():
     index = first(log, T.DONE)
     log.insert(index, log[index].model_copy(update={"writer_epoch": 7}))
     result = audit_log(log)
-    assert result.fenced == 1 and any("writer epoch 7, which was never elected" in v for v in result.violations)
+    assert result.fenced == 1 and any(
+        "writer epoch 7, which was never elected" in v for v in result.violations
+    )
 
 
 def test_quarantine_is_a_violation_unless_allowed():
     core, log = new_core(dataset(size=300, shard_size=100, epochs=1, max_attempts=1), quota=1)
     shard = send(core, log, report(K.REQUESTED, "w1", 0)).shards[0]
-    send(core, log, report(K.FAILED, "w1", 0, shard_id=shard.shard_id, attempt=0, error="bad record"))
+    send(
+        core, log, report(K.FAILED, "w1", 0, shard_id=shard.shard_id, attempt=0, error="bad record")
+    )
     log = finish(core, log)
     strict, lenient = audit_log(log), audit_log(log, allow_quarantine=True)
-    assert strict.finished and strict.epochs[0].quarantined == {shard.shard_id: "failed 1 times; last: bad record"}
+    assert strict.finished and strict.epochs[0].quarantined == {
+        shard.shard_id: "failed 1 times; last: bad record"
+    }
     assert not strict.ok and "1 shard(s) quarantined" in strict.violations[0]
-    assert lenient.ok and lenient.epochs[0].gaps == [] and lenient.epochs[0].samples_done_once == 200
+    assert (
+        lenient.ok and lenient.epochs[0].gaps == [] and lenient.epochs[0].samples_done_once == 200
+    )
 
 
 def test_a_rewind_within_the_epoch_credits_only_the_surviving_dones():
@@ -211,25 +273,32 @@ def test_a_rewind_across_epochs_restarts_the_epoch_and_reports_its_last_pass():
     send(core, log, report(K.DONE, "w1", 0, shard_id=shards[1].shard_id))
     send(core, log, report(K.REQUESTED, "w1", 1))  # epoch 1 under way
     version = checkpoint.version
-    log += core.rewind(report(K.REWIND, "w1", 1, version=version), 0, fold(JOB, [e for e in log if e.seq <= version])).events
+    log += core.rewind(
+        report(K.REWIND, "w1", 1, version=version),
+        0,
+        fold(JOB, [e for e in log if e.seq <= version]),
+    ).events
 
     midway = audit_log(log)
     assert midway.ok and not midway.finished
     assert [(e.epoch, e.status, e.passes) for e in midway.epochs] == [
-        (0, EpochStatus.IN_PROGRESS, 2), (1, EpochStatus.REWOUND, 1)
+        (0, EpochStatus.IN_PROGRESS, 2),
+        (1, EpochStatus.REWOUND, 1),
     ]
     assert midway.epochs[0].samples_done_once == 100  # restored as DONE by the rewind
 
     result = audit_log(finish(core, log))
     assert result.ok, result.violations
     assert [(e.epoch, e.status, e.passes, e.samples_done_once) for e in result.epochs] == [
-        (0, EpochStatus.COMPLETE, 2, 200), (1, EpochStatus.COMPLETE, 2, 200)
+        (0, EpochStatus.COMPLETE, 2, 200),
+        (1, EpochStatus.COMPLETE, 2, 200),
     ]
     assert result.rewinds == 1 and result.finished
 
 
 def test_a_done_for_work_voided_by_a_rewind_is_not_credited():
-    """A DONE after a rewind, for a shard nobody was granted since, is a DONE the model does not contain."""
+    """A DONE after a rewind, for a shard nobody was granted since, is a DONE the model does not
+    contain."""
     core, log = new_core(dataset(size=300, shard_size=100, epochs=1), quota=2)
     checkpoint = send(core, log, report(K.CHECKPOINT, "w1", 0))
     shard = send(core, log, report(K.REQUESTED, "w1", 0)).shards[0]
@@ -238,7 +307,10 @@ def test_a_done_for_work_voided_by_a_rewind_is_not_credited():
     log += core.rewind(report(K.REWIND, "w1", 0, version=checkpoint.version), 0).events
     log.append(done.model_copy(update={"seq": log[-1].seq + 1}))  # the old DONE, credited again
     result = audit_log(log)
-    assert any(f"shard {shard.shard_id} DONE credited to w1, who did not hold it (todo)" in v for v in result.violations)
+    assert any(
+        f"shard {shard.shard_id} DONE credited to w1, who did not hold it (todo)" in v
+        for v in result.violations
+    )
 
 
 # ---------------------------------------------------------------- property
@@ -256,7 +328,9 @@ class AuditedShardingMachine(ShardingMachine):
 
     @rule(worker=st.sampled_from(WORKERS))
     def checkpoint(self, worker):
-        version = self.deliver(report(K.CHECKPOINT, worker, self.core.state.epoch, self.now)).version
+        version = self.deliver(
+            report(K.CHECKPOINT, worker, self.core.state.epoch, self.now)
+        ).version
         self.checkpoints = (*self.checkpoints, version)
 
     @rule()
@@ -269,7 +343,16 @@ class AuditedShardingMachine(ShardingMachine):
             for worker in WORKERS:
                 answer = self.deliver(report(K.REQUESTED, worker, epoch, self.now))
                 for shard in answer.shards:
-                    self.deliver(report(K.DONE, worker, epoch, self.now, shard_id=shard.shard_id, attempt=shard.attempt))
+                    self.deliver(
+                        report(
+                            K.DONE,
+                            worker,
+                            epoch,
+                            self.now,
+                            shard_id=shard.shard_id,
+                            attempt=shard.attempt,
+                        )
+                    )
         raise AssertionError(f"epoch {epoch} never ended")
 
     @precondition(lambda self: self.checkpoints)
@@ -277,8 +360,16 @@ class AuditedShardingMachine(ShardingMachine):
     def rewind(self, data):
         version = data.draw(st.sampled_from(self.checkpoints))
         state = self.core.state
-        target = fold(JOB, [e for e in self.log if e.seq <= version]) if version < state.epoch_opened_seq else None
-        self.record(self.core.rewind(report(K.REWIND, "w0", state.epoch, self.now, version=version), self.now, target).events)
+        target = (
+            fold(JOB, [e for e in self.log if e.seq <= version])
+            if version < state.epoch_opened_seq
+            else None
+        )
+        self.record(
+            self.core.rewind(
+                report(K.REWIND, "w0", state.epoch, self.now, version=version), self.now, target
+            ).events
+        )
 
     def teardown(self):
         if not hasattr(self, "core"):
@@ -291,16 +382,22 @@ class AuditedShardingMachine(ShardingMachine):
         assert result.rewinds == sum(e.transition is T.REWOUND for e in self.log)
         assert [e.epoch for e in result.epochs] == list(range(self.spec.epochs))
         for epoch in result.epochs:
-            assert epoch.status is EpochStatus.COMPLETE and epoch.samples_done_once == self.spec.size
+            assert (
+                epoch.status is EpochStatus.COMPLETE and epoch.samples_done_once == self.spec.size
+            )
 
 
 AuditedShardingMachine.TestCase.settings = settings(
-    max_examples=120, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=120,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 TestAuditedSharding = AuditedShardingMachine.TestCase
 
 
-# ---------------------------------------------------------------- from a snapshot (the log lost its beginning)
+# ---------------------------------------------------------------- from a snapshot (the log lost its
+# beginning)
 
 
 def split_at_snapshot(epochs: int = 2, after_events: int = 9):
@@ -320,16 +417,23 @@ def split_at_snapshot(epochs: int = 2, after_events: int = 9):
             if snapshot is None and len(log) >= after_events:
                 snapshot = core.state.to_snapshot(from_ms(0))
             for shard in answer.shards:
-                send(core, log, report(K.DONE, worker, answer.epoch, shard_id=shard.shard_id, attempt=shard.attempt))
+                send(
+                    core,
+                    log,
+                    report(
+                        K.DONE, worker, answer.epoch, shard_id=shard.shard_id, attempt=shard.attempt
+                    ),
+                )
     kept = [event for event in log if event.seq > snapshot.seq]
-    return snapshot, log[snapshot.seq - 3:snapshot.seq] + kept
+    return snapshot, log[snapshot.seq - 3 : snapshot.seq] + kept
 
 
 def test_lacks_beginning_is_a_log_that_does_not_start_at_seq_one():
     snapshot, events = split_at_snapshot()
     assert lacks_beginning(events) and not lacks_beginning(clean_job()) and not lacks_beginning([])
     whole = clean_job()
-    # After a bus reset: retried records first, then the old log written again from seq 1, then new events.
+    # After a bus reset: retried records first, then the old log written again from seq 1, then new
+    # events.
     assert lacks_beginning(whole[40:42] + whole)
 
 
@@ -340,7 +444,7 @@ def test_a_log_written_again_after_a_reset_is_audited_from_the_snapshot():
     log = finish(core, log)
     cut = len(log) // 2
     snapshot = fold(JOB, log[:cut]).to_snapshot(utc_now())
-    again = log[cut - 2:cut] + log[:cut] + log[cut:]  # what the new log holds, in its order
+    again = log[cut - 2 : cut] + log[:cut] + log[cut:]  # what the new log holds, in its order
     result = audit_log(again, snapshot=snapshot)
     assert result.ok and result.finished, result.violations
     assert result.from_snapshot_seq == snapshot.seq and result.epochs[0].counts == [1] * 1050
@@ -348,18 +452,26 @@ def test_a_log_written_again_after_a_reset_is_audited_from_the_snapshot():
 
 def test_a_log_audited_from_a_snapshot_is_clean_and_says_where_it_starts():
     snapshot, events = split_at_snapshot()
-    assert not audit_log(events).ok  # without the snapshot: missing seqs, shards of an unknown dataset
+    # without the snapshot: missing seqs, shards of an unknown dataset
+    assert not audit_log(events).ok
     report_ = audit_log(events, snapshot=snapshot)
     assert report_.ok, report_.violations
     assert report_.from_snapshot_seq == snapshot.seq and report_.finished
-    assert report_.duplicate_seqs == 3  # the events that reached the new log again before the snapshot
+    # the events that reached the new log again before the snapshot
+    assert report_.duplicate_seqs == 3
     assert [(e.epoch, e.status, e.samples_done_once, e.gap_samples) for e in report_.epochs] == [
-        (0, EpochStatus.COMPLETE, 1050, 0), (1, EpochStatus.COMPLETE, 1050, 0)]
+        (0, EpochStatus.COMPLETE, 1050, 0),
+        (1, EpochStatus.COMPLETE, 1050, 0),
+    ]
 
 
 def test_a_duplicate_done_after_the_snapshot_is_still_caught():
     snapshot, events = split_at_snapshot()
-    done = next(e for e in events if e.transition is T.DONE and e.seq > snapshot.seq and e.epoch == snapshot.epoch)
+    done = next(
+        e
+        for e in events
+        if e.transition is T.DONE and e.seq > snapshot.seq and e.epoch == snapshot.epoch
+    )
     repeat = done.model_copy(update={"seq": events[-1].seq + 1})
     closing = first(events, T.EPOCH_CLOSED, epoch=snapshot.epoch)
     tampered = renumbered_from(events[:closing] + [repeat] + events[closing:], snapshot.seq)
@@ -371,18 +483,26 @@ def test_a_duplicate_done_after_the_snapshot_is_still_caught():
 def test_a_shard_done_before_the_snapshot_and_again_after_it_is_a_duplicate():
     snapshot, events = split_at_snapshot()
     before = next(entry for entry in snapshot.shards if entry.state is ShardState.DONE)
-    done_after = next(e for e in events if e.transition is T.DONE and e.seq > snapshot.seq and e.epoch == snapshot.epoch)
+    done_after = next(
+        e
+        for e in events
+        if e.transition is T.DONE and e.seq > snapshot.seq and e.epoch == snapshot.epoch
+    )
     again = done_after.model_copy(update={"shard_id": before.shard_id})
     closing = first(events, T.EPOCH_CLOSED, epoch=snapshot.epoch)
     tampered = renumbered_from(events[:closing] + [again] + events[closing:], snapshot.seq)
-    assert audit_log(tampered, snapshot=snapshot).epoch(snapshot.epoch).duplicate_done == [before.shard_id]
+    assert audit_log(tampered, snapshot=snapshot).epoch(snapshot.epoch).duplicate_done == [
+        before.shard_id
+    ]
 
 
 def renumbered_from(events: list[ShardLogEvent], snapshot_seq: int) -> list[ShardLogEvent]:
     """Gap-free seqs after the snapshot again (the redelivered events before it keep theirs)."""
     head = [e for e in events if e.seq <= snapshot_seq]
     tail = [e for e in events if e not in head]
-    return head + [e.model_copy(update={"seq": seq}) for seq, e in enumerate(tail, snapshot_seq + 1)]
+    return head + [
+        e.model_copy(update={"seq": seq}) for seq, e in enumerate(tail, snapshot_seq + 1)
+    ]
 
 
 # ---------------------------------------------------------------- samples and the ledger
@@ -391,7 +511,9 @@ def renumbered_from(events: list[ShardLogEvent], snapshot_seq: int) -> list[Shar
 def test_a_sample_applied_twice_is_a_violation_and_counted():
     log = clean_job(epochs=1)
     applied = log[first(log, T.APPLIED)]
-    tampered = renumbered([*log[: first(log, T.EPOCH_CLOSED)], applied, *log[first(log, T.EPOCH_CLOSED):]])
+    tampered = renumbered(
+        [*log[: first(log, T.EPOCH_CLOSED)], applied, *log[first(log, T.EPOCH_CLOSED) :]]
+    )
     result = audit_log(tampered)
     sample = applied.commits[0].samples[0]
     assert any(f"sample {sample} applied twice" in v for v in result.violations)
@@ -404,7 +526,10 @@ def test_a_done_whose_samples_were_never_applied_is_a_violation():
     dropped = log[first(log, T.APPLIED)]
     result = audit_log(renumbered([e for e in log if e is not dropped]))
     shard = dropped.commits[0].shard_id
-    assert any(f"shard {shard} DONE with 100 of its 100 samples never applied" in v for v in result.violations)
+    assert any(
+        f"shard {shard} DONE with 100 of its 100 samples never applied" in v
+        for v in result.violations
+    )
 
 
 def test_the_log_and_the_ledger_are_compared_sample_by_sample():
@@ -418,17 +543,47 @@ def test_the_log_and_the_ledger_are_compared_sample_by_sample():
     found = compare_with_ledger(result, twice)
     assert any("trained more than once (first: [7])" in f for f in found)
     assert any("disagree on 1 samples (sample 7: log 1, ledger 2)" in f for f in found)
-    assert compare_with_ledger(result, {0: ones[0]}) == ["epoch 1: no ledger to compare with the log"]
+    assert compare_with_ledger(result, {0: ones[0]}) == [
+        "epoch 1: no ledger to compare with the log"
+    ]
 
 
 def test_a_rewind_drops_the_samples_applied_after_it_from_the_counts():
     core, log = new_core(dataset(size=200, shard_size=100, epochs=1), quota=2)
     a, b = send(core, log, report(K.REQUESTED, "w1", 0)).shards
-    send(core, log, report(K.COMMIT, "w1", 0, commits=[ShardCommit(shard_id=a.shard_id, attempt=a.attempt,
-                                                                    samples=list(range(a.start, a.start + 100)))]))
+    send(
+        core,
+        log,
+        report(
+            K.COMMIT,
+            "w1",
+            0,
+            commits=[
+                ShardCommit(
+                    shard_id=a.shard_id,
+                    attempt=a.attempt,
+                    samples=list(range(a.start, a.start + 100)),
+                )
+            ],
+        ),
+    )
     version = send(core, log, report(K.CHECKPOINT, "w1", 0)).version
-    send(core, log, report(K.COMMIT, "w1", 0, commits=[ShardCommit(shard_id=b.shard_id, attempt=b.attempt,
-                                                                    samples=list(range(b.start, b.start + 50)))]))
+    send(
+        core,
+        log,
+        report(
+            K.COMMIT,
+            "w1",
+            0,
+            commits=[
+                ShardCommit(
+                    shard_id=b.shard_id,
+                    attempt=b.attempt,
+                    samples=list(range(b.start, b.start + 50)),
+                )
+            ],
+        ),
+    )
     log += core.rewind(report(K.REWIND, "w1", 0, version=version), 0).events
     log = finish(core, log)
     result = audit_log(log)

@@ -13,17 +13,18 @@ capture must hold every slot as it is.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-import itertools
-
-from antdt.schemas.models import AssignmentStatus, ProgressKind as K, ShardCommit, ShardState, ShardTransition as T
+from antdt.schemas.models import AssignmentStatus, ShardCommit, ShardState
+from antdt.schemas.models import ProgressKind as K
+from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.audit import audit_log
-from antdt.services.sharder.dataset import split
+from antdt.services.sharder.shards import split
 from antdt.services.sharder.state import fold, slot_tuple
 from tests.services.sharder.helpers import JOB, dataset, new_core, report
 
@@ -31,9 +32,16 @@ WORKERS = ["w0", "w1", "w2", "w3"]
 
 
 class ShardingMachine(RuleBasedStateMachine):
-    @initialize(size=st.integers(1, 60), shard_size=st.integers(1, 12), epochs=st.integers(1, 3), quota=st.integers(1, 3))
+    @initialize(
+        size=st.integers(1, 60),
+        shard_size=st.integers(1, 12),
+        epochs=st.integers(1, 3),
+        quota=st.integers(1, 3),
+    )
     def start(self, size, shard_size, epochs, quota):
-        self.spec = dataset(size=size, shard_size=shard_size, epochs=epochs, max_attempts=1_000_000, lease_s=5.0)
+        self.spec = dataset(
+            size=size, shard_size=shard_size, epochs=epochs, max_attempts=1_000_000, lease_s=5.0
+        )
         self.core, self.log = new_core(self.spec, quota=quota)
         self.now = 0
         self.sent = []  # every report delivered, for duplicate delivery
@@ -63,18 +71,37 @@ class ShardingMachine(RuleBasedStateMachine):
         held = self.held(worker)
         if held:
             slot = data.draw(st.sampled_from(held))
-            self.deliver(report(K.STARTED, worker, self.core.state.epoch, self.now, shard_id=slot.shard_id, attempt=slot.attempt))
+            self.deliver(
+                report(
+                    K.STARTED,
+                    worker,
+                    self.core.state.epoch,
+                    self.now,
+                    shard_id=slot.shard_id,
+                    attempt=slot.attempt,
+                )
+            )
 
     @rule(worker=st.sampled_from(WORKERS), data=st.data())
     def finish_one(self, worker, data):
         held = self.held(worker)
         if held:
             slot = data.draw(st.sampled_from(held))
-            self.deliver(report(K.DONE, worker, self.core.state.epoch, self.now, shard_id=slot.shard_id, attempt=slot.attempt))
+            self.deliver(
+                report(
+                    K.DONE,
+                    worker,
+                    self.core.state.epoch,
+                    self.now,
+                    shard_id=slot.shard_id,
+                    attempt=slot.attempt,
+                )
+            )
 
     @rule(worker=st.sampled_from(WORKERS), data=st.data(), via_update=st.booleans())
     def commit_some(self, worker, data, via_update):
-        """A step trains some of a held shard's unapplied samples (in any order) and commits them."""
+        """A step trains some of a held shard's unapplied samples (in any order) and commits
+        them."""
         held = [s for s in self.held(worker) if s.remaining()]
         if not held:
             return
@@ -86,7 +113,11 @@ class ShardingMachine(RuleBasedStateMachine):
     def commit(self, worker, commits, via_update):
         update = f"u{next(self.updates)}" if via_update else None
         before = len(self.log)
-        answer = self.deliver(report(K.COMMIT, worker, self.core.state.epoch, self.now, commits=commits, update_id=update))
+        answer = self.deliver(
+            report(
+                K.COMMIT, worker, self.core.state.epoch, self.now, commits=commits, update_id=update
+            )
+        )
         if via_update and answer.status is AssignmentStatus.REFUSED:
             recorded = [e for e in self.log[before:] if e.transition in (T.APPLIED, T.DONE)]
             assert not recorded, f"a refused update recorded {recorded}"
@@ -94,26 +125,41 @@ class ShardingMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(e.transition is T.APPLIED for e in self.log))
     @rule(data=st.data())
     def update_again(self, data):
-        """An update naming samples already in the model (a previous incarnation's, say) must be refused."""
+        """An update naming samples already in the model (a previous incarnation's, say) must be
+        refused."""
         applied = data.draw(st.sampled_from([e for e in self.log if e.transition is T.APPLIED]))
         worker = applied.commits[0].holder
         before = len(self.log)
-        answer = self.deliver(report(K.COMMIT, worker, applied.epoch, self.now, commits=applied.commits,
-                                     update_id=f"u{next(self.updates)}"))
+        answer = self.deliver(
+            report(
+                K.COMMIT,
+                worker,
+                applied.epoch,
+                self.now,
+                commits=applied.commits,
+                update_id=f"u{next(self.updates)}",
+            )
+        )
         assert answer.status is AssignmentStatus.REFUSED
         assert not any(e.transition is T.APPLIED for e in self.log[before:])
 
     @precondition(lambda self: any(e.transition is T.GRANTED for e in self.log))
     @rule(data=st.data())
     def update_on_an_old_grant(self, data):
-        """A slow worker's update for a grant it may since have lost: recorded only if the grant still stands."""
+        """A slow worker's update for a grant it may since have lost: recorded only if the grant
+        still stands."""
         grant = data.draw(st.sampled_from([e for e in self.log if e.transition is T.GRANTED]))
-        slot = self.core.state.slots[grant.shard_id] if grant.epoch == self.core.state.epoch else None
+        slot = (
+            self.core.state.slots[grant.shard_id] if grant.epoch == self.core.state.epoch else None
+        )
         if slot is None or not slot.remaining():
             return
         samples = data.draw(st.lists(st.sampled_from(slot.remaining()), min_size=1, unique=True))
-        self.commit(grant.worker_id, [ShardCommit(shard_id=grant.shard_id, attempt=grant.attempt, samples=samples)],
-                    via_update=True)
+        self.commit(
+            grant.worker_id,
+            [ShardCommit(shard_id=grant.shard_id, attempt=grant.attempt, samples=samples)],
+            via_update=True,
+        )
 
     @rule(worker=st.sampled_from(WORKERS))
     def checkpoint(self, worker):
@@ -127,8 +173,11 @@ class ShardingMachine(RuleBasedStateMachine):
         """A model restored from a checkpoint: the shard state goes back to its version."""
         version = data.draw(st.sampled_from(self.checkpoints))
         target = fold(JOB, [e for e in self.log if e.seq <= version])
-        outcome = self.core.rewind(report(K.REWIND, "w0", self.core.state.epoch, self.now, version=version), self.now,
-                                   target)
+        outcome = self.core.rewind(
+            report(K.REWIND, "w0", self.core.state.epoch, self.now, version=version),
+            self.now,
+            target,
+        )
         self.record(outcome.events)
 
     @rule(worker=st.sampled_from(WORKERS), data=st.data())
@@ -136,7 +185,17 @@ class ShardingMachine(RuleBasedStateMachine):
         held = self.held(worker)
         if held:
             slot = data.draw(st.sampled_from(held))
-            self.deliver(report(K.FAILED, worker, self.core.state.epoch, self.now, shard_id=slot.shard_id, attempt=slot.attempt, error="boom"))
+            self.deliver(
+                report(
+                    K.FAILED,
+                    worker,
+                    self.core.state.epoch,
+                    self.now,
+                    shard_id=slot.shard_id,
+                    attempt=slot.attempt,
+                    error="boom",
+                )
+            )
 
     @rule(seconds=st.integers(1, 8))
     def time_passes(self, seconds):
@@ -148,14 +207,26 @@ class ShardingMachine(RuleBasedStateMachine):
         self.record(self.core.worker_left(worker, self.now, "killed"))
 
     @precondition(lambda self: any(e.transition is T.GRANTED for e in self.log))
-    @rule(data=st.data(), kind=st.sampled_from([K.DONE, K.FAILED, K.STARTED]), with_attempt=st.booleans())
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from([K.DONE, K.FAILED, K.STARTED]),
+        with_attempt=st.booleans(),
+    )
     def report_on_an_old_grant(self, data, kind, with_attempt):
-        """A slow worker reports on a grant it may since have lost (expired, released, re-granted)."""
+        """A slow worker reports on a grant it may since have lost (expired, released,
+        re-granted)."""
         grant = data.draw(st.sampled_from([e for e in self.log if e.transition is T.GRANTED]))
-        self.deliver(report(
-            kind, grant.worker_id, grant.epoch, self.now, shard_id=grant.shard_id,
-            attempt=grant.attempt if with_attempt else None, error="late" if kind is K.FAILED else None,
-        ))
+        self.deliver(
+            report(
+                kind,
+                grant.worker_id,
+                grant.epoch,
+                self.now,
+                shard_id=grant.shard_id,
+                attempt=grant.attempt if with_attempt else None,
+                error="late" if kind is K.FAILED else None,
+            )
+        )
 
     @precondition(lambda self: self.sent)
     @rule(data=st.data())
@@ -171,7 +242,8 @@ class ShardingMachine(RuleBasedStateMachine):
 
     @invariant()
     def a_capture_holds_every_slot_as_it_is_now(self):
-        """Captures reuse the tuples of slots no event touched since the last one; none may be stale."""
+        """Captures reuse the tuples of slots no event touched since the last one; none may be
+        stale."""
         state = self.core.state
         assert state.capture().slots == [slot_tuple(slot) for slot in state.slots]
 
@@ -183,17 +255,29 @@ class ShardingMachine(RuleBasedStateMachine):
         self.check_replay_equivalence()
 
     def drain(self):
-        """The surviving workers finish the job: each granted shard's remaining samples in one update."""
+        """The surviving workers finish the job: each granted shard's remaining samples in one
+        update."""
         for _ in range(10_000):
             if self.core.state.finished:
                 return
             for worker in WORKERS:
-                answer = self.deliver(report(K.REQUESTED, worker, self.core.state.epoch, self.now, quota=2))
+                answer = self.deliver(
+                    report(K.REQUESTED, worker, self.core.state.epoch, self.now, quota=2)
+                )
                 if answer.status is AssignmentStatus.GRANTED:
                     for shard in answer.shards:
-                        rest = sorted(set(range(shard.start, shard.start + shard.length)) - set(shard.done))
-                        self.commit(worker, [ShardCommit(shard_id=shard.shard_id, attempt=shard.attempt, samples=rest)],
-                                    via_update=True)
+                        rest = sorted(
+                            set(range(shard.start, shard.start + shard.length)) - set(shard.done)
+                        )
+                        self.commit(
+                            worker,
+                            [
+                                ShardCommit(
+                                    shard_id=shard.shard_id, attempt=shard.attempt, samples=rest
+                                )
+                            ],
+                            via_update=True,
+                        )
         raise AssertionError("the job never finished")
 
     def check_exactly_once(self):
@@ -201,7 +285,9 @@ class ShardingMachine(RuleBasedStateMachine):
         assert result.ok and result.finished, result.violations
         assert [e.epoch for e in result.epochs] == list(range(self.spec.epochs))
         for epoch in result.epochs:
-            assert epoch.counts == [1] * self.spec.size, f"epoch {epoch.epoch}: applied counts {epoch.counts}"
+            assert epoch.counts == [1] * self.spec.size, (
+                f"epoch {epoch.epoch}: applied counts {epoch.counts}"
+            )
         if not any(e.transition is T.REWOUND for e in self.log):
             done = Counter((e.epoch, e.shard_id) for e in self.log if e.transition is T.DONE)
             shards = split(self.spec)
@@ -219,12 +305,17 @@ class ShardingMachine(RuleBasedStateMachine):
                 )
             state = fold(JOB, [event], state)
             if event.seq in self.views and event.seq == state.last_seq:
-                assert state.logical_view() == self.views[event.seq], f"fold differs at seq {event.seq}"
+                assert state.logical_view() == self.views[event.seq], (
+                    f"fold differs at seq {event.seq}"
+                )
         assert state.logical_view() == self.core.state.logical_view()
         assert state.stats.duplicate_seq == state.stats.stale_writer == state.stats.seq_gaps == 0
 
 
 ShardingMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=150,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 TestShardingProperties = ShardingMachine.TestCase

@@ -1,4 +1,5 @@
-"""Replaying a job's shard log from the embedded broker, by time window, and the replay/audit commands."""
+"""Replaying a job's shard log from the embedded broker, by time window, and the replay/audit
+commands."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from antdt.bus.clients import make_producer
 from antdt.bus.murmur2 import partition_for
 from antdt.cli.main import run
 from antdt.schemas.codec import SingleObjectCodec
-from antdt.schemas.models import ShardLogEvent, ShardTransition as T
+from antdt.schemas.models import ShardLogEvent
+from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder import replay
 from antdt.services.sharder.eventlog import LogWriter, log_topic
 from antdt.services.sharder.replay import StartPoint, export_avro, find_start, replay_events
@@ -28,13 +30,18 @@ from tests.services.sharder.test_audit import clean_job, first, renumbered
 
 PARTITIONS = topic_spec("shard", "log").partitions
 #: A second job in the same partition, so that replays must skip another job's records.
-NEIGHBOUR = next(j for j in (f"neighbour-{i}" for i in itertools.count()) if partition_for(j, PARTITIONS) == partition_for(JOB, PARTITIONS))
+NEIGHBOUR = next(
+    j
+    for j in (f"neighbour-{i}" for i in itertools.count())
+    if partition_for(j, PARTITIONS) == partition_for(JOB, PARTITIONS)
+)
 CODEC = SingleObjectCodec()
 
 
 @dataclass
 class Written:
-    """What a test appended: the job's log in two batches, and the first instant of the second batch."""
+    """What a test appended: the job's log in two batches, and the first instant of the second
+    batch."""
 
     settings: Settings
     log: list[ShardLogEvent]
@@ -48,7 +55,8 @@ def as_job(events: list[ShardLogEvent], job: str) -> list[ShardLogEvent]:
 
 
 def past_this_millisecond() -> datetime:
-    """Wait (less than 1 ms) for the clock to tick, so later records have later timestamps than earlier ones."""
+    """Wait (less than 1 ms) for the clock to tick, so later records have later timestamps than
+    earlier ones."""
     now = time.time_ns() // 1_000_000
     while time.time_ns() // 1_000_000 <= now:
         pass
@@ -56,7 +64,8 @@ def past_this_millisecond() -> datetime:
 
 
 def append(settings: Settings, *batches: list[ShardLogEvent]) -> list[datetime]:
-    """Append each batch durably; returns the instant each batch started (the clock ticks between batches)."""
+    """Append each batch durably; returns the instant each batch started (the clock ticks between
+    batches)."""
     writer = LogWriter(make_producer(settings), log_topic(settings), CODEC)
     starts = []
     for batch in batches:
@@ -74,13 +83,17 @@ def written(settings: Settings, topics: dict[str, int]) -> Written:
     return Written(settings, log, log[:half], log[half:], boundary)
 
 
-def replayed(settings: Settings, job: str = JOB, start: datetime | None = None, end: datetime | None = None) -> list:
+def replayed(
+    settings: Settings, job: str = JOB, start: datetime | None = None, end: datetime | None = None
+) -> list:
     return list(replay_events(settings, job, CODEC, start, end))
 
 
 def true_start(written: Written) -> int:
     """The offset of the first record at or after the boundary (from an unwindowed replay)."""
-    return next(offset for offset, when, _ in replayed(written.settings) if when >= written.boundary)
+    return next(
+        offset for offset, when, _ in replayed(written.settings) if when >= written.boundary
+    )
 
 
 # ---------------------------------------------------------------- replay
@@ -90,10 +103,16 @@ def test_replay_yields_one_job_in_log_order_with_record_times(written):
     rows = replayed(written.settings)
     assert [event for _, _, event in rows] == written.log
     offsets, times = [o for o, _, _ in rows], [t for _, t, _ in rows]
-    assert offsets == sorted(offsets) and times == sorted(times) and all(t.tzinfo is not None for t in times)
+    assert (
+        offsets == sorted(offsets)
+        and times == sorted(times)
+        and all(t.tzinfo is not None for t in times)
+    )
     assert all(t < written.boundary for t in times[: len(written.early)])
-    assert all(t >= written.boundary for t in times[len(written.early):])
-    assert [e for _, _, e in replayed(written.settings, NEIGHBOUR)] == as_job(clean_job(epochs=1), NEIGHBOUR)
+    assert all(t >= written.boundary for t in times[len(written.early) :])
+    assert [e for _, _, e in replayed(written.settings, NEIGHBOUR)] == as_job(
+        clean_job(epochs=1), NEIGHBOUR
+    )
 
 
 def test_replay_by_time_window(written):
@@ -109,11 +128,15 @@ def test_a_broker_answer_that_checks_out_is_used(written, monkeypatch):
     offset = true_start(written)
     monkeypatch.setattr(replay, "broker_offset_for_time", lambda *args: offset)
     topic = log_topic(written.settings)
-    start = find_start(written.settings, topic, partition_for(JOB, PARTITIONS), to_ms(written.boundary))
+    start = find_start(
+        written.settings, topic, partition_for(JOB, PARTITIONS), to_ms(written.boundary)
+    )
     assert start == StartPoint(offset, verified=True)
     seen = []
     original = replay.read_until_marker
-    monkeypatch.setattr(replay, "read_until_marker", lambda *a, **k: seen.append(a[3]) or original(*a, **k))
+    monkeypatch.setattr(
+        replay, "read_until_marker", lambda *a, **k: seen.append(a[3]) or original(*a, **k)
+    )
     assert [e for _, _, e in replayed(written.settings, start=written.boundary)] == written.late
     assert seen == [offset]  # the replay started at the broker's answer, not at the beginning
 
@@ -121,11 +144,16 @@ def test_a_broker_answer_that_checks_out_is_used(written, monkeypatch):
 @pytest.mark.parametrize("wrong", ["one early", "one late", "zero", "past the end"])
 def test_a_wrong_broker_answer_falls_back_to_a_scan(written, monkeypatch, wrong):
     offset = true_start(written)
-    bogus = {"one early": offset - 1, "one late": offset + 1, "zero": 0, "past the end": 10**9}[wrong]
+    bogus = {"one early": offset - 1, "one late": offset + 1, "zero": 0, "past the end": 10**9}[
+        wrong
+    ]
     monkeypatch.setattr(replay, "broker_offset_for_time", lambda *args: bogus)
-    monkeypatch.setattr(replay, "PROBE_TIMEOUT_S", 0.3)  # only "past the end" waits for records that never come
+    # only "past the end" waits for records that never come
+    monkeypatch.setattr(replay, "PROBE_TIMEOUT_S", 0.3)
     topic = log_topic(written.settings)
-    assert find_start(written.settings, topic, partition_for(JOB, PARTITIONS), to_ms(written.boundary)) == StartPoint(OFFSET_BEGINNING, False)
+    assert find_start(
+        written.settings, topic, partition_for(JOB, PARTITIONS), to_ms(written.boundary)
+    ) == StartPoint(OFFSET_BEGINNING, False)
     assert [e for _, _, e in replayed(written.settings, start=written.boundary)] == written.late
 
 
@@ -172,19 +200,26 @@ def json_lines(text: str) -> list[dict]:
 def test_replay_command_lists_transitions(cli_env, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # rich sizes the table to the terminal
     assert run(["replay", "--job", JOB, "--json"]) == 0
-    assert [row["seq"] for row in json_lines(capsys.readouterr().out)] == [e.seq for e in cli_env.log]
+    assert [row["seq"] for row in json_lines(capsys.readouterr().out)] == [
+        e.seq for e in cli_env.log
+    ]
     assert run(["replay", "--job", JOB, "--from", cli_env.boundary.isoformat(), "--json"]) == 0
-    assert [row["seq"] for row in json_lines(capsys.readouterr().out)] == [e.seq for e in cli_env.late]
+    assert [row["seq"] for row in json_lines(capsys.readouterr().out)] == [
+        e.seq for e in cli_env.late
+    ]
     assert run(["replay", "--job", JOB]) == 0
     table = capsys.readouterr().out
     assert "DATASET_DEFINED" in table and "EPOCH_CLOSED" in table and "writer" in table
 
 
-@pytest.mark.parametrize(("argv", "expected"), [
-    (["--from", "yesterday"], "Invalid value for '--from': expected an ISO-8601 date and time"),
-    (["--to", "2026-13-01"], "Invalid value for '--to'"),
-    (["--from", "2026-05-02T00:00:00Z", "--to", "2026-05-01T00:00:00Z"], "is after --to"),
-])
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--from", "yesterday"], "Invalid value for '--from': expected an ISO-8601 date and time"),
+        (["--to", "2026-13-01"], "Invalid value for '--to'"),
+        (["--from", "2026-05-02T00:00:00Z", "--to", "2026-05-01T00:00:00Z"], "is after --to"),
+    ],
+)
 def test_replay_command_rejects_bad_times_in_one_line(cli_env, capsys, argv, expected):
     assert run(["replay", "--job", JOB, *argv]) == 2
     captured = capsys.readouterr()
@@ -202,14 +237,23 @@ def test_audit_command_passes_a_clean_log_and_exports_it(cli_env, capsys, tmp_pa
         assert len(list(fastavro.reader(stream))) == len(cli_env.log)
     assert run(["audit", "--job", JOB, "--json", "--epoch", "0"]) == 0
     report = orjson.loads(capsys.readouterr().out)
-    assert report["ok"] and report["finished"] and [e["samples_done_once"] for e in report["epochs"]] == [1050]
+    assert (
+        report["ok"]
+        and report["finished"]
+        and [e["samples_done_once"] for e in report["epochs"]] == [1050]
+    )
 
 
 def test_audit_command_exits_1_on_a_violation(cli_env, capsys):
     log = as_job(clean_job(epochs=1), "tampered")
     done = log[first(log, T.DONE)]
     closing = first(log, T.EPOCH_CLOSED)
-    append(cli_env.settings, renumbered([*log[:closing], done.model_copy(update={"worker_id": "intruder"}), *log[closing:]]))
+    append(
+        cli_env.settings,
+        renumbered(
+            [*log[:closing], done.model_copy(update={"worker_id": "intruder"}), *log[closing:]]
+        ),
+    )
     assert run(["audit", "--job", "tampered"]) == 1
     out = capsys.readouterr().out
     assert "audit FAILED" in out and f"shard {done.shard_id} DONE twice" in out
@@ -219,7 +263,10 @@ def test_audit_command_exits_1_on_a_violation(cli_env, capsys):
 
 def test_audit_command_errors_are_one_line(cli_env, capsys):
     assert run(["audit", "--job", "nobody"]) == 1
-    assert capsys.readouterr().err.strip() == f"antdt: error: no events for job nobody in {log_topic(cli_env.settings)}"
+    assert (
+        capsys.readouterr().err.strip()
+        == f"antdt: error: no events for job nobody in {log_topic(cli_env.settings)}"
+    )
     assert run(["audit", "--job", JOB, "--epoch", "4"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "epoch 4 was never opened (opened: 0)" in lines[0]

@@ -13,7 +13,9 @@ from antdt.bus.clients import consuming, make_producer
 from antdt.bus.deadletter import HEADER_ERROR
 from antdt.bus.readers import assign_now, poll_batch
 from antdt.schemas.codec import SingleObjectCodec
-from antdt.schemas.models import AssignmentStatus, DatasetSpec, ProgressKind as K, ShardTransition as T
+from antdt.schemas.models import AssignmentStatus, DatasetSpec
+from antdt.schemas.models import ProgressKind as K
+from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.core import CoreConfig
 from antdt.services.sharder.eventlog import LogWriter, log_topic
 from antdt.services.sharder.recovery import recover_job, take_over
@@ -32,7 +34,15 @@ from tests.services.sharder.harness import (
 
 
 def spec(size=2000, shard_size=50, epochs=2, lease_s=30.0) -> DatasetSpec:
-    return DatasetSpec(name="it", size=size, shard_size=shard_size, epochs=epochs, shuffle_seed=3, max_attempts=5, lease_s=lease_s)
+    return DatasetSpec(
+        name="it",
+        size=size,
+        shard_size=shard_size,
+        epochs=epochs,
+        shuffle_seed=3,
+        max_attempts=5,
+        lease_s=lease_s,
+    )
 
 
 def test_workers_train_every_sample_exactly_once(settings, topics):
@@ -48,7 +58,10 @@ def test_workers_train_every_sample_exactly_once(settings, topics):
 def test_several_jobs_are_served_at_once(settings, topics):
     datasets = {"job-x": spec(size=600, epochs=1), "job-y": spec(size=900, shard_size=30, epochs=2)}
     with running_sharder(settings):
-        threads = [threading.Thread(target=run_workers, args=(settings, job, ds, 2), daemon=True) for job, ds in datasets.items()]
+        threads = [
+            threading.Thread(target=run_workers, args=(settings, job, ds, 2), daemon=True)
+            for job, ds in datasets.items()
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -91,7 +104,9 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_service_keeps_serving(setti
         assign_now(consumer, [TopicPartition(deadletter, 0, OFFSET_BEGINNING)])
         errors = []
         for _ in range(50):
-            errors += [dict(m.headers())[HEADER_ERROR].decode() for m in poll_batch(consumer, 10, 0.1)]
+            errors += [
+                dict(m.headers())[HEADER_ERROR].decode() for m in poll_batch(consumer, 10, 0.1)
+            ]
             if len(errors) >= 2:
                 break
     assert any("Confluent" in e or "marker" in e for e in errors)
@@ -119,11 +134,22 @@ def test_fencing_a_stale_writer(settings, topics):
     """A second sharder takes the job over; what the first writes afterwards is ignored."""
     dataset = spec(size=500, epochs=1)
     codec = SingleObjectCodec()
-    with running_sharder(settings, writer_id="old"), ShardClient(settings, "job-f", "w0", dataset) as client:
+    with (
+        running_sharder(settings, writer_id="old"),
+        ShardClient(settings, "job-f", "w0", dataset) as client,
+    ):
         client.request(0, quota=1)
         producer = make_producer(settings, **{"linger.ms": 0})
-        new_core, _ = take_over(settings, "job-f", codec, producer, LogWriter(producer, log_topic(settings), codec),
-                                "new", CoreConfig(), int(time.time() * 1000))
+        new_core, _ = take_over(
+            settings,
+            "job-f",
+            codec,
+            producer,
+            LogWriter(producer, log_topic(settings), codec),
+            "new",
+            CoreConfig(),
+            int(time.time() * 1000),
+        )
         assert new_core.state.writer_epoch == 2
         zombie_answer = client.request(0, quota=3)  # the old sharder still answers...
         assert zombie_answer.writer_epoch == 1
@@ -146,7 +172,9 @@ def test_kill_9_mid_epoch_then_a_new_sharder_finishes_with_exactly_once(settings
         time.sleep(0.002)
 
     with sharder_process(settings, "--snapshot-every", "50") as first:
-        workers = threading.Thread(target=run_workers, args=(settings, "job-k", dataset, 3, count), daemon=True)
+        workers = threading.Thread(
+            target=run_workers, args=(settings, "job-k", dataset, 3, count), daemon=True
+        )
         workers.start()
         while progress["shards"] < dataset.shard_count // 2 and workers.is_alive():
             time.sleep(0.05)
@@ -186,21 +214,36 @@ def test_a_worker_that_leaves_releases_its_shards_at_once(settings, topics):
     with running_sharder(settings):
         with ShardClient(settings, "job-l", "leaver", dataset) as leaver:
             held = leaver.request(0, quota=3).shards
-            left = WorkerLifecycle(job_id="job-l", worker_id="leaver", incarnation=leaver.incarnation, event=LifecycleEvent.LEFT,
-                                   timestamp=utc_now(), host="h", pid=1, exit_code=0, reason="evicted")
+            left = WorkerLifecycle(
+                job_id="job-l",
+                worker_id="leaver",
+                incarnation=leaver.incarnation,
+                event=LifecycleEvent.LEFT,
+                timestamp=utc_now(),
+                host="h",
+                pid=1,
+                exit_code=0,
+                reason="evicted",
+            )
             producer = make_producer(settings)
             producer.produce(lifecycle, key=b"job-l", value=SingleObjectCodec().encode(left))
             producer.flush(5)
-        run_workers(settings, "job-l", dataset, count=2)  # would wait 600 s for the leases otherwise
+        # would wait 600 s for the leases otherwise
+        run_workers(settings, "job-l", dataset, count=2)
     events = job_log(settings, "job-l")
     assert_exactly_once("job-l", dataset, events)
     released = [e for e in events if e.transition is T.RELEASED]
     assert [(e.worker_id, e.reason) for e in released] == [("leaver", "evicted")]
-    assert not {e.shard_id for e in events if e.transition is T.LEASE_EXPIRED} & {s.shard_id for s in held}
+    assert not {e.shard_id for e in events if e.transition is T.LEASE_EXPIRED} & {
+        s.shard_id for s in held
+    }
 
 
-def test_the_farewell_of_a_replaced_process_does_not_release_its_successors_shards(settings, topics):
-    """A late LEFT from an old incarnation (lifecycle and progress are different topics) is ignored."""
+def test_the_farewell_of_a_replaced_process_does_not_release_its_successors_shards(
+    settings, topics
+):
+    """A late LEFT from an old incarnation (lifecycle and progress are different topics) is
+    ignored."""
     from antdt.schemas.models import LifecycleEvent, WorkerLifecycle
     from antdt.schemas.types import utc_now
 
@@ -209,8 +252,17 @@ def test_the_farewell_of_a_replaced_process_does_not_release_its_successors_shar
     producer = make_producer(settings)
 
     def farewell(incarnation: str) -> None:
-        left = WorkerLifecycle(job_id="job-f", worker_id="w", incarnation=incarnation, event=LifecycleEvent.LEFT,
-                               timestamp=utc_now(), host="h", pid=1, exit_code=1, reason=f"{incarnation} left")
+        left = WorkerLifecycle(
+            job_id="job-f",
+            worker_id="w",
+            incarnation=incarnation,
+            event=LifecycleEvent.LEFT,
+            timestamp=utc_now(),
+            host="h",
+            pid=1,
+            exit_code=1,
+            reason=f"{incarnation} left",
+        )
         producer.produce(lifecycle, key=b"job-f", value=SingleObjectCodec().encode(left))
         producer.flush(5)
 
@@ -218,11 +270,13 @@ def test_the_farewell_of_a_replaced_process_does_not_release_its_successors_shar
         with ShardClient(settings, "job-f", "w", dataset, incarnation="old") as old:
             held = old.request(0, quota=2).shards
         with ShardClient(settings, "job-f", "w", dataset, incarnation="new") as new:
-            assert new.request(0, quota=2).shards == held  # the same worker id: its shards, as they were
+            # the same worker id: its shards, as they were
+            assert new.request(0, quota=2).shards == held
             farewell("old")
             again = new.request(0, quota=2)  # a report after the late farewell: it changed nothing
             assert [s.shard_id for s in again.shards] == [s.shard_id for s in held]
             farewell("new")
             run_workers(settings, "job-f", dataset, count=1)
     events = job_log(settings, "job-f")
-    assert [e.reason for e in events if e.transition is T.RELEASED] == ["new left"]  # only the current one's farewell
+    # only the current one's farewell
+    assert [e.reason for e in events if e.transition is T.RELEASED] == ["new left"]

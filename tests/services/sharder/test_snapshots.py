@@ -1,17 +1,18 @@
-"""Snapshots written off the sharder's loop: what is written is the captured state, and nothing from before a bus reset."""
+"""Snapshots written off the sharder's loop: what is written is the captured state, and nothing from
+before a bus reset."""
 
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from antdt.bus.clients import make_producer, producing
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import DatasetSpec, ShardState
-from antdt.services.sharder.eventlog import latest_snapshot, snapshot_topic
 from antdt.services.sharder import metrics
+from antdt.services.sharder.eventlog import latest_snapshot, snapshot_topic
 from antdt.services.sharder.snapshots import BuilderProcess, SnapshotWriter
 from antdt.services.sharder.state import JobState
 
@@ -19,15 +20,31 @@ CODEC = SingleObjectCodec()
 
 
 def a_job(job_id: str) -> JobState:
-    """A job half-way through an epoch: some shards done, one held under a lease, one with samples recorded."""
-    state = JobState(job_id, dataset=DatasetSpec(name="snap", size=1000, shard_size=10, epochs=2, shuffle_seed=1,
-                                                 max_attempts=3, lease_s=30.0))
+    """A job half-way through an epoch: some shards done, one held under a lease, one with samples
+    recorded."""
+    state = JobState(
+        job_id,
+        dataset=DatasetSpec(
+            name="snap",
+            size=1000,
+            shard_size=10,
+            epochs=2,
+            shuffle_seed=1,
+            max_attempts=3,
+            lease_s=30.0,
+        ),
+    )
     state._open_epoch(0, 1)
     for slot in state.slots[:40]:
         slot.state, slot.done_seq = ShardState.DONE, 5
         slot.applied = dict.fromkeys(range(slot.start, slot.start + slot.length), 4)
     held = state.slots[50]
-    held.state, held.worker, held.lease_ms, held.attempt = ShardState.DOING, "w1", 1_700_000_000_000, 1
+    held.state, held.worker, held.lease_ms, held.attempt = (
+        ShardState.DOING,
+        "w1",
+        1_700_000_000_000,
+        1,
+    )
     held.applied = {held.start: 6}
     state.last_seq = 6
     return state
@@ -38,18 +55,21 @@ def without_time(snapshot):
 
 
 @pytest.mark.parametrize("builder", ["thread", "process"])
-def test_a_submitted_capture_is_written_as_the_snapshot_of_the_state_it_was_taken_from(settings, topics, builder):
+def test_a_submitted_capture_is_written_as_the_snapshot_of_the_state_it_was_taken_from(
+    settings, topics, builder
+):
     job = f"snap-a-{builder}"
     state = a_job(job)
     captured = state.capture()
-    expected = state.to_snapshot(datetime.now(timezone.utc), log_offset=7)
+    expected = state.to_snapshot(datetime.now(UTC), log_offset=7)
     state.slots[60].state = ShardState.DONE  # changed after the capture: not in the snapshot
     producer = make_producer(settings)
     writer = SnapshotWriter(producer, snapshot_topic(settings), CODEC, builder=builder)
     failures = metrics.SNAPSHOT_BUILDER_FAILURES._value.get()
     writer.submit(captured, log_offset=7)
     writer.close()
-    assert metrics.SNAPSHOT_BUILDER_FAILURES._value.get() == failures  # built where it was asked to be
+    # built where it was asked to be
+    assert metrics.SNAPSHOT_BUILDER_FAILURES._value.get() == failures
     producer.flush(10)
     with producing(settings) as reader_producer:
         written = latest_snapshot(settings, job, CODEC, reader_producer)

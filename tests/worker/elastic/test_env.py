@@ -1,4 +1,5 @@
-"""Identity under torchrun: read from torchrun's variables, stable across restarts, a clear error when broken."""
+"""Identity under torchrun: read from torchrun's variables, stable across restarts, a clear error
+when broken."""
 
 from __future__ import annotations
 
@@ -9,9 +10,17 @@ from antdt.settings import load_settings
 from antdt.worker.agent import AgentSpec
 from antdt.worker.elastic.env import TorchrunEnv
 
-TORCHRUN = {"TORCHELASTIC_RUN_ID": "run-7", "RANK": "4", "LOCAL_RANK": "1", "WORLD_SIZE": "6",
-            "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "2", "GROUP_WORLD_SIZE": "3", "TORCHELASTIC_RESTART_COUNT": "1",
-            "TORCHELASTIC_MAX_RESTARTS": "3"}
+TORCHRUN = {
+    "TORCHELASTIC_RUN_ID": "run-7",
+    "RANK": "4",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "6",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "2",
+    "GROUP_WORLD_SIZE": "3",
+    "TORCHELASTIC_RESTART_COUNT": "1",
+    "TORCHELASTIC_MAX_RESTARTS": "3",
+}
 
 
 @pytest.fixture
@@ -40,7 +49,12 @@ def test_a_broken_variable_is_named(variable, value):
 
 def test_the_agent_takes_its_identity_from_torchrun(under_torchrun):
     spec = AgentSpec.from_settings(load_settings())
-    assert (spec.job_id, spec.worker_id, spec.rank, spec.world_size) == ("run-7", "gpu-node-3-1", 4, 6)
+    assert (spec.job_id, spec.worker_id, spec.rank, spec.world_size) == (
+        "run-7",
+        "gpu-node-3-1",
+        4,
+        6,
+    )
     assert spec.launch.restart_count == 1
 
 

@@ -1,4 +1,5 @@
-"""Batch sizes switch at one step on every rank they change, however late a command arrives (pure)."""
+"""Batch sizes switch at one step on every rank they change, however late a command arrives
+(pure)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,38 @@ from antdt.worker.elastic.job import split_evenly
 from antdt.worker.elastic.resize import AgreedResize
 
 
-def command(rank: int, size: int, step: int, global_batch: int, changed: int | None = None) -> MitigationCommand:
+def command(
+    rank: int, size: int, step: int, global_batch: int, changed: int | None = None
+) -> MitigationCommand:
     now = utc_now()
     return MitigationCommand(
-        command_id=f"c{rank}-{step}", job_id="j", target_worker=f"r{rank}", action=CommandAction.ADJUST_BATCH_SIZE,
-        reason="test", evidence=[], policy="antdt-dd", issued_at=now, expires_at=now + timedelta(minutes=1),
-        controller_epoch=1, batch_size=size, global_batch_size=global_batch, effective_step=step,
-        parameters={} if changed is None else {RANKS_CHANGED: str(changed)})
+        command_id=f"c{rank}-{step}",
+        job_id="j",
+        target_worker=f"r{rank}",
+        action=CommandAction.ADJUST_BATCH_SIZE,
+        reason="test",
+        evidence=[],
+        policy="antdt-dd",
+        issued_at=now,
+        expires_at=now + timedelta(minutes=1),
+        controller_epoch=1,
+        batch_size=size,
+        global_batch_size=global_batch,
+        effective_step=step,
+        parameters={} if changed is None else {RANKS_CHANGED: str(changed)},
+    )
 
 
-def run(old: list[int], new: list[int], effective: int, arrivals: dict[int, int], steps: int = 60,
-        counted: bool = True):
-    """Lockstep steps; rank r's command arrives before step arrivals[r]. Returns (switch steps, globals).
+def run(
+    old: list[int],
+    new: list[int],
+    effective: int,
+    arrivals: dict[int, int],
+    steps: int = 60,
+    counted: bool = True,
+):
+    """Lockstep steps; rank r's command arrives before step arrivals[r]. Returns (switch steps,
+    globals).
 
     ``counted``: the commands say how many ranks the decision changes (as the DD controller's do).
     """
@@ -44,10 +65,16 @@ def run(old: list[int], new: list[int], effective: int, arrivals: dict[int, int]
     return switched, globals_
 
 
-#: (old sizes, new sizes, effective step, arrival step per rank): a decision that moves samples between ranks.
+#: (old sizes, new sizes, effective step, arrival step per rank): a decision that moves samples
+#: between ranks.
 CASES = st.lists(st.integers(1, 64), min_size=2, max_size=6).flatmap(
-    lambda old: st.tuples(st.just(old), st.permutations(old), st.integers(0, 30),
-                          st.lists(st.integers(0, 40), min_size=len(old), max_size=len(old))))
+    lambda old: st.tuples(
+        st.just(old),
+        st.permutations(old),
+        st.integers(0, 30),
+        st.lists(st.integers(0, 40), min_size=len(old), max_size=len(old)),
+    )
+)
 
 
 def test_commands_in_time_switch_at_their_step():

@@ -1,4 +1,5 @@
-"""The example under torchrun with ``antdt up``: DD batch sizes, a rank killed, a node evicted (gloo, CPU); NCCL on GPUs.
+"""The example under torchrun with ``antdt up``: DD batch sizes, a rank killed, a node evicted
+(gloo, CPU); NCCL on GPUs.
 
 Real torchrun, real gloo groups, the real services: what a user runs with
 ``antdt up`` and ``torchrun ... examples/ddp_antdt.py``. Every wait is bounded.
@@ -20,7 +21,7 @@ import psutil
 import pytest
 import torch
 
-from antdt.broker import free_port
+from antdt.embedded.broker import free_port
 from antdt.schemas.models import AckStatus, CommandAction, LifecycleEvent
 from antdt.settings import load_settings
 from antdt.worker.ledger import read_ledgers
@@ -46,16 +47,40 @@ def bus():
         up.close()
 
 
-def torchrun(settings, job: str, workdir: Path, *options: str, samples: int = 24000, node: str = "n",
-             **env: str) -> subprocess.Popen:
+def torchrun(
+    settings,
+    job: str,
+    workdir: Path,
+    *options: str,
+    samples: int = 24000,
+    node: str = "n",
+    **env: str,
+) -> subprocess.Popen:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ANTDT_")}
-    environment.update(ANTDT_BOOTSTRAP_SERVERS=settings.bootstrap_servers, ANTDT_BROKER_PROFILE="embedded",
-                       ANTDT_JOB_ID=job, NODE_NAME=node, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-                       **env)
-    command = [sys.executable, "-m", "torch.distributed.run", *options, str(EXAMPLE), "--samples", str(samples),
-               "--checkpoint", str(workdir / "checkpoints" / "example.pt")]
+    environment.update(
+        ANTDT_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
+        ANTDT_BROKER_PROFILE="embedded",
+        ANTDT_JOB_ID=job,
+        NODE_NAME=node,
+        OMP_NUM_THREADS="1",
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+        **env,
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *options,
+        str(EXAMPLE),
+        "--samples",
+        str(samples),
+        "--checkpoint",
+        str(workdir / "checkpoints" / "example.pt"),
+    ]
     log = open(workdir / f"torchrun-{node}.log", "w")
-    return subprocess.Popen(command, cwd=workdir, env=environment, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        command, cwd=workdir, env=environment, stdout=log, stderr=subprocess.STDOUT
+    )
 
 
 def finish(process: subprocess.Popen, workdir: Path, node: str = "n") -> int:
@@ -63,20 +88,31 @@ def finish(process: subprocess.Popen, workdir: Path, node: str = "n") -> int:
         return process.wait(RUN_S)
     except subprocess.TimeoutExpired:
         process.kill()
-        raise AssertionError(f"torchrun did not finish within {RUN_S:.0f} s: "
-                             f"{(workdir / f'torchrun-{node}.log').read_text()[-3000:]}") from None
+        raise AssertionError(
+            f"torchrun did not finish within {RUN_S:.0f} s: "
+            f"{(workdir / f'torchrun-{node}.log').read_text()[-3000:]}"
+        ) from None
 
 
 def assert_ledger_all_ones(workdir: Path, epochs: int = 2) -> None:
     ledgers = read_ledgers(workdir / "checkpoints")
     assert sorted(ledgers) == list(range(epochs))
     for epoch, counts in ledgers.items():
-        assert np.all(counts == 1), f"epoch {epoch}: {int(np.sum(counts != 1))} samples not trained exactly once"
+        assert np.all(counts == 1), (
+            f"epoch {epoch}: {int(np.sum(counts != 1))} samples not trained exactly once"
+        )
 
 
-def job_records(settings, name: str, job: str, want=lambda found: False, timeout_s: float = 5.0) -> list:
-    return [r for r in read_topic(settings, "worker" if name != "commands" else "controller", name, want, timeout_s)
-            if r.job_id == job]
+def job_records(
+    settings, name: str, job: str, want=lambda found: False, timeout_s: float = 5.0
+) -> list:
+    return [
+        r
+        for r in read_topic(
+            settings, "worker" if name != "commands" else "controller", name, want, timeout_s
+        )
+        if r.job_id == job
+    ]
 
 
 def until(condition, what: str, timeout_s: float = 120.0, every_s: float = 0.2):
@@ -90,51 +126,118 @@ def until(condition, what: str, timeout_s: float = 120.0, every_s: float = 0.2):
 
 
 def test_a_slowed_rank_is_given_less_at_one_step_agreed_by_every_rank(bus, tmp_path):
-    run = torchrun(bus, "tr-dd", tmp_path, "--standalone", "--nproc-per-node", "3",
-                   ANTDT_SLOWDOWN="3", ANTDT_SLOWDOWN_RANKS="2")
+    run = torchrun(
+        bus,
+        "tr-dd",
+        tmp_path,
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        ANTDT_SLOWDOWN="3",
+        ANTDT_SLOWDOWN_RANKS="2",
+    )
     assert finish(run, tmp_path) == 0
     assert_ledger_all_ones(tmp_path)
-    commands = [c for c in job_records(bus, "commands", "tr-dd") if c.action is CommandAction.ADJUST_BATCH_SIZE]
+    commands = [
+        c
+        for c in job_records(bus, "commands", "tr-dd")
+        if c.action is CommandAction.ADJUST_BATCH_SIZE
+    ]
     assert commands, "the DD controller sent no batch size"
     assert {c.global_batch_size for c in commands} == {GLOBAL_BATCH}
     applied = defaultdict(set)  # a decision's effective step -> the steps its ranks switched at
     for ack in job_records(bus, "acks", "tr-dd"):
         if ack.status is AckStatus.APPLIED:
-            applied[next(c.effective_step for c in commands if c.command_id == ack.command_id)].add(ack.applied_step)
+            applied[next(c.effective_step for c in commands if c.command_id == ack.command_id)].add(
+                ack.applied_step
+            )
     assert applied and all(len(steps) == 1 for steps in applied.values()), dict(applied)
     last = {c.target_worker: c.batch_size for c in sorted(commands, key=lambda c: c.effective_step)}
     assert last.get("n-2", GLOBAL_BATCH // 3) < GLOBAL_BATCH // 3 < max(last.values()), last
 
 
 def test_a_rank_killed_is_restarted_by_torchrun_and_training_goes_on_exactly_once(bus, tmp_path):
-    run = torchrun(bus, "tr-kill", tmp_path, "--standalone", "--nproc-per-node", "3", "--max-restarts", "2",
-                   ANTDT_CHECKPOINT_EVERY_S="2")
+    run = torchrun(
+        bus,
+        "tr-kill",
+        tmp_path,
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        "--max-restarts",
+        "2",
+        ANTDT_CHECKPOINT_EVERY_S="2",
+    )
     checkpoint = tmp_path / "checkpoints" / "example.pt"
-    first = until(lambda: checkpoint.exists() and checkpoint.stat().st_mtime_ns, "no first checkpoint")
+    first = until(
+        lambda: checkpoint.exists() and checkpoint.stat().st_mtime_ns, "no first checkpoint"
+    )
     until(lambda: checkpoint.stat().st_mtime_ns != first, "no periodic checkpoint")
-    victim = until(lambda: [p for p in psutil.Process(run.pid).children(recursive=True) if "ddp_antdt" in " ".join(p.cmdline())],
-                   "no rank running")[1]
+    victim = until(
+        lambda: [
+            p
+            for p in psutil.Process(run.pid).children(recursive=True)
+            if "ddp_antdt" in " ".join(p.cmdline())
+        ],
+        "no rank running",
+    )[1]
     victim.send_signal(signal.SIGKILL)
     assert finish(run, tmp_path) == 0
     assert_ledger_all_ones(tmp_path)
-    joined = [e for e in job_records(bus, "lifecycle", "tr-kill") if e.event is LifecycleEvent.JOINED]
+    joined = [
+        e for e in job_records(bus, "lifecycle", "tr-kill") if e.event is LifecycleEvent.JOINED
+    ]
     assert len({e.incarnation for e in joined}) >= 6, "the group was not started again"
     assert victim.pid in {e.pid for e in joined}
 
 
-def test_an_evicted_node_leaves_an_elastic_job_which_goes_on_with_the_same_global_batch(bus, tmp_path):
+def test_an_evicted_node_leaves_an_elastic_job_which_goes_on_with_the_same_global_batch(
+    bus, tmp_path
+):
     port = free_port()
-    options = ("--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-               f"127.0.0.1:{port}", "--rdzv-id", "tr-evict", "--max-restarts", "3",
-               "--rdzv-conf", "last_call_timeout=2")
-    cpu = {"CUDA_VISIBLE_DEVICES": ""}  # three "nodes" on one host would share its GPUs, which NCCL refuses
+    options = (
+        "--nnodes",
+        "2:3",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "tr-evict",
+        "--max-restarts",
+        "3",
+        "--rdzv-conf",
+        "last_call_timeout=2",
+    )
+    # three "nodes" on one host would share its GPUs, which NCCL refuses
+    cpu = {"CUDA_VISIBLE_DEVICES": ""}
     nodes = {"a": torchrun(bus, "tr-evict", tmp_path, *options, samples=30000, node="a", **cpu)}
-    until(lambda: listening(port), "node a's rendezvous store did not start")  # a hosts it: c may leave
-    nodes.update({node: torchrun(bus, "tr-evict", tmp_path, *options, samples=30000, node=node, **cpu)
-                  for node in "bc"})
-    until(lambda: {m.worker_id for m in job_records(bus, "metrics", "tr-evict", timeout_s=1.0)} >= {"a-0", "b-0", "c-0"},
-          "not every node trained", every_s=1.0)
-    send_command(bus, CommandAction.EVICT, key=None, job_id="tr-evict", target_worker="c-0", reason="test: evict")
+    # a hosts it: c may leave
+    until(lambda: listening(port), "node a's rendezvous store did not start")
+    nodes.update(
+        {
+            node: torchrun(bus, "tr-evict", tmp_path, *options, samples=30000, node=node, **cpu)
+            for node in "bc"
+        }
+    )
+    until(
+        lambda: (
+            {m.worker_id for m in job_records(bus, "metrics", "tr-evict", timeout_s=1.0)}
+            >= {"a-0", "b-0", "c-0"}
+        ),
+        "not every node trained",
+        every_s=1.0,
+    )
+    send_command(
+        bus,
+        CommandAction.EVICT,
+        key=None,
+        job_id="tr-evict",
+        target_worker="c-0",
+        reason="test: evict",
+    )
     assert finish(nodes["c"], tmp_path, "c") != 0  # its torchrun agent was stopped
     assert finish(nodes["a"], tmp_path, "a") == 0 and finish(nodes["b"], tmp_path, "b") == 0
     assert_ledger_all_ones(tmp_path)
@@ -144,20 +247,29 @@ def test_an_evicted_node_leaves_an_elastic_job_which_goes_on_with_the_same_globa
             shrunk.setdefault(report.worker_id, report.local_batch_size)
     assert shrunk == {"a-0": GLOBAL_BATCH // 2, "b-0": GLOBAL_BATCH // 2}
     commands = job_records(bus, "commands", "tr-evict")
-    assert {c.global_batch_size for c in commands if c.action is CommandAction.ADJUST_BATCH_SIZE} <= {GLOBAL_BATCH}
+    assert {
+        c.global_batch_size for c in commands if c.action is CommandAction.ADJUST_BATCH_SIZE
+    } <= {GLOBAL_BATCH}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_on_gpus_the_example_trains_over_nccl_exactly_once_and_reports_each_rank_s_device(bus, tmp_path):
+def test_on_gpus_the_example_trains_over_nccl_exactly_once_and_reports_each_rank_s_device(
+    bus, tmp_path
+):
     ranks = torch.cuda.device_count()  # NCCL takes one rank per device
-    run = torchrun(bus, "tr-gpu", tmp_path, "--standalone", "--nproc-per-node", str(ranks), samples=6000)
+    run = torchrun(
+        bus, "tr-gpu", tmp_path, "--standalone", "--nproc-per-node", str(ranks), samples=6000
+    )
     assert finish(run, tmp_path) == 0
     assert_ledger_all_ones(tmp_path)
     assert "held-out accuracy" in (tmp_path / "torchrun-n.log").read_text()
     reports = job_records(bus, "metrics", "tr-gpu")
     assert {r.worker_id for r in reports} == {f"n-{rank}" for rank in range(ranks)}
-    trained = [r.resources for r in reports if r.step_count > 0]  # the agent found its rank's device
-    assert trained and all(0 < (r.gpu_memory_used_bytes or 0) <= r.gpu_memory_total_bytes for r in trained)
+    # the agent found its rank's device
+    trained = [r.resources for r in reports if r.step_count > 0]
+    assert trained and all(
+        0 < (r.gpu_memory_used_bytes or 0) <= r.gpu_memory_total_bytes for r in trained
+    )
 
 
 def listening(port: int) -> bool:

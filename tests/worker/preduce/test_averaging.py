@@ -1,4 +1,5 @@
-"""Averaging replicas in partial-reduce groups: real gloo process groups, point to point, bounded."""
+"""Averaging replicas in partial-reduce groups: real gloo process groups, point to point,
+bounded."""
 
 from __future__ import annotations
 
@@ -20,9 +21,21 @@ from antdt.worker.preduce.averaging import GroupAverager
 WORLD = 4
 
 
-def group(ranks: list[int], group_id: int, reason: GroupReason = GroupReason.QUORUM, me: int = 0) -> GroupFormed:
-    return GroupFormed(job_id="j", worker_id=f"w{me}", group_id=group_id, generation=0, reason=reason,
-                       members=[f"w{r}" for r in ranks], ranks=ranks, in_reply_to=1, waited_ms=0, timestamp=utc_now())
+def group(
+    ranks: list[int], group_id: int, reason: GroupReason = GroupReason.QUORUM, me: int = 0
+) -> GroupFormed:
+    return GroupFormed(
+        job_id="j",
+        worker_id=f"w{me}",
+        group_id=group_id,
+        generation=0,
+        reason=reason,
+        members=[f"w{r}" for r in ranks],
+        ranks=ranks,
+        in_reply_to=1,
+        waited_ms=0,
+        timestamp=utc_now(),
+    )
 
 
 def replica(rank: int) -> torch.nn.Module:
@@ -34,42 +47,80 @@ def replica(rank: int) -> torch.nn.Module:
 
 
 def values(model: torch.nn.Module) -> set[float]:
-    return {round(float(v), 5) for t in list(model.parameters()) + [model[1].running_mean] for v in t.reshape(-1)}
+    return {
+        round(float(v), 5)
+        for t in list(model.parameters()) + [model[1].running_mean]
+        for v in t.reshape(-1)
+    }
 
 
 def averaging_main(rank: int, init_file: str, out_dir: str, device: str = "cpu") -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=60),
+    )
     model = replica(rank).to(device)
     averager = GroupAverager(model, timeout_s=20.0)
     pair = [0, 2] if rank in (0, 2) else [1, 3]  # two groups at once, over disjoint pairs
     averager.average(group(pair, 7 + pair[0], me=rank))
     after_pair = values(model)
     triple = [0, 1, 2]  # through the leader; rank 3 meanwhile alone: a group of one, nothing moves
-    alone = averager.average(group(triple, 20, me=rank) if rank in triple else
-                             group([rank], 21, GroupReason.DEADLINE, me=rank))
+    alone = averager.average(
+        group(triple, 20, me=rank)
+        if rank in triple
+        else group([rank], 21, GroupReason.DEADLINE, me=rank)
+    )
     after_triple = values(model)
     ledger = torch.zeros(WORLD * 2, dtype=torch.int32)
-    ledger[rank * 2:rank * 2 + 2] = 1
+    ledger[rank * 2 : rank * 2 + 2] = 1
     summed = averager.average(group(list(range(WORLD)), 30, GroupReason.FINAL, me=rank), ledger)
-    Path(out_dir, f"rank-{rank}.txt").write_text(repr((sorted(after_pair), alone, sorted(after_triple),
-                                                      sorted(values(model)), summed.tolist())))
+    Path(out_dir, f"rank-{rank}.txt").write_text(
+        repr(
+            (
+                sorted(after_pair),
+                alone,
+                sorted(after_triple),
+                sorted(values(model)),
+                summed.tolist(),
+            )
+        )
+    )
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("device", [
-    "cpu",
-    # CUDA replicas over gloo, through the host (every rank on one device: NCCL refuses two ranks per GPU)
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")),
-])
-def test_groups_average_their_members_only_and_the_final_group_makes_one_model_and_one_ledger(device: str,
-                                                                                              tmp_path: Path):
-    mp.spawn(averaging_main, args=(str(tmp_path / "init"), str(tmp_path), device), nprocs=WORLD, join=True)
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        # CUDA replicas over gloo, through the host (every rank on one device: NCCL refuses two
+        # ranks per GPU)
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+        ),
+    ],
+)
+def test_groups_average_their_members_only_and_the_final_group_makes_one_model_and_one_ledger(
+    device: str, tmp_path: Path
+):
+    mp.spawn(
+        averaging_main,
+        args=(str(tmp_path / "init"), str(tmp_path), device),
+        nprocs=WORLD,
+        join=True,
+    )
     for rank in range(WORLD):
-        after_pair, alone, after_triple, final, ledger = eval((tmp_path / f"rank-{rank}.txt").read_text())  # noqa: S307
-        assert after_pair == [1.0 if rank in (0, 2) else 2.0]  # (0+2)/2 and (1+3)/2, swapped at once
-        assert alone is None and after_triple == [1.33333 if rank < 3 else 2.0]  # (1+2+1)/3; rank 3 untouched
+        after_pair, alone, after_triple, final, ledger = eval(
+            (tmp_path / f"rank-{rank}.txt").read_text()
+        )  # noqa: S307
+        # (0+2)/2 and (1+3)/2, swapped at once
+        assert after_pair == [1.0 if rank in (0, 2) else 2.0]
+        # (1+2+1)/3; rank 3 untouched
+        assert alone is None and after_triple == [1.33333 if rank < 3 else 2.0]
         assert final == [1.5]  # the mean of all replicas, kept by every average: (0+1+2+3)/4
         assert ledger == [1] * (WORLD * 2)  # every rank's samples, once
 
@@ -77,12 +128,18 @@ def test_groups_average_their_members_only_and_the_final_group_makes_one_model_a
 def silent_member_main(rank: int, init_file: str, out_dir: str) -> None:
     """Rank 1 is in rank 0's group but never sends (stuck): rank 0 must give up within its bound."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
     outcome = Path(out_dir) / f"rank-{rank}.txt"
     if rank == 1:
         outcome.write_text("stuck")
         import time
+
         time.sleep(20)  # longer than rank 0's bound; the test does not wait for it
         return
     try:
@@ -91,17 +148,26 @@ def silent_member_main(rank: int, init_file: str, out_dir: str) -> None:
     except CollectiveTimeout as exc:
         outcome.write_text(str(exc))
     finally:
-        os._exit(0)  # the group is unusable: leave without the collective clean-up, as a real rank must
+        # the group is unusable: leave without the collective clean-up, as a real rank must
+        os._exit(0)
 
 
 def test_a_member_that_never_sends_is_noticed_within_the_bound(tmp_path: Path):
-    context = mp.start_processes(silent_member_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2,
-                                 join=False, start_method="spawn")
+    context = mp.start_processes(
+        silent_member_main,
+        args=(str(tmp_path / "init"), str(tmp_path)),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
+    )
     try:
         context.processes[0].join(timeout=25)
         assert context.processes[0].exitcode == 0, "rank 0 did not give up on the silent member"
         message = (tmp_path / "rank-0.txt").read_text()
-        assert message.startswith("group 3: swapping with rank 1: waited") and "dead or stuck" in message
+        assert (
+            message.startswith("group 3: swapping with rank 1: waited")
+            and "dead or stuck" in message
+        )
     finally:
         for process in context.processes:
             if process.is_alive():

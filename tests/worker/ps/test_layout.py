@@ -21,7 +21,8 @@ def test_tensors_are_spread_by_size_and_every_worker_computes_the_same_split():
     layout = Layout.of(model(), 2)
     assert layout == Layout.of(model(), 2)
     assert sorted(i for k in range(2) for i in layout.members(k)) == list(range(4))
-    assert abs(layout.size(0) - layout.size(1)) <= 64 * 32  # the largest tensor alone, the rest on the other
+    # the largest tensor alone, the rest on the other
+    assert abs(layout.size(0) - layout.size(1)) <= 64 * 32
     assert layout.size(0) + layout.size(1) == sum(p.numel() for p in model().parameters())
 
 

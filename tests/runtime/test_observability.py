@@ -7,7 +7,7 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry, Counter
 
-from antdt.observability import HealthServer
+from antdt.runtime.observability import HealthServer
 
 
 def fetch(port: int, path: str) -> tuple[int, str]:

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from antdt.shutdown import interrupt_on_sigterm, stop_on_signals
+from antdt.runtime.shutdown import interrupt_on_sigterm, stop_on_signals
 
 
 def test_stop_on_signals_sets_the_event_and_restores_the_handler():

@@ -38,7 +38,11 @@ def kafka_topic(spec: TopicSpec, prefix: str, cluster: str, replicas: int) -> di
     """One ``KafkaTopic`` for a registry entry, bound to a Strimzi cluster by label."""
     topic_name = spec.full_name(prefix)
     name = resource_name(topic_name)
-    body: dict[str, Any] = {"partitions": spec.partitions, "replicas": replicas, "config": dict(spec.configs)}
+    body: dict[str, Any] = {
+        "partitions": spec.partitions,
+        "replicas": replicas,
+        "config": dict(spec.configs),
+    }
     if name != topic_name:
         # Strimzi recommends topicName only when the object name cannot be the topic name.
         body = {"topicName": topic_name, **body}
@@ -62,12 +66,16 @@ def kafka_topics(
     return [kafka_topic(spec, prefix, cluster, replicas) for spec in TOPICS]
 
 
-def kafka_topics_yaml(prefix: str = "antdt", cluster: str = DEFAULT_CLUSTER, replicas: int = DEFAULT_REPLICAS) -> str:
+def kafka_topics_yaml(
+    prefix: str = "antdt", cluster: str = DEFAULT_CLUSTER, replicas: int = DEFAULT_REPLICAS
+) -> str:
     """The multi-document YAML committed under ``deploy/k8s``, with a do-not-edit header."""
     command = f"antdt topics --kafka-topics --cluster {cluster} --replicas {replicas}"
     header = (
         f"# Generated from antdt/topics.py by `{command}`\n"
         f"# (topic prefix {prefix!r}, from ANTDT_TOPIC_PREFIX). Do not edit: regenerate.\n"
     )
-    documents = yaml.safe_dump_all(kafka_topics(prefix, cluster, replicas), sort_keys=False, explicit_start=True)
+    documents = yaml.safe_dump_all(
+        kafka_topics(prefix, cluster, replicas), sort_keys=False, explicit_start=True
+    )
     return header + documents

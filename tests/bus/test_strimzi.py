@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from antdt.bus.strimzi import kafka_topics, kafka_topics_yaml, resource_name
 from antdt.cli.main import run
-from antdt.k8s_topics import kafka_topics, kafka_topics_yaml, resource_name
 from antdt.topics import TOPICS
-
 from tests.deploy.k8s_schemas import REPO, schema_errors
 
 COMMITTED = REPO / "deploy" / "k8s" / "components" / "strimzi" / "topics.yaml"
@@ -37,7 +36,11 @@ def test_one_topic_per_registry_entry_with_its_partitions_and_configs():
     topics = kafka_topics("antdt", "c1", 3)
     assert [t["metadata"]["name"] for t in topics] == [spec.full_name("antdt") for spec in TOPICS]
     for topic, spec in zip(topics, TOPICS):
-        assert topic["spec"] == {"partitions": spec.partitions, "replicas": 3, "config": spec.configs}
+        assert topic["spec"] == {
+            "partitions": spec.partitions,
+            "replicas": 3,
+            "config": spec.configs,
+        }
         assert topic["metadata"]["labels"]["strimzi.io/cluster"] == "c1"
         assert not schema_errors(topic), schema_errors(topic)
 

@@ -16,12 +16,23 @@ from dataclasses import dataclass, field
 from antdt.schemas.models import ResourceSnapshot, StepTimeStats, WorkerMetrics, trusted
 from antdt.services.monitor.detection import utc
 
-_IDLE = ResourceSnapshot(process_cpu_percent=95, host_cpu_percent=50, cpu_steal_percent=0, load_1m=0.5, rss_bytes=10**9,
-                         host_memory_percent=40, io_read_bytes=0, io_write_bytes=0, net_sent_bytes=10**6, net_recv_bytes=10**6)
+#: A busy, healthy worker's resources: nothing in them points to a cause.
+IDLE_RESOURCES = ResourceSnapshot(
+    process_cpu_percent=95,
+    host_cpu_percent=50,
+    cpu_steal_percent=0,
+    load_1m=0.5,
+    rss_bytes=10**9,
+    host_memory_percent=40,
+    io_read_bytes=0,
+    io_write_bytes=0,
+    net_sent_bytes=10**6,
+    net_recv_bytes=10**6,
+)
 
 
 @dataclass(frozen=True)
-class Episode:
+class TraceSlowdown:
     """Worker ``worker`` is ``factor`` times slower from ``start_s`` to ``end_s``."""
 
     worker: str
@@ -38,11 +49,14 @@ class TraceSpec:
     base_s_per_sample: float = 0.004
     batch_size: int = 32
     noise: float = 0.2
-    noise_period_s: float = 0.0  # 0: each step drawn afresh; else one draw per worker held this long (a node's load)
-    speeds: dict[str, float] = field(default_factory=dict)  # fixed heterogeneous factors from the start
-    episodes: list[Episode] = field(default_factory=list)
+    # 0: each step drawn afresh; else one draw per worker held this long (a node's load)
+    noise_period_s: float = 0.0
+    # fixed heterogeneous factors from the start
+    speeds: dict[str, float] = field(default_factory=dict)
+    episodes: list[TraceSlowdown] = field(default_factory=list)
     barrier_wait: dict[str, float] = field(default_factory=dict)  # worker -> sync seconds per step
-    batch_changes: dict[str, tuple[float, int]] = field(default_factory=dict)  # worker -> (at_s, new size)
+    # worker -> (at_s, new size)
+    batch_changes: dict[str, tuple[float, int]] = field(default_factory=dict)
     start_s: float = 1_800_000_000.0
     job_id: str = "trace"
 
@@ -74,7 +88,9 @@ def _worker_reports(spec: TraceSpec, worker: str, rng: random.Random) -> list[Wo
         change = spec.batch_changes.get(worker)
         if change and t >= change[0]:
             size = change[1]
-        compute = size * spec.base_s_per_sample * factor(spec, worker, t) * _noise(spec, worker, t, rng)
+        compute = (
+            size * spec.base_s_per_sample * factor(spec, worker, t) * _noise(spec, worker, t, rng)
+        )
         sync = spec.barrier_wait.get(worker, 0.0)
         t += compute + sync
         pending.append((step, compute, sync, size))
@@ -96,14 +112,35 @@ def _noise(spec: TraceSpec, worker: str, t: float, rng: random.Random) -> float:
 
 def _report(spec: TraceSpec, worker: str, seq: int, end_s: float, steps) -> WorkerMetrics:
     compute = sorted(c for _, c, _, _ in steps)
-    stats = (trusted(StepTimeStats, sum_s=sum(compute), min_s=compute[0], max_s=compute[-1],
-                     p50_s=compute[len(compute) // 2], p90_s=compute[int(0.9 * len(compute))])
-             if compute else trusted(StepTimeStats, sum_s=0.0, min_s=0.0, max_s=0.0, p50_s=0.0, p90_s=0.0))
+    stats = (
+        trusted(
+            StepTimeStats,
+            sum_s=sum(compute),
+            min_s=compute[0],
+            max_s=compute[-1],
+            p50_s=compute[len(compute) // 2],
+            p90_s=compute[int(0.9 * len(compute))],
+        )
+        if compute
+        else trusted(StepTimeStats, sum_s=0.0, min_s=0.0, max_s=0.0, p50_s=0.0, p90_s=0.0)
+    )
     return trusted(
-        WorkerMetrics, job_id=spec.job_id, worker_id=worker, rank=None, node_id=f"node-{worker}", seq=seq, incarnation="i",
-        window_start=utc(spec.start_s + end_s - spec.interval_s), window_end=utc(spec.start_s + end_s),
-        step_count=len(steps), first_step=steps[0][0] if steps else None, last_step=steps[-1][0] if steps else None,
-        compute=stats, data_wait_s=0.0, sync_wait_s=sum(s for _, _, s, _ in steps),
-        samples=sum(n for _, _, _, n in steps), local_batch_size=steps[-1][3] if steps else spec.batch_size,
-        resources=_IDLE,
+        WorkerMetrics,
+        job_id=spec.job_id,
+        worker_id=worker,
+        rank=None,
+        node_id=f"node-{worker}",
+        seq=seq,
+        incarnation="i",
+        window_start=utc(spec.start_s + end_s - spec.interval_s),
+        window_end=utc(spec.start_s + end_s),
+        step_count=len(steps),
+        first_step=steps[0][0] if steps else None,
+        last_step=steps[-1][0] if steps else None,
+        compute=stats,
+        data_wait_s=0.0,
+        sync_wait_s=sum(s for _, _, s, _ in steps),
+        samples=sum(n for _, _, _, n in steps),
+        local_batch_size=steps[-1][3] if steps else spec.batch_size,
+        resources=IDLE_RESOURCES,
     )

@@ -26,15 +26,24 @@ import socket
 import threading
 from collections import Counter
 
-from antdt import kafka_wire as wire
-from antdt.scram import MECHANISMS, ScramCredential, ScramFailure, ScramServerExchange, make_credential
+from antdt.embedded import kafka_wire as wire
+from antdt.embedded.scram import (
+    MECHANISMS,
+    ScramCredential,
+    ScramFailure,
+    ScramServerExchange,
+    make_credential,
+)
 
 log = logging.getLogger(__name__)
 
 
 def failure_message(mechanism: str) -> str:
     """Apache Kafka's words for a failed SCRAM login (wrong password and unknown user alike)."""
-    return f"Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
+    return (
+        "Authentication failed during authentication due to invalid credentials with SASL "
+        f"mechanism {mechanism}"
+    )
 
 
 class ScramUsers:
@@ -60,7 +69,8 @@ class SaslFront:
     def __init__(self, host: str, port: int, upstream: tuple[str, int]):
         self.host, self.port, self.upstream = host, port, upstream
         self.users = ScramUsers()
-        #: ``handshakes``, ``succeeded``, ``failed``: what the front saw (tests measure retry storms with it).
+        #: ``handshakes``, ``succeeded``, ``failed``: what the front saw (tests measure retry storms
+        #: with it).
         self.counts: Counter[str] = Counter()
         self.fake_salt_key = secrets.token_bytes(32)
         self._listener: socket.socket | None = None
@@ -87,7 +97,8 @@ class SaslFront:
     def close(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
-            _shut(listener)  # shutdown wakes the thread blocked in accept(); close alone leaves the port open
+            # shutdown wakes the thread blocked in accept(); close alone leaves the port open
+            _shut(listener)
         with self._lock:
             open_sockets, self._open = list(self._open), set()
         for sock in open_sockets:
@@ -100,7 +111,9 @@ class SaslFront:
                 client, _ = listener.accept()
             except OSError:
                 return  # closed
-            threading.Thread(target=self._serve, args=(client,), name="antdt-sasl-conn", daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(client,), name="antdt-sasl-conn", daemon=True
+            ).start()
 
     def _track(self, sock: socket.socket) -> socket.socket:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -150,15 +163,24 @@ class _Login:
                 if outcome is not None:
                     return outcome
             else:
-                log.info("closing a connection that sent request %d before authenticating", request.api_key)
+                log.info(
+                    "closing a connection that sent request %d before authenticating",
+                    request.api_key,
+                )
                 return False
 
     def _handshake(self, request: wire.Request) -> bool:
         mechanism = wire.parse_string(request.body)
         self.front.count("handshakes")
         if request.api_version != 1 or mechanism not in MECHANISMS:
-            code = wire.UNSUPPORTED_VERSION if request.api_version != 1 else wire.UNSUPPORTED_SASL_MECHANISM
-            wire.write_frame(self.client, wire.handshake_response(request, code, sorted(MECHANISMS)))
+            code = (
+                wire.UNSUPPORTED_VERSION
+                if request.api_version != 1
+                else wire.UNSUPPORTED_SASL_MECHANISM
+            )
+            wire.write_frame(
+                self.client, wire.handshake_response(request, code, sorted(MECHANISMS))
+            )
             return False
         self.steps = 0
         lookup = lambda name: self.front.users.lookup(name, mechanism)  # noqa: E731
@@ -169,7 +191,10 @@ class _Login:
     def _authenticate(self, request: wire.Request) -> bool | None:
         """None while the exchange goes on; True on success; False (after answering) on failure."""
         if self.exchange is None or request.api_version > 1:
-            wire.write_frame(self.client, wire.authenticate_response(request, wire.ILLEGAL_SASL_STATE, "no handshake", b""))
+            wire.write_frame(
+                self.client,
+                wire.authenticate_response(request, wire.ILLEGAL_SASL_STATE, "no handshake", b""),
+            )
             return False
         token = wire.parse_bytes(request.body)
         self.steps += 1
@@ -187,13 +212,18 @@ class _Login:
         self.front.count("failed")
         log.info("SCRAM authentication failed (%s): %s", self.exchange.mechanism, exc)
         message = failure_message(self.exchange.mechanism)
-        wire.write_frame(self.client, wire.authenticate_response(request, wire.SASL_AUTHENTICATION_FAILED, message, b""))
+        wire.write_frame(
+            self.client,
+            wire.authenticate_response(request, wire.SASL_AUTHENTICATION_FAILED, message, b""),
+        )
         return False
 
 
 def _relay(client: socket.socket, upstream: socket.socket) -> None:
     """Copy bytes both ways until either side closes."""
-    back = threading.Thread(target=_copy, args=(upstream, client), name="antdt-sasl-relay", daemon=True)
+    back = threading.Thread(
+        target=_copy, args=(upstream, client), name="antdt-sasl-relay", daemon=True
+    )
     back.start()
     _copy(client, upstream)
     back.join()

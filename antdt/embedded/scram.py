@@ -1,7 +1,7 @@
 """The server side of SASL/SCRAM (RFC 5802, RFC 7677), as Apache Kafka does it.
 
 The embedded broker cannot check SCRAM credentials itself (see
-:mod:`antdt.sasl_front`), so antdt's front for it does. Credentials are kept
+:mod:`antdt.embedded.sasl_front`), so antdt's front for it does. Credentials are kept
 the way Kafka keeps them: salt, iterations, stored key and server key, never
 the password. An unknown user gets a deterministic fake salt and fails at the
 proof with the same answer as a wrong password, so a client cannot tell which
@@ -24,7 +24,8 @@ DEFAULT_ITERATIONS = 4096
 
 
 class ScramFailure(Exception):
-    """The client's messages are malformed or its proof is wrong; the text is for the broker's log."""
+    """The client's messages are malformed or its proof is wrong; the text is for the broker's
+    log."""
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,20 @@ class ScramCredential:
     server_key: bytes
 
 
-def make_credential(mechanism: str, password: str, iterations: int = DEFAULT_ITERATIONS, salt: bytes | None = None) -> ScramCredential:
+def make_credential(
+    mechanism: str, password: str, iterations: int = DEFAULT_ITERATIONS, salt: bytes | None = None
+) -> ScramCredential:
     """Derive the stored credential for ``password`` (the password itself is not kept)."""
     digest = MECHANISMS[mechanism]
     salt = salt if salt is not None else secrets.token_bytes(32)
     salted = hashlib.pbkdf2_hmac(digest, password.encode(), salt, iterations)
     client_key = _hmac(digest, salted, b"Client Key")
-    return ScramCredential(salt, iterations, hashlib.new(digest, client_key).digest(), _hmac(digest, salted, b"Server Key"))
+    return ScramCredential(
+        salt,
+        iterations,
+        hashlib.new(digest, client_key).digest(),
+        _hmac(digest, salted, b"Server Key"),
+    )
 
 
 def _hmac(digest: str, key: bytes, message: bytes) -> bytes:
@@ -126,9 +134,12 @@ class ScramServerExchange:
         if len(proof) != len(client_signature):
             return False
         client_key = bytes(a ^ b for a, b in zip(proof, client_signature))
-        return hmac.compare_digest(hashlib.new(self._digest, client_key).digest(), self._credential.stored_key)
+        return hmac.compare_digest(
+            hashlib.new(self._digest, client_key).digest(), self._credential.stored_key
+        )
 
     def _fake_credential(self, username: str) -> ScramCredential:
-        """A stable salt for an unknown user, so probing twice does not reveal that it is unknown."""
+        """A stable salt for an unknown user, so probing twice does not reveal that it is
+        unknown."""
         salt = _hmac("sha256", self._fake_salt_key, username.encode())
         return ScramCredential(salt, DEFAULT_ITERATIONS, b"", b"")

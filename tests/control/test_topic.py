@@ -1,24 +1,32 @@
-"""The control-config topic: who a change is for, and following the topic through the real broker."""
+"""The control-config topic: who a change is for, and following the topic through the real
+broker."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from antdt.bus.clients import producing
-from antdt.control import ControlFollower, changes_for, control_topic
+from antdt.control.topic import ControlFollower, changes_for, control_topic
 from antdt.errors import ConfigError
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.examples import worker_metrics
-from antdt.schemas.models import ControlComponent as Component, ControlConfig
+from antdt.schemas.models import ControlComponent as Component
+from antdt.schemas.models import ControlConfig
 
 CODEC = SingleObjectCodec()
 
 
 def change(config_id, changes, component=Component.MONITOR, job=None):
-    return ControlConfig(config_id=config_id, job_id=job, component=component, changes=changes, issued_by="t",
-                         issued_at=datetime.now(timezone.utc))
+    return ControlConfig(
+        config_id=config_id,
+        job_id=job,
+        component=component,
+        changes=changes,
+        issued_by="t",
+        issued_at=datetime.now(UTC),
+    )
 
 
 def test_a_component_takes_its_own_prefixed_keys():
@@ -35,8 +43,12 @@ def test_all_is_split_between_components():
 
 
 def test_a_record_for_one_component_with_foreign_keys_is_refused():
-    with pytest.raises(ConfigError, match="controller.dry_run: a MONITOR change takes monitor.\\* keys only"):
-        changes_for(change("1", {"monitor.k": "3", "controller.dry_run": "true"}), Component.MONITOR)
+    with pytest.raises(
+        ConfigError, match="controller.dry_run: a MONITOR change takes monitor.\\* keys only"
+    ):
+        changes_for(
+            change("1", {"monitor.k": "3", "controller.dry_run": "true"}), Component.MONITOR
+        )
 
 
 def test_the_follower_reads_the_history_then_follows(settings, topics):
@@ -45,7 +57,9 @@ def test_the_follower_reads_the_history_then_follows(settings, topics):
         producer.produce(topic, key=b"*", value=CODEC.encode(change("a", {"monitor.k": "3"})))
         producer.produce(topic, key=b"*", value=b"not avro")
         producer.produce(topic, key=b"*", value=CODEC.encode(worker_metrics()))
-        producer.produce(topic, key=b"job", value=CODEC.encode(change("b", {"monitor.k": "4"}, job="job")))
+        producer.produce(
+            topic, key=b"job", value=CODEC.encode(change("b", {"monitor.k": "4"}, job="job"))
+        )
     follower = ControlFollower(settings)
     try:
         assert [c.config_id for c in follower.catch_up()] == ["a", "b"]

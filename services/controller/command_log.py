@@ -18,9 +18,18 @@ from antdt.settings import Settings
 
 
 def read_commands(
-    settings: Settings, codec: Codec, job_id: str | None = None, start: datetime | None = None, end: datetime | None = None,
+    settings: Settings,
+    codec: Codec,
+    job_id: str | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
 ) -> Iterator[MitigationCommand]:
-    """Commands (of ``job_id``, issued within ``[start, end]``), partition by partition in log order."""
-    for command in read_whole_topic(settings, codec, settings.topic("controller", "commands"), MitigationCommand, job_id):
-        if (start is None or command.issued_at >= start) and (end is None or command.issued_at <= end):
+    """Commands (of ``job_id``, issued within ``[start, end]``), partition by partition in log
+    order."""
+    for command in read_whole_topic(
+        settings, codec, settings.topic("controller", "commands"), MitigationCommand, job_id
+    ):
+        if (start is None or command.issued_at >= start) and (
+            end is None or command.issued_at <= end
+        ):
             yield command

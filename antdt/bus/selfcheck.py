@@ -1,9 +1,9 @@
 """An end-to-end check of the bus: every message type through a real broker.
 
-This is what ``antdt demo`` runs until the full straggler demo lands: it
-creates every registry topic, publishes one example of each message type with
-the production client settings, reads each back by manual assignment, decodes
-it with the codec, and sends one corrupt record through the dead-letter path.
+``antdt check`` runs it to prove a deployment's Kafka, credentials and topics work before any
+service relies on them: it creates every registry topic, publishes one example of each message type
+with the production client settings, reads each back by manual assignment, decodes it with the
+codec, and sends one corrupt record through the dead-letter path.
 """
 
 from __future__ import annotations
@@ -60,7 +60,10 @@ def run_bus_check(settings: Settings, timeout_s: float = 20.0) -> CheckResult:
     run_id = uuid.uuid4().hex[:8].encode()
     corrupt_topic = topic_spec("worker", "metrics").full_name(settings.topic_prefix)
     deadletter_topic = topic_spec("", "deadletter").full_name(settings.topic_prefix)
-    with producing(settings, client_id="antdt-buscheck") as producer, consuming(settings, client_id="antdt-buscheck") as consumer:
+    with (
+        producing(settings, client_id="antdt-buscheck") as producer,
+        consuming(settings, client_id="antdt-buscheck") as consumer,
+    ):
         _warm_up(producer, consumer, examples, counts, run_id, timeout_s)
         sent_at: dict[str, float] = {}
         for topic, message in examples.items():
@@ -79,7 +82,10 @@ def _warm_up(producer, consumer, examples, counts, run_id: bytes, timeout_s: flo
     docs/embedded-broker.md: the embedded broker's high watermark cannot tell when a reader
     is live, so the reader proves it by reading markers it wrote itself.
     """
-    assign_now(consumer, [TopicPartition(t, p, OFFSET_BEGINNING) for t in examples for p in range(counts[t])])
+    assign_now(
+        consumer,
+        [TopicPartition(t, p, OFFSET_BEGINNING) for t in examples for p in range(counts[t])],
+    )
     marker = run_id + b"-marker"
     for topic in examples:
         producer.produce(topic, key=marker, value=b"")
@@ -106,10 +112,15 @@ def _read_back(consumer, examples, run_id, sent_at, codec, deadletter, timeout_s
                 continue
             topic = message.topic()
             rows[topic] = CheckRow(
-                topic, type(decoded).__name__, len(message.value()),
-                (received - sent_at[topic]) * 1000, decoded == examples[topic],
+                topic,
+                type(decoded).__name__,
+                len(message.value()),
+                (received - sent_at[topic]) * 1000,
+                decoded == examples[topic],
             )
     if len(rows) < len(examples):
         missing = sorted(set(examples) - set(rows))
-        raise BusError(f"bus check: nothing read back from {', '.join(missing)} within {timeout_s:.0f} s")
+        raise BusError(
+            f"bus check: nothing read back from {', '.join(missing)} within {timeout_s:.0f} s"
+        )
     return [rows[t] for t in examples]

@@ -13,7 +13,9 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def stop_on_signals(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[threading.Event]:
+def stop_on_signals(
+    signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM),
+) -> Iterator[threading.Event]:
     """Yield an Event that is set when one of ``signals`` arrives; restore handlers after."""
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in signals}

@@ -6,21 +6,28 @@ import base64
 
 import pytest
 
-from antdt import scram
-from antdt.scram import ScramFailure, ScramServerExchange, make_credential
+from antdt.embedded import scram
+from antdt.embedded.scram import ScramFailure, ScramServerExchange, make_credential
 
 # RFC 7677 section 3: user "user", password "pencil".
 CLIENT_FIRST = b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO"
 SERVER_NONCE = "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0"
-SERVER_FIRST = b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
-CLIENT_FINAL = b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ="
+SERVER_FIRST = (
+    b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
+)
+CLIENT_FINAL = (
+    b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+    b"p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ="
+)
 SERVER_FINAL = b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
 
 
 @pytest.fixture
 def rfc_exchange(monkeypatch) -> ScramServerExchange:
     monkeypatch.setattr(scram.secrets, "token_urlsafe", lambda _n: SERVER_NONCE)
-    credential = make_credential("SCRAM-SHA-256", "pencil", 4096, salt=base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ=="))
+    credential = make_credential(
+        "SCRAM-SHA-256", "pencil", 4096, salt=base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ==")
+    )
     return ScramServerExchange("SCRAM-SHA-256", {"user": credential}.get, b"k" * 32)
 
 
@@ -47,12 +54,17 @@ def test_a_replayed_final_message_with_another_nonce_is_refused(rfc_exchange, mo
 def test_an_unknown_user_gets_a_stable_salt_and_the_same_refusal():
     def salt_for(name: str) -> bytes:
         exchange = ScramServerExchange("SCRAM-SHA-512", {}.get, b"k" * 32)
-        first = dict(part.split("=", 1) for part in exchange.first(f"n,,n={name},r=abc".encode()).decode().split(","))
+        first = dict(
+            part.split("=", 1)
+            for part in exchange.first(f"n,,n={name},r=abc".encode()).decode().split(",")
+        )
         return first["s"]
 
     assert salt_for("mallory") == salt_for("mallory") != salt_for("eve")
     exchange = ScramServerExchange("SCRAM-SHA-512", {}.get, b"k" * 32)
-    nonce = dict(p.split("=", 1) for p in exchange.first(b"n,,n=mallory,r=abc").decode().split(","))["r"]
+    nonce = dict(
+        p.split("=", 1) for p in exchange.first(b"n,,n=mallory,r=abc").decode().split(",")
+    )["r"]
     with pytest.raises(ScramFailure, match="invalid credentials for user 'mallory'"):
         exchange.final(f"c=biws,r={nonce},p={base64.b64encode(bytes(64)).decode()}".encode())
 

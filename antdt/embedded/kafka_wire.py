@@ -1,6 +1,6 @@
 """Just enough of the Kafka wire protocol to authenticate a connection.
 
-:mod:`antdt.sasl_front` answers ``SaslHandshake`` and ``SaslAuthenticate``
+:mod:`antdt.embedded.sasl_front` answers ``SaslHandshake`` and ``SaslAuthenticate``
 itself and passes everything else through as opaque frames, so only those
 two requests are decoded here, in the non-flexible versions every Kafka
 client speaks (``SaslHandshake`` v1, ``SaslAuthenticate`` v0 and v1).
@@ -66,7 +66,7 @@ class Request:
         if len(frame) < 10:
             raise WireError("request shorter than its header")
         api_key, api_version, correlation_id, client_id_length = struct.unpack(">hhih", frame[:10])
-        return cls(api_key, api_version, correlation_id, frame[10 + max(client_id_length, 0):])
+        return cls(api_key, api_version, correlation_id, frame[10 + max(client_id_length, 0) :])
 
 
 def string(value: str) -> bytes:
@@ -84,12 +84,12 @@ def length_prefixed_bytes(value: bytes) -> bytes:
 
 def parse_string(body: bytes) -> str:
     (length,) = struct.unpack(">h", body[:2])
-    return body[2:2 + length].decode("utf-8", "replace")
+    return body[2 : 2 + length].decode("utf-8", "replace")
 
 
 def parse_bytes(body: bytes) -> bytes:
     (length,) = struct.unpack(">i", body[:4])
-    return body[4:4 + length]
+    return body[4 : 4 + length]
 
 
 def handshake_response(request: Request, error_code: int, mechanisms: list[str]) -> bytes:
@@ -98,7 +98,13 @@ def handshake_response(request: Request, error_code: int, mechanisms: list[str])
     return struct.pack(">ihi", request.correlation_id, error_code, len(mechanisms)) + names
 
 
-def authenticate_response(request: Request, error_code: int, message: str | None, auth_bytes: bytes) -> bytes:
+def authenticate_response(
+    request: Request, error_code: int, message: str | None, auth_bytes: bytes
+) -> bytes:
     """``SaslAuthenticate`` response; v1 adds the session lifetime (0: never re-authenticate)."""
-    payload = struct.pack(">ih", request.correlation_id, error_code) + nullable_string(message) + length_prefixed_bytes(auth_bytes)
+    payload = (
+        struct.pack(">ih", request.correlation_id, error_code)
+        + nullable_string(message)
+        + length_prefixed_bytes(auth_bytes)
+    )
     return payload + (struct.pack(">q", 0) if request.api_version >= 1 else b"")

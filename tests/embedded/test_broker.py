@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from antdt.broker import EmbeddedBroker, answers_metadata, free_port
+from antdt.embedded.broker import EmbeddedBroker, answers_metadata, free_port
 from antdt.errors import BrokerError
 
 
