@@ -306,7 +306,7 @@ def show(console: Console, figures: list[dict], files, wide: bool = False) -> No
             audit_word(row["audit_clean"]),
             "ones" if row["ledger"]["ok"] else "FAILED",
         )
-    console.print(table.table)
+    table.print(console)
     if any(row.get("target_loss") is not None for row in figures):
         target = next(row["target_loss"] for row in figures if row.get("target_loss") is not None)
         console.print(

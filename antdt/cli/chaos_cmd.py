@@ -204,7 +204,7 @@ def show(console: Console, figures: dict) -> None:
             "not back" if kill["lost_s"] is None else f"{kill['lost_s']:.1f}",
             parts,
         )
-    console.print(table.table)
+    table.print(console)
     ledger = figures["ledger"]
     console.print(
         f"{figures['survived']}/{figures['kills']} kills survived "

@@ -39,7 +39,7 @@ def check() -> None:
             f"{row.round_trip_ms:.1f}",
             "yes" if row.decoded_equal else "[red]NO[/red]",
         )
-    console.print(table.table)
+    table.print(console)
     console.print(f"corrupt records dead-lettered: {result.dead_lettered}")
     console.print("[green]bus check passed[/green]" if result.ok else "[red]bus check FAILED[/red]")
     if not result.ok:

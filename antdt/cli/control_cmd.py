@@ -160,7 +160,10 @@ def show(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> Non
     )
     for job, key, value, default in rows:
         table.add(job, key, value, default)
-    Console().print(table.table if rows else f"all defaults (controller epoch {epoch})")
+    if rows:
+        table.print(Console())
+    else:
+        Console().print(f"all defaults (controller epoch {epoch})")
 
 
 CONTROL_COLUMNS = [

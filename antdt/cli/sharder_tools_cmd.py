@@ -102,7 +102,7 @@ def replay(
         for _, _, event in rows:
             typer.echo(to_json(event).decode())
         return
-    Console().print(shard_table(job, rows, wide).table)
+    shard_table(job, rows, wide).print(Console())
 
 
 SHARD_COLUMNS = [
@@ -110,7 +110,7 @@ SHARD_COLUMNS = [
     Column("time"),
     Column("writer epoch", wide_only=True),
     Column("transition"),
-    Column("epoch"),
+    Column("epoch", wide_only=True),
     Column("shard"),
     Column("worker"),
     Column("attempt", wide_only=True),
@@ -172,7 +172,7 @@ def replay_commands(
     )
     if exported_or_json(commands, MitigationCommand, "commands", out, json_):
         return
-    Console().print(command_table(job, commands, wide).table)
+    command_table(job, commands, wide).print(Console())
 
 
 COMMAND_COLUMNS = [
@@ -236,7 +236,7 @@ def replay_groups(
     ]
     if exported_or_json(groups, GroupFormed, "groups", out, json_):
         return
-    Console().print(group_table(job, groups, wide).table)
+    group_table(job, groups, wide).print(Console())
 
 
 GROUP_COLUMNS = [
@@ -371,7 +371,7 @@ def audit_table(report: AuditReport, wide: bool) -> NarrowTable:
 def print_report(report: AuditReport, wide: bool = False) -> None:
     """The report as people read it: one row per epoch, the log's health, then the verdict."""
     console = Console()
-    console.print(audit_table(report, wide).table)
+    audit_table(report, wide).print(console)
     if report.from_snapshot_seq is not None:
         console.print(
             f"the log before seq {report.from_snapshot_seq} is gone (the bus was reset, or "

@@ -46,7 +46,7 @@ def topics(
         for name, partitions in counts.items():
             typer.echo(f"{name}\t{partitions} partitions")
         return
-    Console().print(topic_table(settings.topic_prefix, wide).table)
+    topic_table(settings.topic_prefix, wide).print(Console())
 
 
 def topic_table(prefix: str, wide: bool) -> NarrowTable:
@@ -59,7 +59,7 @@ def topic_table(prefix: str, wide: bool) -> NarrowTable:
 TOPIC_COLUMNS = [
     Column("topic"),
     Column("partitions"),
-    Column("key"),
-    Column("value"),
+    Column("key", free_text=True),
+    Column("value", free_text=True),
     Column("purpose", wide_only=True, free_text=True),
 ]

@@ -24,7 +24,7 @@ REASON = "lease expired after 30 s without progress from the worker that held it
 
 def rendered(table: NarrowTable, width: int = 80) -> str:
     console = Console(width=width, record=True, file=io.StringIO())
-    console.print(table.table)
+    table.print(console)
     return console.export_text()
 
 
@@ -118,8 +118,5 @@ def test_the_topic_registry_fits_80_columns():
     from antdt.topics import TOPICS
 
     text = rendered(topic_table("antdt", wide=False))
-    fits(
-        text,
-        80,
-        [spec.full_name("antdt") for spec in TOPICS] + [spec.value_name for spec in TOPICS],
-    )
+    words = [word for spec in TOPICS for word in spec.value_name.split()]
+    fits(text, 80, [spec.full_name("antdt") for spec in TOPICS] + words)
