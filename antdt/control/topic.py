@@ -30,7 +30,7 @@ from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import poll_batch, read_to_markers
 from antdt.bus.watch import BusWatch, Rewinder
-from antdt.control.trust import REFUSED, ControlGate
+from antdt.control.trust import ControlGate
 from antdt.errors import AntdtError, ConfigError
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import ControlComponent, ControlConfig
@@ -208,6 +208,7 @@ class ControlFollower:
         codec: Codec | None = None,
         client_id: str | None = None,
         deadletter: DeadLetter | None = None,
+        refused: Any = None,
     ):
         self._settings = settings
         self._codec = codec or make_codec(settings.schema_registry_url)
@@ -217,6 +218,7 @@ class ControlFollower:
         self._rewinder: Rewinder | None = None
         self._gate = ControlGate.for_settings(settings, client_id or "control follower")
         self._deadletter = deadletter
+        self._refused_counter = refused  # the service's own, labelled by reason
         self.refused = 0
 
     def follow_resets(self, watch: BusWatch) -> ControlFollower:
@@ -250,20 +252,22 @@ class ControlFollower:
                 if not isinstance(value, ControlConfig):
                     raise AntdtError(f"expected ControlConfig, got {type(value).__name__}")
             except AntdtError as exc:
-                self._refuse(message, f"unusable: {exc}", live)
+                self._refuse(message, "unusable", f"refused control record: unusable: {exc}", live)
                 continue
             refusal = self._gate.refusal(value, message.key() or b"")
             if refusal is not None:
-                REFUSED.labels(refusal.value).inc()
-                self._refuse(message, f"{refusal.value} control change {value.config_id}", live)
+                why = f"refused control change {value.config_id}: {refusal.value}"
+                self._refuse(message, refusal.value, why, live)
                 continue
             changes.append(value)
         return changes
 
-    def _refuse(self, message: Message, why: str, live: bool) -> None:
+    def _refuse(self, message: Message, reason: str, why: str, live: bool) -> None:
         self.refused += 1
+        if self._refused_counter is not None:
+            self._refused_counter.labels(reason).inc()
         where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
-        log.warning("refused control record %s: %s", where, why)
+        log.warning("%s at %s", why, where)
         if live and self._deadletter is not None:
             self._deadletter.send(SourceRecord.from_confluent(message), why)
 

@@ -20,20 +20,12 @@ import logging
 from datetime import datetime
 from enum import Enum
 
-from prometheus_client import Counter
-
 from antdt.control.epoch import EPOCH_KEY
 from antdt.control.signing import sign, verify_any
 from antdt.schemas.models import ControlConfig
 from antdt.settings import Settings
 
 log = logging.getLogger(__name__)
-
-REFUSED = Counter(
-    "antdt_control_refused_total",
-    "Control changes refused before they were applied, by reason",
-    ["reason"],
-)
 
 
 class Refusal(str, Enum):

@@ -117,6 +117,7 @@ class ControllerService(LoopService):
             self.codec,
             client_id=f"{self.controller_id}-control",
             deadletter=self._deadletter,
+            refused=metrics.CONTROL_REFUSED,
         )
         self._commands_topic = settings.topic("controller", "commands")
         self._inputs = [settings.topic("monitor", "verdicts"), settings.topic("worker", "metrics")]

@@ -90,6 +90,7 @@ class MonitorService:
             codec,
             client_id=f"{settings.client_id}-monitor-control",
             deadletter=self._deadletter,
+            refused=metrics.CONTROL_REFUSED,
         )
         self._define_agents()
 

@@ -32,8 +32,8 @@ APPLIED = 'antdt_controller_config_changes_total{result="applied"}'
 SERVICES = ("controller", "monitor")
 
 
-def refused(reason: str) -> str:
-    return f'antdt_control_refused_total{{reason="{reason}"}}'
+def refused(service: str, reason: str) -> str:
+    return f'antdt_{service}_control_refused_total{{reason="{reason}"}}'
 
 
 def change(config_id: str, changes: dict[str, str]) -> ControlConfig:
@@ -83,16 +83,18 @@ def test_forged_unsigned_and_replayed_changes_are_refused_and_a_signed_one_appli
             ],
         )
         expected = {"unsigned": 2, "forged": 3, "replayed": 1}
-        for service in (controller, monitor):
+        for name, service in (("controller", controller), ("monitor", monitor)):
             service.wait_until(
-                lambda s=service: all(s.metric(refused(r)) == n for r, n in expected.items()),
-                "every forgery refused",
+                lambda n=name, s=service: all(
+                    s.metric(refused(n, r)) == count for r, count in expected.items()
+                ),
+                f"every forgery refused by the {name}",
             )
 
         dead = dead_letters(keyed, want=2 * 6)
         by_service = Counter(dict(m.headers())[HEADER_SERVICE].decode() for m in dead)
         assert by_service == {"controller": 6, "monitor": 6}
-        reasons = Counter(dict(m.headers())[HEADER_ERROR].decode().split()[0] for m in dead)
+        reasons = Counter(dict(m.headers())[HEADER_ERROR].decode().rsplit(": ", 1)[1] for m in dead)
         assert reasons == {r: 2 * n for r, n in expected.items()}
 
         assert controller.metric("antdt_controller_epoch") == 1 and controller.is_ready()
