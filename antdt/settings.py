@@ -79,6 +79,12 @@ class Settings(BaseSettings):
     signing_key: SecretStr | None = Field(
         None, description="HMAC-SHA256 key for command signatures"
     )
+    control_key: SecretStr | None = Field(
+        None, description="HMAC-SHA256 key for control changes (operators and services only)"
+    )
+    control_previous_key: SecretStr | None = Field(
+        None, description="the control key being rotated out: still accepted, never used to sign"
+    )
     client_id: str = Field("antdt", pattern=_NAME_PATTERN, max_length=128)
     worker_id: str | None = Field(
         None,
@@ -190,4 +196,4 @@ def describe_validation_error(exc: ValidationError, prefix: str = ENV_PREFIX) ->
 
 
 def _is_secret(field: str) -> bool:
-    return field in ("sasl_password", "signing_key")
+    return field in ("sasl_password", "signing_key", "control_key", "control_previous_key")

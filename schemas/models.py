@@ -588,6 +588,7 @@ class ControlConfig(AvroModel):
     changes: dict[str, str]
     issued_by: Name
     issued_at: Timestamp
+    signature: bytes | None = None
 
 
 #: Every top-level message, in the order the docs list them.

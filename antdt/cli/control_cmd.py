@@ -24,13 +24,14 @@ from rich.console import Console
 
 from antdt.bus.clients import flush_or_raise, make_producer
 from antdt.cli.tables import Column, NarrowTable
+from antdt.control.epoch import EPOCH_KEY, claimed_epoch
 from antdt.control.topic import ConfigLayers, ControlFollower, control_topic, parse_assignments
+from antdt.control.trust import signed_change
 from antdt.errors import ConfigError
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import ControlComponent, ControlConfig
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.core import validate_policy
-from antdt.services.controller.epoch import EPOCH_KEY, claimed_epoch
 from antdt.services.monitor.detection import DetectorConfig
 from antdt.settings import load_settings
 
@@ -110,6 +111,11 @@ def set_(
     layers, _ = folded(settings)
     for layer in layers.values():
         layer.apply(record)  # ConfigError: refused here exactly as the services would refuse it
+    record = signed_change(record, settings)
+    if record.signature is None:
+        typer.echo(
+            "unsigned (no ANTDT_CONTROL_KEY): services with a control key refuse it", err=True
+        )
     codec = make_codec(settings.schema_registry_url)
     producer = make_producer(settings)
     producer.produce(control_topic(settings), key=(job or "*").encode(), value=codec.encode(record))

@@ -7,10 +7,12 @@ change, so the topic is read without a consumer group: from its start at
 launch (the history is the current configuration, folded in order) and then
 followed. Catching up is proven with markers (:mod:`antdt.bus.markers`).
 
-A record a follower cannot use is logged with its provenance and counted, not
-dead-lettered: every instance reads the whole topic at every start, so
-dead-lettering would copy the same record again each time. The record itself
-is kept by the topic; ``antdt control set`` validates before it writes.
+Only authentic, new changes come out of a follower (:mod:`antdt.control.trust`).
+A record a follower cannot use or must refuse is logged with its provenance
+and counted. It is dead-lettered only when it arrives while the service runs:
+every instance reads the whole topic at every start, and dead-lettering there
+would copy the same record again each time. The record itself is kept by the
+topic; ``antdt control set`` validates before it writes.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from confluent_kafka import Message
 
 from antdt.bus.admin import partition_counts
 from antdt.bus.clients import make_admin, make_consumer, make_producer
+from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import poll_batch, read_to_markers
 from antdt.bus.watch import BusWatch, Rewinder
+from antdt.control.trust import ControlGate
 from antdt.errors import AntdtError, ConfigError
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import ControlComponent, ControlConfig
@@ -199,7 +203,12 @@ class ControlFollower:
     """Reads the control topic from its start, then follows it; yields decoded changes in order."""
 
     def __init__(
-        self, settings: Settings, codec: Codec | None = None, client_id: str | None = None
+        self,
+        settings: Settings,
+        codec: Codec | None = None,
+        client_id: str | None = None,
+        deadletter: DeadLetter | None = None,
+        refused: Any = None,
     ):
         self._settings = settings
         self._codec = codec or make_codec(settings.schema_registry_url)
@@ -207,7 +216,10 @@ class ControlFollower:
         self.topic = control_topic(settings)
         self._consumer = make_consumer(settings, client_id=client_id, background=True)
         self._rewinder: Rewinder | None = None
-        self.unusable = 0
+        self._gate = ControlGate.for_settings(settings, client_id or "control follower")
+        self._deadletter = deadletter
+        self._refused_counter = refused  # the service's own, labelled by reason
+        self.refused = 0
 
     def follow_resets(self, watch: BusWatch) -> ControlFollower:
         """After a bus reset, read the (new, empty) topic from its beginning again."""
@@ -222,15 +234,15 @@ class ControlFollower:
         records = read_to_markers(
             self._consumer, producer, self.topic, list(partitions), b"*", timeout_s=timeout_s
         )
-        return self._decode(records)
+        return self._admitted(records, live=False)
 
     def poll(self, timeout_s: float = 0.0, max_records: int = 500) -> list[ControlConfig]:
         """Changes that arrived since the last call."""
         if self._rewinder is not None:
             self._rewinder.check()
-        return self._decode(poll_batch(self._consumer, max_records, timeout_s))
+        return self._admitted(poll_batch(self._consumer, max_records, timeout_s), live=True)
 
-    def _decode(self, messages: Iterable[Message]) -> list[ControlConfig]:
+    def _admitted(self, messages: Iterable[Message], live: bool) -> list[ControlConfig]:
         changes = []
         for message in messages:
             if marker_id(message) is not None:
@@ -239,17 +251,25 @@ class ControlFollower:
                 value = self._codec.decode(message.value() or b"", message.topic())
                 if not isinstance(value, ControlConfig):
                     raise AntdtError(f"expected ControlConfig, got {type(value).__name__}")
-                changes.append(value)
             except AntdtError as exc:
-                self.unusable += 1
-                log.warning(
-                    "unusable control record %s[%d]@%d: %s",
-                    message.topic(),
-                    message.partition(),
-                    message.offset(),
-                    exc,
-                )
+                self._refuse(message, "unusable", f"refused control record: unusable: {exc}", live)
+                continue
+            refusal = self._gate.refusal(value, message.key() or b"")
+            if refusal is not None:
+                why = f"refused control change {value.config_id}: {refusal.value}"
+                self._refuse(message, refusal.value, why, live)
+                continue
+            changes.append(value)
         return changes
+
+    def _refuse(self, message: Message, reason: str, why: str, live: bool) -> None:
+        self.refused += 1
+        if self._refused_counter is not None:
+            self._refused_counter.labels(reason).inc()
+        where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
+        log.warning("%s at %s", why, where)
+        if live and self._deadletter is not None:
+            self._deadletter.send(SourceRecord.from_confluent(message), why)
 
     def close(self) -> None:
         self._consumer.close()

@@ -24,3 +24,8 @@ K8S_ACTIONS = Counter(
     "Kubernetes calls made for commands (remediation)",
     ["action", "result"],
 )
+CONTROL_REFUSED = Counter(
+    "antdt_controller_control_refused_total",
+    "Control records refused, by reason (unusable, unsigned, forged, replayed, stale)",
+    ["reason"],
+)

@@ -55,7 +55,9 @@ from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import decode_or_deadletter, poll_batch, resume_or_end
 from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
+from antdt.control.epoch import claimed_epoch, epoch_claim
 from antdt.control.topic import ControlFollower, apply_and_count, control_topic
+from antdt.control.trust import signed_change
 from antdt.errors import BusError, ConfigError
 from antdt.runtime.service_loop import LoopService
 from antdt.schemas.codec import Codec, make_codec
@@ -64,7 +66,6 @@ from antdt.services.controller import metrics
 from antdt.services.controller.command_log import read_commands
 from antdt.services.controller.config import ControllerConfig
 from antdt.services.controller.core import ControllerCore, Outcome
-from antdt.services.controller.epoch import claimed_epoch, epoch_claim
 from antdt.services.controller.k8s import KubernetesActuator
 from antdt.services.controller.safety import Stamp
 from antdt.settings import Settings
@@ -112,7 +113,11 @@ class ControllerService(LoopService):
             self._producer, settings, "controller", counter=metrics.DEADLETTERED
         )
         self._follower = ControlFollower(
-            settings, self.codec, client_id=f"{self.controller_id}-control"
+            settings,
+            self.codec,
+            client_id=f"{self.controller_id}-control",
+            deadletter=self._deadletter,
+            refused=metrics.CONTROL_REFUSED,
         )
         self._commands_topic = settings.topic("controller", "commands")
         self._inputs = [settings.topic("monitor", "verdicts"), settings.topic("worker", "metrics")]
@@ -226,7 +231,9 @@ class ControllerService(LoopService):
         """Append ``highest + 1`` and read on until it comes back: the first claim of an epoch
         wins."""
         while True:
-            claim = epoch_claim(self.highest_epoch + 1, self.controller_id)
+            claim = signed_change(
+                epoch_claim(self.highest_epoch + 1, self.controller_id), self.settings
+            )
             self._producer.produce(
                 control_topic(self.settings), key=b"*", value=self.codec.encode(claim)
             )

@@ -86,7 +86,11 @@ class MonitorService:
             FaustRecordSink(self.app), settings, "monitor", counter=metrics.DEADLETTERED
         )
         self._follower = ControlFollower(
-            settings, codec, client_id=f"{settings.client_id}-monitor-control"
+            settings,
+            codec,
+            client_id=f"{settings.client_id}-monitor-control",
+            deadletter=self._deadletter,
+            refused=metrics.CONTROL_REFUSED,
         )
         self._define_agents()
 

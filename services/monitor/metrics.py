@@ -25,3 +25,8 @@ BUS_RESETS = Counter(
     "antdt_monitor_bus_resets_total",
     "Times the bus came back empty and the monitor restarted in place",
 )
+CONTROL_REFUSED = Counter(
+    "antdt_monitor_control_refused_total",
+    "Control records refused, by reason (unusable, unsigned, forged, replayed, stale)",
+    ["reason"],
+)

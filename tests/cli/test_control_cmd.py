@@ -9,10 +9,10 @@ import pytest
 
 from antdt.bus.clients import producing
 from antdt.cli.main import run
+from antdt.control.epoch import epoch_claim
 from antdt.runtime.launch import settings_env
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.services.controller.core import ControllerCore
-from antdt.services.controller.epoch import epoch_claim
 from tests.services.controller.helpers import verdict
 
 

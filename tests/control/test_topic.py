@@ -63,7 +63,7 @@ def test_the_follower_reads_the_history_then_follows(settings, topics):
     follower = ControlFollower(settings)
     try:
         assert [c.config_id for c in follower.catch_up()] == ["a", "b"]
-        assert follower.unusable == 2
+        assert follower.refused == 2
         with producing(settings) as producer:
             producer.produce(topic, key=b"*", value=CODEC.encode(change("c", {"monitor.k": "5"})))
         seen = []

@@ -222,13 +222,23 @@ def late(report: WorkerMetrics, seconds: float) -> WorkerMetrics:
 
 
 def control_garbage(settings) -> list[Record]:
-    """Fuzzed control records: followed by every service, never dead-lettered (see
-    antdt.control.topic)."""
+    """Fuzzed control records that do not decode: followed by every service and, arriving while it
+    runs, dead-lettered by each (see antdt.control.topic)."""
     topic = settings.topic("control", "config")
+    values = draw_batch(garbage(examples.control_config()), FUZZED_PER_TOPIC)
     return [
-        Record(topic, b"*", value, None)
-        for value in draw_batch(garbage(examples.control_config()), FUZZED_PER_TOPIC)
+        Record(topic, b"*", value, "refused control record: unusable")
+        for value in values
+        if not decodes(value)
     ]
+
+
+def decodes(value: bytes | None) -> bool:
+    try:
+        CODEC.decode(value or b"")
+    except AntdtError:
+        return False
+    return True
 
 
 def control_change(settings, component: ControlComponent, changes: dict[str, str]) -> Record:
@@ -484,7 +494,8 @@ def test_the_monitor_dead_letters_bad_reports_and_keeps_judging(settings, topics
             lambda: monitor.metric("antdt_monitor_reports_total") == len(before),
             "the job's clock is set",
         )
-        sent += send(settings, [*records, *control_garbage(settings)])
+        fuzzed_control = control_garbage(settings)
+        sent += send(settings, [*records, *fuzzed_control])
         sent += send(
             settings, [control_change(settings, ControlComponent.MONITOR, {"monitor.k": "2"})]
         )
@@ -498,12 +509,12 @@ def test_the_monitor_dead_letters_bad_reports_and_keeps_judging(settings, topics
             lambda: monitor.metric(APPLIED.format("monitor")) == 1,
             "a valid control change still applies",
         )
-        bad = len(records)
+        bad = len(records) + len(fuzzed_control)
         assert_service_dead_lettered(monitor, "monitor", settings, sent, bad)
     print(
         f"monitor: {FUZZED_PER_TOPIC} fuzzed + "
-        f"{bad - FUZZED_PER_TOPIC} meaningless metrics dead-lettered, "
-        f"{FUZZED_PER_TOPIC} fuzzed control records ignored"
+        f"{len(records) - FUZZED_PER_TOPIC} meaningless metrics and "
+        f"{len(fuzzed_control)} fuzzed control records dead-lettered"
     )
 
 
@@ -576,7 +587,8 @@ def test_the_controller_dead_letters_bad_verdicts_and_reports_and_keeps_deciding
     ]
     with service_process(settings, "controller", log_dir=tmp_path) as controller:
         controller.wait_ready()  # reads from the end of its input: everything below is new to it
-        sent = send(settings, [*records, *control_garbage(settings)])
+        fuzzed_control = control_garbage(settings)
+        sent = send(settings, [*records, *fuzzed_control])
         sent += send(
             settings,
             [
@@ -600,12 +612,12 @@ def test_the_controller_dead_letters_bad_verdicts_and_reports_and_keeps_deciding
             lambda: controller.metric(APPLIED.format("controller")) == 1,
             "a valid control change applies",
         )
-        bad = sum(r.because is not None for r in records)
+        bad = sum(r.because is not None for r in records) + len(fuzzed_control)
         assert_service_dead_lettered(controller, "controller", settings, sent, bad)
     print(
         f"controller: {2 * FUZZED_PER_TOPIC} fuzzed + "
-        f"{bad - 2 * FUZZED_PER_TOPIC} meaningless records dead-lettered, "
-        f"{FUZZED_PER_TOPIC} fuzzed control records ignored"
+        f"{bad - 2 * FUZZED_PER_TOPIC - len(fuzzed_control)} meaningless records and "
+        f"{len(fuzzed_control)} fuzzed control records dead-lettered"
     )
 
 
