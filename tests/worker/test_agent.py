@@ -153,17 +153,18 @@ def test_time_split_between_compute_data_and_sync(agent_settings):
     with Agent("job-agent", "w1", settings=agent_settings, listen_for_commands=False) as agent:
         for _ in range(5):
             with agent.data_wait():
-                time.sleep(0.01)
+                time.sleep(0.1)
             with agent.sync_wait():
-                time.sleep(0.005)
+                time.sleep(0.05)
             agent.step()
     metrics = read_topic(
         agent_settings, "worker", "metrics", lambda f: sum(m.step_count for m in f) >= 5
     )
-    assert (
-        sum(m.data_wait_s for m in metrics) >= 0.05 and sum(m.sync_wait_s for m in metrics) >= 0.025
-    )
-    assert max(m.compute.max_s for m in metrics) < 0.005  # the waits are not counted as compute
+    assert sum(m.data_wait_s for m in metrics) >= 0.5
+    assert sum(m.sync_wait_s for m in metrics) >= 0.25
+    # Counted as compute, the waits would make every step's compute 0.15 s at least; the step has
+    # none of its own, so what is left is scheduling noise (7 ms seen on a loaded machine).
+    assert max(m.compute.max_s for m in metrics) < 0.05
 
 
 def test_time_an_iterable_books_as_waiting_for_others_is_not_data_wait(agent_settings):
