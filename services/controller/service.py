@@ -231,9 +231,7 @@ class ControllerService(LoopService):
         """Append ``highest + 1`` and read on until it comes back: the first claim of an epoch
         wins."""
         while True:
-            claim = signed_change(
-                epoch_claim(self.highest_epoch + 1, self.controller_id), self.settings
-            )
+            claim = self._claim_of(self.highest_epoch + 1)
             self._producer.produce(
                 control_topic(self.settings), key=b"*", value=self.codec.encode(claim)
             )
@@ -250,6 +248,11 @@ class ControllerService(LoopService):
                 )
                 metrics.EPOCH.set(self.core.stamp.epoch)
                 return
+
+    def _claim_of(self, epoch: int) -> ControlConfig:
+        """Our claim of ``epoch``, signed with the control key when there is one: every claim we
+        write, at takeover or again after a bus reset, must pass the services' control gate."""
+        return signed_change(epoch_claim(epoch, self.controller_id), self.settings)
 
     def _follow_until(self, config_id: str, timeout_s: float):
         """Control records from where the follower is, up to and including the one with
@@ -363,7 +366,7 @@ class ControllerService(LoopService):
         metrics.BUS_RESETS.inc()
         if not self.held:
             return
-        claim = epoch_claim(self.core.stamp.epoch, self.controller_id)
+        claim = self._claim_of(self.core.stamp.epoch)
         refresh_metadata(self._producer)
         self._producer.produce(
             control_topic(self.settings), key=b"*", value=self.codec.encode(claim)
