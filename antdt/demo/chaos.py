@@ -76,6 +76,7 @@ class Kill:
     # a broker restart: when each part was back (s after the kill)
     parts: dict[str, float] = field(default_factory=dict)
     phase: str | None = None  # a worker killed mid-step: "push" or "all-reduce"
+    due_s: float | None = None  # a scheduled kill: when it was due (held back while others recover)
 
     @property
     def lost_s(self) -> float | None:
@@ -89,6 +90,7 @@ class Kill:
             "at_s": round(self.at_s, 2),
             "lost_s": None if lost is None else round(lost, 2),
             **({"mid_step": self.phase} if self.phase else {}),
+            **({"due_s": round(self.due_s, 2)} if self.due_s is not None else {}),
             **({"parts": {k: round(v, 2) for k, v in self.parts.items()}} if self.parts else {}),
         }
 
@@ -122,19 +124,43 @@ class Chaos:
         return sum(kill.phase is not None for kill in self.kills)
 
     def tick(self, now_s: float, pool: WorkerPool, services: Services, timeline: Timeline) -> None:
+        """One look: note who is back, then carry out what is due, one fault at a time.
+
+        A service or the broker is killed only once every earlier service and
+        broker kill has recovered, and no worker is killed while the bus is
+        being recovered: a sharder killed before it re-published its state
+        into a reset bus takes the only copy of that state with it, a double
+        fault no system whose log is the bus survives (docs/reliability.md).
+        A fault held back this way goes off late, and its kill says when it was due.
+        """
+        looked = time.monotonic()
         self._note_recoveries(now_s, pool, services, timeline)
-        if now_s >= self._next_worker_s and self._kill_a_worker(now_s, pool):
+        if (
+            now_s >= self._next_worker_s
+            and not self._recovering("broker")
+            and self._kill_a_worker(now_s, pool)
+        ):
             self._next_worker_s = now_s + self._interval()
+        # the worker kill may have waited for its victim's phase
+        now_s += time.monotonic() - looked
+        if self._recovering("broker", "service"):
+            return
         if self._broker_due is not None and now_s >= self._broker_due:
+            kill = Kill("broker", "broker", now_s, due_s=self._broker_due)
             self._broker_due = None
-            kill = Kill("broker", "broker", now_s)
             kill.parts["broker"] = self.broker.restart()
             self.kills.append(kill)
+            return
         for name, at_s in list(self._services_due.items()):
             if now_s >= at_s and name in services.processes:
                 del self._services_due[name]
                 services.kill_and_restart(name)
-                self.kills.append(Kill(name, "service", now_s))
+                self.kills.append(Kill(name, "service", now_s, due_s=at_s))
+                return
+
+    def _recovering(self, *kinds: str) -> bool:
+        """A kill of one of these kinds whose victim is not back yet."""
+        return any(kill.back_s is None and kill.kind in kinds for kill in self.kills)
 
     def _interval(self) -> float:
         if self.spec.worker_every_s <= 0:

@@ -1,0 +1,135 @@
+"""The chaos schedule: one fault at a time, so a run measures the faults the design claims to
+survive.
+
+The pool, services, timeline and broker are small stand-ins: the schedule's decisions depend only
+on who runs, who is ready and who has trained since when.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+
+from antdt.demo.chaos import Chaos, ChaosSpec
+
+
+@dataclass
+class Pool:
+    """Two asynchronous workers, both running."""
+
+    plan: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(grouped=False))
+    scenario: SimpleNamespace = field(
+        default_factory=lambda: SimpleNamespace(
+            workers=[SimpleNamespace(name="w0"), SimpleNamespace(name="w1")]
+        )
+    )
+    finished: set[int] = field(default_factory=set)
+    killed: list[int] = field(default_factory=list)
+
+    def running(self) -> list[int]:
+        return [0, 1]
+
+    def kill(self, rank: int) -> None:
+        self.killed.append(rank)
+
+
+@dataclass
+class Services:
+    """Services that are ready unless listed as down; a kill takes one down."""
+
+    processes: dict[str, object] = field(
+        default_factory=lambda: dict.fromkeys(["sharder", "controller", "monitor"])
+    )
+    down: set[str] = field(default_factory=set)
+    killed: list[str] = field(default_factory=list)
+
+    def kill_and_restart(self, name: str) -> None:
+        self.killed.append(name)
+        self.down.add(name)
+
+    def is_ready(self, name: str) -> bool:
+        return name not in self.down
+
+    def bus_resets(self, name: str) -> float:
+        return 1.0
+
+
+@dataclass
+class Timeline:
+    """Every worker was granted shards a second before ``back_at`` and trained then (None: not
+    yet)."""
+
+    back_at: float | None = None
+
+    def trained_after(self, worker: str, t: float) -> float | None:
+        return self.back_at if self.back_at is not None and self.back_at > t else None
+
+    def granted_after(self, worker: str, t: float) -> float | None:
+        granted = None if self.back_at is None else self.back_at - 1.0
+        return granted if granted is not None and granted > t else None
+
+
+class Broker:
+    def __init__(self):
+        self.restarts = 0
+
+    def restart(self) -> float:
+        self.restarts += 1
+        return 0.05
+
+
+def chaos(worker_every_s: float = 0.0) -> tuple[Chaos, Broker]:
+    broker = Broker()
+    spec = ChaosSpec(
+        worker_every_s=worker_every_s,
+        service_at_s={"sharder": 11.0},
+        broker_at_s=8.0,
+        mid_step_every=0,
+    )
+    return Chaos(spec, broker), broker
+
+
+def test_a_service_due_while_the_bus_recovers_waits_until_every_part_is_back():
+    the_chaos, broker = chaos()
+    pool, services, timeline = Pool(), Services(), Timeline()
+    # a late look: the broker was due at 8, the sharder at 11; only the broker goes
+    the_chaos.tick(12.0, pool, services, timeline)
+    assert broker.restarts == 1 and services.killed == []
+    the_chaos.tick(14.0, pool, services, timeline)  # the workers have not trained since
+    assert services.killed == []
+    timeline.back_at = 15.0
+    the_chaos.tick(16.0, pool, services, timeline)
+    assert services.killed == ["sharder"]
+    broker_kill, sharder_kill = the_chaos.kills
+    assert broker_kill.back_s == pytest.approx(15.0) and broker_kill.to_dict()["due_s"] == 8.0
+    assert sharder_kill.at_s >= 16.0 and sharder_kill.to_dict()["due_s"] == 11.0
+
+
+def test_the_broker_waits_for_a_service_that_is_not_back():
+    broker = Broker()
+    spec = ChaosSpec(worker_every_s=0, service_at_s={"sharder": 5.0}, broker_at_s=6.0)
+    the_chaos = Chaos(spec, broker)
+    pool, services, timeline = Pool(), Services(), Timeline(back_at=1.0)
+    the_chaos.tick(5.0, pool, services, timeline)
+    the_chaos.tick(7.0, pool, services, timeline)
+    assert services.killed == ["sharder"] and broker.restarts == 0
+    services.down.clear()
+    the_chaos.tick(7.5, pool, services, timeline)  # noted back at this look; the broker goes now
+    assert broker.restarts == 1 and the_chaos.survived == 1
+
+
+def test_no_worker_is_killed_while_the_bus_recovers():
+    the_chaos, broker = chaos(worker_every_s=1.0)
+    pool, services, timeline = Pool(), Services(), Timeline()
+    the_chaos.tick(8.0, pool, services, timeline)  # a worker and the broker both due
+    assert broker.restarts == 1
+    killed_before = list(pool.killed)
+    the_chaos.tick(9.5, pool, services, timeline)
+    the_chaos.tick(10.5, pool, services, timeline)
+    assert pool.killed == killed_before
+    timeline.back_at = 11.0
+    the_chaos.tick(11.5, pool, services, timeline)  # back: workers are fair game again
+    the_chaos.tick(13.0, pool, services, timeline)
+    assert len(pool.killed) > len(killed_before)
