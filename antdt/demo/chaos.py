@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from antdt.demo.phases import Phase, read_phase
+from antdt.demo.training_preduce import CHECKPOINT as PREDUCE_CHECKPOINT
+from antdt.demo.training_sync import CHECKPOINT as SYNC_CHECKPOINT
 
 if TYPE_CHECKING:
     from antdt.demo.pool import WorkerPool
@@ -110,6 +112,8 @@ class Chaos:
         self._next_worker_s = self._interval()
         self._services_due = dict(self.spec.service_at_s)
         self._worker_kills = 0
+        # a grouped run: the newest checkpoint's time when the group came back from the last kill
+        self._checkpoint_when_back = 0.0
 
     @property
     def survived(self) -> int:
@@ -172,12 +176,16 @@ class Chaos:
         kill.
 
         (Killing a rank restarts the whole group; killing again before it is
-        back would only kill processes still starting up.)
+        back would only kill processes still starting up, and killing it
+        again before it has checkpointed since would throw away all it did:
+        on a loaded machine, kills could then come faster than progress.)
         """
         recovering = {
             kill.target for kill in self.kills if kill.back_s is None and kill.kind == "worker"
         }
-        if (recovering and pool.plan.grouped) or _group_done(pool):
+        if pool.plan.grouped and (recovering or not self._checkpointed_since_back(pool)):
+            return False
+        if _group_done(pool):
             return False
         names = {rank: pool.scenario.workers[rank].name for rank in pool.running()}
         candidates = sorted(rank for rank, name in names.items() if name not in recovering)
@@ -202,6 +210,9 @@ class Chaos:
         )
         return True
 
+    def _checkpointed_since_back(self, pool: WorkerPool) -> bool:
+        return _newest_checkpoint(pool) > self._checkpoint_when_back
+
     def _note_recoveries(
         self, now_s: float, pool: WorkerPool, services: Services, timeline: Timeline
     ) -> None:
@@ -221,6 +232,7 @@ class Chaos:
                 # the group trains a while before the next
                 if kill.back_s is not None and pool.plan.grouped:
                     self._next_worker_s = max(self._next_worker_s, kill.back_s + self._interval())
+                    self._checkpoint_when_back = _newest_checkpoint(pool)
 
     def _bus_back(
         self,
@@ -273,6 +285,12 @@ def _group_done(pool: WorkerPool) -> bool:
     """A group (synchronous, partial reduce) with a finished rank is done: a kill now would restart
     nothing."""
     return pool.plan.grouped and bool(pool.finished)
+
+
+def _newest_checkpoint(pool: WorkerPool) -> float:
+    """When a grouped run last wrote its all-rank checkpoint (file time; 0.0: never)."""
+    paths = (pool.handshake / name for name in (SYNC_CHECKPOINT, PREDUCE_CHECKPOINT))
+    return max((path.stat().st_mtime for path in paths if path.exists()), default=0.0)
 
 
 def _wait_for_phase(

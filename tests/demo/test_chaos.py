@@ -7,17 +7,20 @@ on who runs, who is ready and who has trained since when.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from antdt.demo.chaos import Chaos, ChaosSpec
+from antdt.demo.training_sync import CHECKPOINT as SYNC_CHECKPOINT
 
 
 @dataclass
 class Pool:
-    """Two asynchronous workers, both running."""
+    """Two workers (asynchronous unless told), both running."""
 
     plan: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(grouped=False))
     scenario: SimpleNamespace = field(
@@ -27,6 +30,7 @@ class Pool:
     )
     finished: set[int] = field(default_factory=set)
     killed: list[int] = field(default_factory=list)
+    handshake: Path = Path("/nonexistent")
 
     def running(self) -> list[int]:
         return [0, 1]
@@ -133,3 +137,23 @@ def test_no_worker_is_killed_while_the_bus_recovers():
     the_chaos.tick(11.5, pool, services, timeline)  # back: workers are fair game again
     the_chaos.tick(13.0, pool, services, timeline)
     assert len(pool.killed) > len(killed_before)
+
+
+def test_a_group_is_killed_again_only_after_it_has_checkpointed_since_it_came_back(tmp_path):
+    """Otherwise kills could come faster than a loaded machine makes progress."""
+    spec = ChaosSpec(worker_every_s=1.0, service_at_s={}, broker_at_s=None, mid_step_every=0)
+    the_chaos = Chaos(spec)
+    pool = Pool(plan=SimpleNamespace(grouped=True), handshake=tmp_path)
+    services, timeline = Services(), Timeline()
+    checkpoint = tmp_path / SYNC_CHECKPOINT
+    checkpoint.write_bytes(b"first")
+    os.utime(checkpoint, (100.0, 100.0))
+    the_chaos.tick(2.0, pool, services, timeline)
+    assert len(pool.killed) == 1
+    timeline.back_at = 4.0
+    for now_s in (5.0, 7.0, 9.0):  # back, but no checkpoint since
+        the_chaos.tick(now_s, pool, services, timeline)
+    assert len(pool.killed) == 1
+    os.utime(checkpoint, (200.0, 200.0))
+    the_chaos.tick(10.0, pool, services, timeline)
+    assert len(pool.killed) == 2
