@@ -28,6 +28,14 @@ Faust 0.15 leaves four things that the monitor's targets cannot live with
   the young-generation threshold. With the sensor and the collector tuned the
   monitor went from about 10,500 to 13,000-14,700 reports/s.
 
+Besides, aiokafka asks for metadata with topic auto-creation on, and cannot
+be told otherwise. Right after an embedded broker restart the monitor's
+consumer then re-created ``worker.metrics`` with the broker's default 4
+partitions before the bus watch re-created it with the registry's 6, and the
+controller refused to run on the mismatch. :func:`forbid_topic_auto_creation`
+makes aiokafka ask as every other antdt client does (``allow.auto.create.topics``
+off, :mod:`antdt.bus.config`).
+
 A record delivered just as a rebalance starts may still reach its stream;
 that is within Faust's at-least-once guarantee, and the consumers of this
 transport are idempotent (the monitor drops reports it has seen).
@@ -40,6 +48,9 @@ import gc
 from typing import Any
 
 import faust
+from aiokafka import client as aiokafka_client
+from aiokafka.admin import client as aiokafka_admin
+from aiokafka.protocol.metadata import MetadataRequest
 from faust.sensors.monitor import Monitor
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from mode.services import WaitResults
@@ -93,6 +104,7 @@ class TunedApp(faust.App):
 
     def __init__(self, *args: Any, fetch_max_wait_ms: int = 500, **kwargs: Any):
         self.fetch_max_wait_ms = fetch_max_wait_ms
+        forbid_topic_auto_creation()
         super().__init__(*args, **kwargs)
 
     def _new_transport(self) -> TunedTransport:
@@ -113,6 +125,23 @@ class QuietMonitor(Monitor):
 
     def on_message_out(self, *args: Any) -> None:
         """Not recorded."""
+
+
+def forbid_topic_auto_creation() -> None:
+    """Every aiokafka metadata request in this process asks not to create missing topics.
+
+    aiokafka builds them in its client and admin modules with no setting for
+    the flag, so their request class is replaced by one that always clears
+    it. Idempotent.
+    """
+    for module in (aiokafka_client, aiokafka_admin):
+        module.MetadataRequest = _no_auto_creation
+
+
+def _no_auto_creation(
+    topics: list[str] | None = None, allow_auto_topic_creation: bool | None = None
+) -> MetadataRequest:
+    return MetadataRequest(topics, allow_auto_topic_creation=False)
 
 
 def tune_gc_for_streaming(young_threshold: int = 50_000) -> None:

@@ -4,7 +4,14 @@ here."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
+from unittest.mock import patch
 
+from aiokafka import client as aiokafka_client
+from aiokafka.client import AIOKafkaClient
+from aiokafka.protocol.metadata import MetadataRequest
+
+from antdt.bus.clients import make_admin
 from antdt.bus.faust_app import make_faust_app
 from antdt.bus.faust_tuning import QuietMonitor, TunedConsumer
 from antdt.settings import BrokerProfile, load_settings
@@ -64,3 +71,34 @@ def test_an_open_delivery_is_awaited_directly_and_a_suspended_one_takes_fausts_p
 
     asyncio.run(scenario())
     assert calls == ["delivered"]
+
+
+def topics_after_asking(settings, topic: str, request=None) -> set[str]:
+    """Ask aiokafka for ``topic``'s metadata (with ``request`` as its request class, if given)."""
+
+    async def ask():
+        client = AIOKafkaClient(bootstrap_servers=settings.bootstrap_servers)
+        await client.bootstrap()
+        try:
+            client.add_topic(topic)
+            await client.force_metadata_update()
+        finally:
+            await client.close()
+
+    if request is None:
+        asyncio.run(ask())
+    else:
+        with patch.object(aiokafka_client, "MetadataRequest", request):
+            asyncio.run(ask())
+    return set(make_admin(settings).list_topics(timeout=10).topics)
+
+
+def test_aiokafka_never_creates_a_topic_by_asking_for_it(settings):
+    """After a broker restart the monitor's consumer made worker.metrics with 4 partitions, not
+    6."""
+    app_for(BrokerProfile.EMBEDDED)  # building the app forbids it
+    missing = f"{settings.topic_prefix}.asked.for"
+    assert missing not in topics_after_asking(settings, missing)
+    # aiokafka's own request would have made it: the broker creates topics on request
+    asked = partial(MetadataRequest, allow_auto_topic_creation=True)
+    assert missing in topics_after_asking(settings, missing, request=asked)
