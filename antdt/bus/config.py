@@ -116,6 +116,23 @@ def consumer_config(
     }
 
 
+def describe_profile(settings: Settings) -> str:
+    """One line: the broker profile and the client settings it decides, as the clients get them.
+
+    Every service, worker and the demo print it at start, so a log shows
+    which tuning really ran: built by the same functions as the clients, it
+    cannot say ``kafka`` while they run ``embedded`` (whose producers are not
+    idempotent).
+    """
+    producer, consumer = producer_config(settings), consumer_config(settings, "-")
+    return (
+        f"kafka clients: broker profile {settings.broker_profile.value}, "
+        f"enable.idempotence={str(producer['enable.idempotence']).lower()}, "
+        f"session.timeout.ms={consumer.get('session.timeout.ms', 'default')}, "
+        f"fetch.wait.max.ms={consumer['fetch.wait.max.ms']}"
+    )
+
+
 def admin_config(settings: Settings, client_id: str | None = None) -> dict[str, Any]:
     """Admin client configuration."""
     return common_config(settings, client_id)

@@ -122,6 +122,18 @@ def make_faust_app(settings: Settings, app_id: str, **overrides: Any) -> faust.A
     )
 
 
+def describe_faust(app: faust.App) -> str:
+    """One line: the Faust worker's group and fetch settings as the app has them (see
+    :func:`antdt.bus.config.describe_profile`)."""
+    conf = app.conf
+    return (
+        f"faust clients: broker_session_timeout={conf.broker_session_timeout:g} s, "
+        f"broker_heartbeat_interval={conf.broker_heartbeat_interval:g} s, "
+        f"broker_rebalance_timeout={conf.broker_rebalance_timeout:g} s, "
+        f"fetch.wait.max.ms={app.fetch_max_wait_ms}"
+    )
+
+
 class FaustRecordSink:
     """A confluent-style ``produce()`` over a Faust app's own producer.
 

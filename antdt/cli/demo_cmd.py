@@ -16,6 +16,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from antdt.bus.config import describe_profile
 from antdt.demo.environment import run_bus
 from antdt.demo.scenario import Scenario
 from antdt.runtime.shutdown import interrupt_on_sigterm
@@ -82,6 +83,7 @@ def demo(
             f"({len(chosen.workers)} workers, {chosen.total_samples:,} samples), {plan.label}, "
             f"on {where}"
         )
+        console.print(describe_profile(settings), soft_wrap=True)
         console.print("starting the services and the workers...")
         if dashboard:
             with Dashboard(chosen, f"{chosen.name}: {plan.label}", console) as view:

@@ -10,6 +10,8 @@ import sys
 import typer
 from mode import Worker
 
+from antdt.bus.config import describe_profile
+from antdt.bus.faust_app import describe_faust
 from antdt.bus.faust_tuning import tune_gc_for_streaming
 from antdt.bus.watch import shared_watch
 from antdt.control.topic import parse_assignments
@@ -57,6 +59,8 @@ def monitor(
         typer.echo(
             f"monitor serving on {settings.bootstrap_servers} (prefix {settings.topic_prefix})"
         )
+        typer.echo(describe_profile(settings))
+        typer.echo(describe_faust(service.app))
         worker = Worker(service.app, loglevel=log_level.lower(), redirect_stdouts=False)
         tune_gc_for_streaming()
         try:

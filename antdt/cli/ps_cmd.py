@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from antdt.bus.config import describe_profile
 from antdt.runtime.observability import HealthServer
 from antdt.runtime.shutdown import stop_on_signals
 from antdt.settings import load_settings
@@ -100,6 +101,7 @@ def serve(settings, spec, http_port: int) -> None:
                 f"({spec.shards} shard(s), checkpoints in {spec.checkpoint_dir})",
                 err=True,
             )
+            typer.echo(describe_profile(settings), err=True)
             server.run(stop)
     finally:
         if health:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from antdt.bus.config import describe_profile
 from antdt.settings import load_settings
 
 
@@ -62,6 +63,7 @@ def worker(
         checkpoint=checkpoint,
         parameter_servers=tuple(a.strip() for a in ps.split(",") if a.strip()) if ps else (),
     )
+    typer.echo(describe_profile(settings))
     try:
         with Agent(job, worker_id, settings=settings, batch_size=batch_size) as agent:
             summary = train(agent, config, report=typer.echo)

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from antdt.bus.config import describe_profile
 from antdt.demo.handshake import done_file, ready_file, wait_for_start, write_atomically
 from antdt.demo.pacing import Pacer
 from antdt.demo.phases import PhaseWriter
@@ -145,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     worker = Worker(args)
     settings = load_settings()
+    print(f"{settings.worker_id}: {describe_profile(settings)}", flush=True)
     try:
         if args.training == "async":
             from antdt.demo.training_async import train_async

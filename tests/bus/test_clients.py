@@ -7,7 +7,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import consuming, flush_or_raise, make_admin, make_producer, producing
-from antdt.bus.config import consumer_config, producer_config
+from antdt.bus.config import consumer_config, describe_profile, producer_config
 from antdt.bus.readers import BEGINNING, KeyedReader, poll_batch
 from antdt.errors import BusError
 from antdt.schemas.codec import SingleObjectCodec
@@ -42,6 +42,18 @@ def test_embedded_profile_shortens_sessions_and_fetch_waits():
     assert embedded["heartbeat.interval.ms"] == 200
     assert embedded["fetch.wait.max.ms"] <= 50
     assert "session.timeout.ms" not in kafka
+
+
+def test_each_profile_names_the_settings_its_clients_get():
+    """The line every process prints at start, which the kafka-profile demo test reads back."""
+    assert describe_profile(load_settings()) == (
+        "kafka clients: broker profile kafka, enable.idempotence=true, "
+        "session.timeout.ms=default, fetch.wait.max.ms=100"
+    )
+    assert describe_profile(load_settings(broker_profile=BrokerProfile.EMBEDDED)) == (
+        "kafka clients: broker profile embedded, enable.idempotence=false, "
+        "session.timeout.ms=2000, fetch.wait.max.ms=10"
+    )
 
 
 def test_security_settings_reach_the_client(tmp_path):

@@ -12,7 +12,7 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.protocol.metadata import MetadataRequest
 
 from antdt.bus.clients import make_admin
-from antdt.bus.faust_app import make_faust_app
+from antdt.bus.faust_app import describe_faust, make_faust_app
 from antdt.bus.faust_tuning import QuietMonitor, TunedConsumer
 from antdt.settings import BrokerProfile, load_settings
 
@@ -33,6 +33,17 @@ def test_the_worker_consumer_uses_antdts_fetch_wait():
             return app.consumer._thread._create_worker_consumer(app.transport)
 
         assert asyncio.run(create())._fetch_max_wait_ms == expected
+
+
+def test_the_apps_group_settings_are_fausts_on_kafka_and_short_on_the_embedded_broker():
+    assert describe_faust(app_for(BrokerProfile.KAFKA)) == (
+        "faust clients: broker_session_timeout=60 s, broker_heartbeat_interval=3 s, "
+        "broker_rebalance_timeout=60 s, fetch.wait.max.ms=100"
+    )
+    assert describe_faust(app_for(BrokerProfile.EMBEDDED)) == (
+        "faust clients: broker_session_timeout=2 s, broker_heartbeat_interval=0.2 s, "
+        "broker_rebalance_timeout=2 s, fetch.wait.max.ms=10"
+    )
 
 
 def test_the_app_uses_the_quiet_monitor_sensor():
