@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +21,22 @@ def antdt(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_a_short_demo_ends_with_a_clean_audit_and_the_report(tmp_path):
-    result = antdt("demo", "--scenario", "short", "--no-dashboard", "--out", str(tmp_path))
+    said = assert_short_demo_succeeded(short_demo(tmp_path), tmp_path)
+    # its own embedded broker, tuned for (tests/cli/test_demo_kafka_profile.py runs the other one)
+    assert "kafka clients: broker profile embedded, enable.idempotence=false" in said
+
+
+def short_demo(out: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``antdt demo`` on the short scenario, on the bus the environment names (default: its own
+    embedded broker)."""
+    return antdt(
+        "demo", "--scenario", "short", "--no-dashboard", "--out", str(out), timeout=timeout
+    )
+
+
+def assert_short_demo_succeeded(result: subprocess.CompletedProcess, out: Path) -> str:
+    """The short demo's promises: the straggler throttled, every sample trained exactly once, the
+    report written. Returns what the demo said, its lines unfolded."""
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     said = " ".join(result.stdout.split())  # rich folds long lines at 80 columns
     assert (
@@ -30,11 +46,12 @@ def test_a_short_demo_ends_with_a_clean_audit_and_the_report(tmp_path):
     assert "ledger: all ones (1 file(s)), agreeing with the log for epoch(s) [0]" in said
     assert "efficiency" in said and "held-out: loss" in said
     for name in ("progress.png", "throughput.png"):
-        assert (tmp_path / name).read_bytes()[:8] == PNG
-    summary = (tmp_path / "summary.md").read_text()
+        assert (out / name).read_bytes()[:8] == PNG
+    summary = (out / "summary.md").read_text()
     # the slow worker was throttled
     assert "## antdt, AntDT-ND" in summary and "SET_SHARD_QUOTA 1" in summary
-    assert list((tmp_path / "logs").glob("worker-*.log"))
+    assert list((out / "logs").glob("worker-*.log"))
+    return said
 
 
 @pytest.mark.slow
