@@ -96,6 +96,12 @@ class Settings(BaseSettings):
         None, max_length=256, description="node the agent runs on; default the host name"
     )
     heartbeat_interval_s: float = Field(5.0, gt=0, le=3600)
+    agent_metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="the agent's Prometheus /metrics port, plus LOCAL_RANK; unset: off, 0: any",
+    )
     checkpoint_every_s: float = Field(
         30.0, gt=0, description="how often a synchronous job (ElasticJob) checkpoints"
     )

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from antdt.errors import ConfigError
-from antdt.settings import BrokerProfile, SaslMechanism, SecurityProtocol, load_settings
+from antdt.settings import (
+    ENV_PREFIX,
+    BrokerProfile,
+    SaslMechanism,
+    SecurityProtocol,
+    Settings,
+    load_settings,
+)
+
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_defaults_need_no_environment():
@@ -87,3 +99,15 @@ def test_bad_secret_value_is_not_echoed(monkeypatch):
     with pytest.raises(ConfigError) as caught:
         load_settings()
     assert "hunter2" not in str(caught.value)
+
+
+def test_the_readme_table_names_every_setting_and_nothing_else():
+    rows = [line for line in README.read_text().splitlines() if line.startswith("| `ANTDT_")]
+    documented = {
+        name
+        for row in rows
+        for name in re.findall(r"`(ANTDT_[A-Z0-9_]+)`", row.split(" | ")[0])
+        if not name.startswith("ANTDT_K8S_")  # the controller's own (KubernetesSettings)
+    }
+    fields = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
+    assert documented == fields

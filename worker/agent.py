@@ -39,6 +39,11 @@ restarts the worker group for (``--max-restarts``), and EVICT stops the
 node's torchrun agent as well, so in an elastic job (``--nnodes MIN:MAX``)
 the other nodes meet again without it.
 
+Prometheus metrics of the agent itself (steps, time split, events sent,
+dropped and pending, report lag, commands applied and refused, its own
+overhead) are kept in :attr:`Agent.metrics`; ``ANTDT_AGENT_METRICS_PORT``
+serves them on ``/metrics`` (:mod:`antdt.worker.agent_metrics`).
+
 Timing on CUDA: kernels run after the calls that queue them return, so the
 device's queued work is waited for when synchronisation starts
 (:meth:`Agent.sync_wait`); it is booked as compute, the collective's own
@@ -76,6 +81,7 @@ from antdt.schemas.models import (
 from antdt.schemas.types import utc_now
 from antdt.settings import Settings, load_settings
 from antdt.topics import topic_spec
+from antdt.worker.agent_metrics import AgentMetrics, metrics_port
 from antdt.worker.commands import ACCEPT, CommandListener, CommandVerifier, Verdict
 from antdt.worker.elastic.env import TorchrunEnv
 from antdt.worker.emitter import EventEmitter
@@ -255,6 +261,10 @@ class Agent:
         )
         self.verifier = CommandVerifier(self.spec.job_id, self.spec.worker_id, key)
         self._listener: CommandListener | None = None
+        #: Seconds the training thread spent in step() itself: the agent's overhead.
+        self.overhead_s = 0.0
+        #: This agent's Prometheus registry, served when ANTDT_AGENT_METRICS_PORT is set.
+        self.metrics = AgentMetrics(self, self._emitter)
         # made by shards(): their shard clients' dead letters count as ours
         self._datasets: list[ShardedDataset] = []
         self._reporter = threading.Thread(
@@ -275,6 +285,11 @@ class Agent:
     # ------------------------------------------------------------ lifecycle
 
     def __enter__(self) -> Agent:
+        # first: a worker stuck starting (the bus away) is one an operator wants to see
+        self.metrics.start(
+            metrics_port(self.settings.agent_metrics_port),
+            lambda: self.state in (AgentState.RUNNING, AgentState.PAUSED),
+        )
         self._sampler = _make_sampler(self.spec.device)
         self._injector = _make_injector(self.settings, self.spec.rank)
         self._emitter.start()
@@ -320,6 +335,7 @@ class Agent:
             leave_torchrun_job()
 
     def _close_parts(self, flush_timeout_s: float = 5.0) -> None:
+        self.metrics.stop()
         if self._shard_client is not None:
             self._shard_client.close()
         if self._listener is not None:
@@ -339,14 +355,14 @@ class Agent:
         An injected slowdown (``ANTDT_SLOWDOWN``, sleep mode) is booked as
         compute, as a slower device's would be.
         """
+        started = time.perf_counter()
         data, sync = self._data_wait, self._sync_wait
-        compute = time.perf_counter() - self._mark - data - sync
-        if self._injector is not None:
-            compute += self._injector.after_compute(compute)
+        compute = started - self._mark - data - sync
+        injected = 0.0 if self._injector is None else self._injector.after_compute(compute)
         self._records.append(
             StepRecord(
                 self.step_count,
-                compute,
+                compute + injected,
                 data,
                 sync,
                 self.batch_size if samples is None else samples,
@@ -357,9 +373,10 @@ class Agent:
             self.committer.record(self.take_tags(), self.step_count)
         self.step_count += 1
         self._data_wait = self._sync_wait = 0.0
-        if self._inbox:
-            self._apply_due()
+        applying = self._apply_due_timed() if self._inbox else 0.0
         self._mark = time.perf_counter()  # pauses and the agent's own work are not the next step's
+        # from the clock reads this call makes anyway: its own time, less slowdown and commands
+        self.overhead_s += self._mark - started - injected - applying
 
     def record(self, compute_s: float, samples: int) -> None:
         """One step timed by the caller (a parameter server's applied update); due commands apply
@@ -560,6 +577,12 @@ class Agent:
         if command.action is CommandAction.RESUME:
             self._resumed.set()
 
+    def _apply_due_timed(self) -> float:
+        """Apply the due commands; the seconds it took (a pause, the user's callbacks)."""
+        started = time.perf_counter()
+        self._apply_due()
+        return time.perf_counter() - started
+
     def _apply_due(self) -> None:
         waiting = deque()
         while self._inbox:
@@ -662,6 +685,7 @@ class Agent:
         while self._records:
             records.append(self._records.popleft())
         summary = summarize(records)
+        self.metrics.totals.add(summary)
         now = utc_now()
         window_start, self._window_start = self._window_start or now, now
         resources = self._sampler.sample() if self._sampler is not None else _zero_resources()
@@ -715,6 +739,7 @@ class Agent:
         reason: str | None,
         step: int | None = None,
     ) -> None:
+        self.metrics.commands.add(command.action, status)
         ack = CommandAck(
             command_id=command.command_id,
             job_id=self.spec.job_id,
@@ -747,6 +772,11 @@ class Agent:
                 if dataset._client is not self._shard_client
             )
         )
+
+    @property
+    def paused(self) -> bool:
+        """Whether a PAUSE holds training (until RESUME)."""
+        return self.state is AgentState.PAUSED
 
     @property
     def dropped_events(self) -> int:

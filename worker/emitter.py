@@ -5,13 +5,16 @@ to a bounded in-memory queue; a background thread encodes (off the training
 thread) and hands records to the Kafka producer. When the bus is unreachable
 the producer's own queue fills, then ours: the oldest events are dropped and
 counted (:attr:`dropped`), the newest kept, so when the bus comes back the
-monitor sees the current picture first.
+monitor sees the current picture first. When the bus last acknowledged an
+event (:attr:`last_delivered`) tells from the worker's side that it stopped
+reporting (:mod:`antdt.worker.agent_metrics`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 
 from confluent_kafka import KafkaError
@@ -35,6 +38,8 @@ class EventEmitter:
         self.dropped = 0
         self.delivered = 0
         self.failed = 0
+        #: time.monotonic() of the last acknowledged delivery (of the emitter's making, before one)
+        self.last_delivered = time.monotonic()
         self._codec = codec or make_codec(settings.schema_registry_url)
         self._producer = make_producer(
             settings,
@@ -68,6 +73,11 @@ class EventEmitter:
     def pending(self) -> int:
         return len(self._queue)
 
+    @property
+    def unsent(self) -> int:
+        """Events queued here or in the producer, not yet acknowledged by the bus."""
+        return len(self._queue) + len(self._producer)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(0.1)
@@ -93,6 +103,7 @@ class EventEmitter:
     def _delivered(self, error: KafkaError | None, _message) -> None:
         if error is None:
             self.delivered += 1
+            self.last_delivered = time.monotonic()
         else:
             self.dropped += 1
 

@@ -45,6 +45,31 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+def http_get(port: int, path: str, timeout_s: float = 2.0) -> tuple[int, str]:
+    """GET a path of a local health endpoint: (status, body), status 0 when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, ""
+
+
+def scraped_samples(port: int) -> dict[str, float]:
+    """The samples a local ``/metrics`` serves now, keyed ``name`` or ``name{label="v",...}``
+    (labels sorted); empty when nothing answers."""
+    status, text = http_get(port, "/metrics")
+    if status != 200:
+        return {}
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples
+
+
 class ServiceProcess:
     """A running ``antdt <command>`` child with its health endpoint."""
 
@@ -55,30 +80,14 @@ class ServiceProcess:
 
     def get(self, path: str, timeout_s: float = 2.0) -> tuple[int, str]:
         """GET a path of the health endpoint: (status, body), status 0 when nothing answers."""
-        try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.http_port}{path}", timeout=timeout_s
-            ) as answer:
-                return answer.status, answer.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, ""
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return 0, ""
+        return http_get(self.http_port, path, timeout_s)
 
     def is_ready(self) -> bool:
         return self.get("/readyz")[0] == 200
 
     def metrics(self) -> dict[str, float]:
         """Current samples, keyed ``name`` or ``name{label="v",...}`` (labels sorted)."""
-        status, text = self.get("/metrics")
-        if status != 200:
-            return {}
-        samples = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-                samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-        return samples
+        return scraped_samples(self.http_port)
 
     def metric(self, key: str) -> float:
         return self.metrics().get(key, 0.0)

@@ -3,19 +3,30 @@
 Orchestrators probe liveness (/healthz: the process is serving), readiness
 (/readyz: topics exist and state has recovered, as the service reports) and
 Prometheus scrapes /metrics. The server runs on a daemon thread so a service
-loop never waits on a scrape.
+loop never waits on a scrape. The agent in a training process serves its own
+metrics with it too (:mod:`antdt.worker.agent_metrics`).
+
+A process forked while a server runs (a DataLoader worker of a training
+process) gets a copy of its listening socket but not its thread: the copy is
+closed in the child at once, so the port is free as soon as the parent stops
+serving, however long the child lives, and a child never answers for it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import weakref
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 log = logging.getLogger(__name__)
+
+#: Servers started in this process, for the fork hook below.
+_SERVING: weakref.WeakSet[HealthServer] = weakref.WeakSet()
 
 
 class HealthServer:
@@ -33,19 +44,36 @@ class HealthServer:
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="antdt-health", daemon=True
         )
+        self._pid: int | None = None  # the process serving, once started
 
     @property
     def port(self) -> int:
         return self._server.server_address[1]
 
     def start(self) -> HealthServer:
+        self._pid = os.getpid()
         self._thread.start()
+        _SERVING.add(self)
         log.info("health and metrics on port %d", self.port)
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
+        """Stop serving and free the port. In a forked child only its copy of the socket closes:
+        the serving thread is the parent's, and waiting for it there would never end."""
+        _SERVING.discard(self)
+        if self._pid == os.getpid():
+            self._server.shutdown()
         self._server.server_close()
+
+
+def _close_inherited() -> None:
+    """In a forked child: close the copies of the parent's listening sockets."""
+    for server in list(_SERVING):
+        server._server.server_close()
+    _SERVING.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
 
 
 def _handler_for(
