@@ -70,10 +70,6 @@ class EventEmitter:
         self._wake.set()
 
     @property
-    def pending(self) -> int:
-        return len(self._queue)
-
-    @property
     def unsent(self) -> int:
         """Events queued here or in the producer, not yet acknowledged by the bus."""
         return len(self._queue) + len(self._producer)
