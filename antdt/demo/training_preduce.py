@@ -21,8 +21,6 @@ Rank 0 leaves its replica where the evaluator reads it every second.
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
 
@@ -142,11 +140,19 @@ class PartialReduce:
 
     def _next_batch(self, feed: ShardFeed):
         """The next batch (short while the sharder has no more now), or None once every epoch is
-        done."""
-        with self.agent.data_wait():
-            while (batch := feed.take(self.agent.batch_size)) is None and not feed.exhausted:
-                time.sleep(0.01)  # the sharder said wait: others hold the epoch's last shards
-        return batch
+        done.
+
+        While the sharder says wait (others hold the epoch's last shards),
+        this rank goes on joining groups with its replica as it is: a
+        checkpoint gathers every rank, and a rank that only waited for data
+        would hold the others at it while they hold the data it waits for.
+        """
+        while True:
+            with self.agent.data_wait():
+                batch = feed.take(self.agent.batch_size)
+            if batch is not None or feed.exhausted:
+                return batch
+            self._average(finished=False)
 
     def _average(self, finished: bool) -> GroupFormed:
         """Announce, wait for the group, average with it (and for a whole group, sum the ledgers and
