@@ -233,6 +233,12 @@ class Agent:
         self.queue_depth: int | None = None
         self._listen = listen_for_commands
         self._tags: list = []  # provenance of the samples iterated since the last step
+        #: How long trained samples may wait before their commit is sent (0: every step). A
+        #: synchronous job rewinds to its checkpoint on any failure, so it loses nothing by sending
+        #: fewer, larger commits (ElasticJob: 0.1 s; a commit a step was 300 records/s a rank).
+        self.commit_every_s = 0.0
+        self._trained: list = []  # tags of samples in the model whose commit is not sent yet
+        self._committed_at = time.perf_counter()
         self._shard_client = None
         self._committer = None
         self._records: deque[StepRecord] = deque()
@@ -327,6 +333,7 @@ class Agent:
         if self._reporter.is_alive():
             self._reporter.join(5)
         self._report()  # the last partial interval
+        self.commit_trained()  # in the model already: before the shards are handed back
         self._lifecycle(LifecycleEvent.LEFT, exit_code=code, reason=reason)
         self._close_parts()
         if code == EXIT_EVICTED and self.spec.launch is not None:
@@ -370,7 +377,9 @@ class Agent:
             )
         )
         if self._tags:
-            self.committer.record(self.take_tags(), self.step_count)
+            self._trained.extend(self.take_tags())
+        if self._trained and started - self._committed_at >= self.commit_every_s:
+            self.commit_trained()
         self.step_count += 1
         self._data_wait = self._sync_wait = 0.0
         applying = self._apply_due_timed() if self._inbox else 0.0
@@ -443,6 +452,13 @@ class Agent:
     def pending_tags(self) -> tuple:
         """The provenance of the samples iterated since the last step or take (not taken)."""
         return tuple(self._tags)
+
+    def commit_trained(self) -> None:
+        """Send the commits of every trained sample now (before a checkpoint, at the end)."""
+        if self._trained:
+            tags, self._trained = self._trained, []
+            self.committer.record(tags, self.step_count)
+        self._committed_at = time.perf_counter()
 
     def take_tags(self) -> list:
         """The provenance of the samples iterated since the last step or take; the caller commits

@@ -22,14 +22,19 @@ the gradients: the ledger changes exactly when the model does.
 Never hang: with a :class:`StepSizedTimeout` each collective waits at most a
 few of the job's recent step periods, then raises :class:`CollectiveTimeout`
 (a dead rank breaks the collective at once; a stuck one would otherwise hold
-every other rank for the process group's whole timeout). The process group is
-unusable after that: end the process and let the launcher (torchrun, the
-demo's pool) restart the group from the last checkpoint.
+every other rank for the process group's whole timeout). With the ranks'
+heartbeats (:class:`~antdt.worker.liveness.PeerLiveness`) the bound only asks
+whether every rank is alive: a slow one (its data path stalled) is waited
+for, up to :data:`HUNG_AFTER_S`; one that stopped beating (dead, SIGSTOP, its
+interpreter wedged) ends the wait at once. The process group is unusable
+after a timeout: end the process and let the launcher (torchrun, the demo's
+pool) restart the group from the last checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import time
@@ -45,6 +50,9 @@ import torch.distributed as dist
 
 from antdt.errors import AntdtError
 from antdt.worker.ledger import LedgerSlots
+from antdt.worker.liveness import PeerLiveness, silent_ranks
+
+log = logging.getLogger(__name__)
 
 SyncTimer = Callable[[], AbstractContextManager[object]]
 """Makes a context manager entered around the collectives, to book their time as synchronisation."""
@@ -60,6 +68,8 @@ class CollectiveTimeout(DistributedError):
 
 #: Exit code of a rank whose group broke under it (the launcher restarts the whole group).
 EXIT_GROUP_BROKEN = 77
+#: The longest a collective waits while every rank is alive (a wedged device, a hung kernel).
+HUNG_AFTER_S = 300.0
 
 
 def broke_the_group(exc: BaseException) -> bool:
@@ -196,8 +206,12 @@ class WeightedGradientAverager:
         sync_timer: SyncTimer | None = None,
         ledger: LedgerSlots | None = None,
         timeout: StepSizedTimeout | None = None,
+        peers: PeerLiveness | None = None,
     ):
+        """``peers``: the ranks' heartbeats; a collective past its ``timeout`` then waits on while
+        every rank is alive (:func:`wait_within`)."""
         self.group = group
+        self.peers = peers
         self.sync_timer = sync_timer
         self.ledger = ledger
         self.timeout = timeout
@@ -305,6 +319,7 @@ class WeightedGradientAverager:
                 limit,
                 f"the all-reduce of step {self.steps}",
                 f"{limit:.1f} s: {self.timeout.describe()}",
+                peers=self.peers,
             )
         _finish_cuda(buffers)
 
@@ -413,23 +428,62 @@ class WeightedGradientAverager:
             offset += n
 
 
-def wait_within(works: Sequence, limit_s: float, what: str, limit_text: str | None = None) -> None:
+def wait_within(
+    works: Sequence,
+    limit_s: float,
+    what: str,
+    limit_text: str | None = None,
+    peers: PeerLiveness | None = None,
+    cap_s: float = HUNG_AFTER_S,
+) -> None:
     """Wait for each of ``works`` (asynchronous collectives) within ``limit_s`` in all.
 
     Past it, :class:`CollectiveTimeout` naming ``what`` and how long it
     waited: a rank is dead or stuck, and the process group is unusable.
+    With ``peers`` the limit only starts the question: the wait goes on while
+    every other rank still beats (slow, not dead: its data path or compute
+    has bounds of its own), up to ``cap_s`` in all, and ends at once, naming
+    them, when some rank stops beating.
     """
     began = time.monotonic()
+    deadline = began + limit_s
+    while not _done_by(works, deadline):
+        waited = time.monotonic() - began
+        if peers is None or waited >= cap_s:
+            raise CollectiveTimeout(
+                f"{what} waited {waited:.1f} s (limit {limit_text or f'{limit_s:g} s'}"
+                f"{', every rank alive' if peers is not None else ''}): a rank is dead or stuck"
+            )
+        before = peers.latest()
+        if _done_by(works, time.monotonic() + peers.window_s):
+            return
+        silent = silent_ranks(before, peers.latest(), peers.rank)
+        if silent:
+            raise CollectiveTimeout(
+                f"{what} waited {time.monotonic() - began:.1f} s "
+                f"(limit {limit_text or f'{limit_s:g} s'}) and rank(s) "
+                f"{', '.join(map(str, silent))} stopped beating: dead or stopped"
+            )
+        log.warning(
+            "%s has waited %.1f s; every rank is alive, waiting on (at most %g s)",
+            what,
+            time.monotonic() - began,
+            cap_s,
+        )
+        deadline = time.monotonic() + limit_s
+
+
+def _done_by(works: Sequence, deadline: float) -> bool:
+    """Whether every one of ``works`` finished before ``deadline`` (a timed-out wait can be
+    waited again)."""
     for work in works:
         try:
-            work.wait(timeout=timedelta(seconds=max(0.001, limit_s - (time.monotonic() - began))))
+            work.wait(timeout=timedelta(seconds=max(0.001, deadline - time.monotonic())))
         except RuntimeError as exc:
             if not _is_timeout(exc):
                 raise
-            raise CollectiveTimeout(
-                f"{what} waited {time.monotonic() - began:.1f} s "
-                f"(limit {limit_text or f'{limit_s:g} s'}): a rank is dead or stuck"
-            ) from None
+            return False
+    return True
 
 
 def _is_timeout(exc: RuntimeError) -> bool:

@@ -366,3 +366,34 @@ def test_a_slowdown_for_some_ranks_slows_those_only(rank, slowed):
     finally:
         if injector is not None:
             injector.close()
+
+
+class RecordingCommitter:
+    """Stands in for the sharder's committer: what would be sent, and at which step."""
+
+    def __init__(self):
+        self.sent: list[tuple[list, int | None]] = []
+
+    def record(self, tags, step=None) -> int:
+        self.sent.append((list(tags), step))
+        return len(self.sent[-1][0])
+
+
+def test_with_a_commit_interval_trained_samples_go_together_and_all_before_leaving(agent_settings):
+    from antdt.worker.provenance import SampleTag, Tagged
+
+    committer = RecordingCommitter()
+    with Agent("job-agent", "w1", settings=agent_settings, listen_for_commands=False) as agent:
+        agent._committer = committer
+        agent.commit_every_s = 3600.0
+        for index in range(3):
+            agent.untag(Tagged((index, index), (SampleTag(0, index, 7, 1, "w1"),)))
+            agent.step(samples=1)
+        assert committer.sent == []  # held: the interval has not passed
+        agent.untag(Tagged((3, 3), (SampleTag(0, 3, 7, 1, "w1"),)))
+        agent.step(samples=1)
+        agent.commit_trained()
+        assert [tag.index for tag in committer.sent[0][0]] == [0, 1, 2, 3]
+        agent.untag(Tagged((4, 4), (SampleTag(0, 4, 7, 1, "w1"),)))
+        agent.step(samples=1)
+    assert [tag.index for tag in committer.sent[1][0]] == [4]  # sent on the way out

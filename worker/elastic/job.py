@@ -16,8 +16,10 @@ set up (gloo or NCCL), and instead
   the same all-reduce (:class:`~antdt.worker.ddp.WeightedGradientAverager`),
   so the ledger changes exactly when the model does;
 * **never hangs**: each collective is bounded by the job's recent steps
-  (:class:`~antdt.worker.ddp.StepSizedTimeout`); a broken group ends the
-  process (exit 77) and torchrun restarts the group (``--max-restarts``);
+  (:class:`~antdt.worker.ddp.StepSizedTimeout`), and past the bound waits on
+  only while every rank still beats (:mod:`~antdt.worker.liveness`): a rank
+  that is slow is not a dead one. A broken group ends the process (exit 77)
+  and torchrun restarts the group (``--max-restarts``);
 * **checkpoints** model, optimizer, ledger, batch sizes and the shard-state
   version together about every ``checkpoint_every_s`` (rank 0 decides,
   in-band), and on a restart restores them and rewinds the shards before
@@ -67,12 +69,32 @@ from antdt.worker.ddp import (
 from antdt.worker.elastic.resize import AgreedResize
 from antdt.worker.feeds import ShardFeed
 from antdt.worker.ledger import LedgerSlots, SampleLedger
+from antdt.worker.liveness import PeerLiveness
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: How long rank 0 waits for the sharder's checkpoint version (a busy sharder answers late; every
 #: rank waits).
 VERSION_WAIT_S = 30.0
+#: Shards a rank holds: the one it reads and the next, granted while it reads the first, so a
+#: shard boundary never waits for the sharder's answer (with one, every boundary was a round trip
+#: on the step's critical path: 13-15 s against 10.8 s for the user-style job, bench/user_job.py).
+SHARDS_HELD = 2
+#: How long a rank's trained samples may wait for their commit: a failure rewinds the job to its
+#: checkpoint anyway, and a checkpoint sends them first.
+COMMIT_EVERY_S = 0.1
+#: A default shard is about 1/64 of the dataset, between 4 and 64 batches: enough shards for the
+#: sharder to balance an epoch's end, each lasting well past the sharder's answer (docs/torchrun.md,
+#: "Where the time goes"). Never the world size: the job's dataset is defined once, and a group
+#: restarted with another world must ask for the same one.
+SHARDS_PER_EPOCH = 64
+SHARD_BATCHES = (4, 64)
+
+
+def default_shard_size(size: int, batch_size: int) -> int:
+    """About ``size / SHARDS_PER_EPOCH`` samples, clamped to ``SHARD_BATCHES`` batches."""
+    low, high = (batches * batch_size for batches in SHARD_BATCHES)
+    return max(low, min(high, size // SHARDS_PER_EPOCH))
 
 
 def split_evenly(total: int, parts: int) -> list[int]:
@@ -118,7 +140,7 @@ class ElasticJob:
         self.spec = DatasetSpec(
             name=name,
             size=len(dataset),
-            shard_size=shard_size or 4 * batch_size,
+            shard_size=shard_size or default_shard_size(len(dataset), batch_size),
             epochs=epochs,
             shuffle_seed=seed,
             max_attempts=3,
@@ -130,6 +152,7 @@ class ElasticJob:
         self.global_batch = batch_size * self.world
         self.ledger = SampleLedger(self.spec.size, epochs)
         self.averager: WeightedGradientAverager | None = None
+        self.peers: PeerLiveness | None = None
         self.data = self.feed = None
         self.finished = False
         self.samples = 0  # this rank's samples trained (by its own batches)
@@ -149,14 +172,16 @@ class ElasticJob:
             self.agent.__enter__()
         try:
             self.data = self.agent.shards(self.dataset, self.spec)
-            # one shard at a time: what a rank holds when an epoch runs out is small
-            self.data.quota = 1
+            self.data.quota = SHARDS_HELD
+            self.agent.commit_every_s = COMMIT_EVERY_S
             # set-up holds every rank alike: not the first step's compute
             with self.agent.sync_wait():
                 self._collective(self._restore_or_start)
+            self.peers = PeerLiveness.of_default_group()
             self.averager = WeightedGradientAverager(
                 ledger=LedgerSlots(self.ledger, self.world, self.rank, self.global_batch),
                 timeout=StepSizedTimeout(),
+                peers=self.peers,
             )
             self.feed = ShardFeed(self.data, lambda: 2 * self.agent.batch_size).start()
         except BaseException as exc:
@@ -165,6 +190,8 @@ class ElasticJob:
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
+        if self.peers is not None:
+            self.peers.close()
         if self.feed is not None:
             self.feed.close()  # closes the dataset too
         elif self.data is not None:
@@ -337,7 +364,7 @@ class ElasticJob:
             dist.all_reduce(sizes)
         client = self.agent.shard_client
         version = agreed_checkpoint_version(
-            client.flush,
+            lambda: (self.agent.commit_trained(), client.flush()),
             lambda: client.checkpoint(
                 self.data.epoch, self.agent.step_count, timeout_s=VERSION_WAIT_S
             ),

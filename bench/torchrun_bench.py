@@ -1,0 +1,188 @@
+"""A user's own script under torchrun: plain DDP against antdt, healthy and with one rank slowed.
+
+Runs ``bench/user_job.py`` (an MLP written once as plain DDP with
+``DistributedSampler`` and once through ``ElasticJob``) under
+``torchrun --standalone`` with no ``--max-restarts``, as a script author
+would. antdt runs get ``antdt up --policy antdt-dd``, started fresh for each
+run: the embedded broker's CPU grows with its log (issue 38), and a bus
+carried from run to run would measure that, not the job. Plain DDP runs get
+no bus at all.
+
+Each (mode, health) is run ``--repeat`` times; the JSON gives the training
+time (rank 0: process group up to the end, set-up included) as median, min
+and max, the overhead of each antdt mode over plain DDP healthy and its
+speedup with the slowed rank, and each run's exit code. A run that fails
+fails the benchmark (exit 1), and so does a figure past the targets given.
+
+    python bench/torchrun_bench.py --ranks 2 --repeat 3 --json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+from benchlib import bench_parser, numbers, spread
+
+HERE = Path(__file__).parent
+SCRIPT = HERE / "user_job.py"
+#: How long ``antdt up`` may take to say its services are ready.
+UP_WITHIN_S = 120.0
+
+
+@contextmanager
+def antdt_up(log_dir: Path):
+    """``antdt up --policy antdt-dd`` as a user starts it; yields the environment it exports."""
+    command = [sys.executable, "-m", "antdt.cli.main", "up", "--policy", "antdt-dd"]
+    process = subprocess.Popen(
+        [*command, "--log-dir", str(log_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    exports: dict[str, str] = {}
+    try:
+        deadline = time.monotonic() + UP_WITHIN_S
+        for line in process.stdout:
+            for name, value in re.findall(r"(\w+)=(\S+)", line.split("#")[0]):
+                if line.startswith("export"):
+                    exports[name] = value
+            if "Ctrl-C stops everything" in line:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"antdt up was not ready within {UP_WITHIN_S:g} s")
+        else:
+            raise RuntimeError(f"antdt up exited with code {process.wait()} before it was ready")
+        yield exports
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def run_job(mode: str, ranks: int, args, slow: bool, workdir: Path, env: dict) -> dict:
+    """One torchrun of the user script; its rank 0's figures, or the failure."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(ranks),
+        str(SCRIPT),
+        "--mode",
+        mode,
+        "--samples",
+        str(args.samples),
+        "--hidden",
+        str(args.hidden),
+        "--checkpoint",
+        str(workdir / f"{uuid.uuid4().hex[:8]}.pt"),
+    ]
+    if slow:
+        command += ["--slow-rank", "1", "--slow-factor", str(args.slow_factor)]
+    began = time.perf_counter()
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=args.run_limit_s, cwd=workdir
+    )
+    wall_s = time.perf_counter() - began
+    figures = [line for line in done.stdout.splitlines() if line.startswith('{"train_s"')]
+    if done.returncode != 0 or not figures:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-8:]
+        return {"ok": False, "exit": done.returncode, "wall_s": round(wall_s, 2), "tail": tail}
+    return {"ok": True, "exit": 0, "wall_s": round(wall_s, 2), **json.loads(figures[-1])}
+
+
+def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ANTDT_")}
+    base["OMP_NUM_THREADS"] = "1"
+    runs = []
+    for _ in range(args.repeat):
+        if mode == "plain":
+            runs.append(run_job(mode, ranks, args, slow, workdir, base))
+            continue
+        with antdt_up(workdir / f"up-{uuid.uuid4().hex[:6]}") as exports:
+            env = base | exports | {"ANTDT_JOB_ID": f"bench-{uuid.uuid4().hex[:8]}"}
+            runs.append(run_job(mode, ranks, args, slow, workdir, env))
+    times = [r["train_s"] for r in runs if r["ok"]]
+    return {
+        "mode": mode,
+        "ranks": ranks,
+        "slowed": slow,
+        "train_s": spread(times) if times else None,
+        "failed": sum(not r["ok"] for r in runs),
+        "runs": runs,
+    }
+
+
+def main() -> int:
+    parser = bench_parser(__doc__, "healthy,slow")
+    parser.add_argument("--ranks", default="2", help="comma-separated world sizes")
+    parser.add_argument("--modes", default="dd", help="antdt modes to compare (dd)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=96_000)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--slow-factor", type=float, default=3.0)
+    parser.add_argument("--run-limit-s", type=float, default=900.0)
+    parser.add_argument("--max-overhead", type=float, default=None, help="fail above this")
+    parser.add_argument("--min-speedup", type=float, default=None, help="fail below this")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/antdt-torchrun-bench"))
+    args = parser.parse_args()
+    ranks_list = numbers(parser, "--ranks", args.ranks)
+    parts = args.only.split(",")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    results, verdicts = [], []
+    for ranks in ranks_list:
+        for slow in [False, True]:
+            if ("slow" if slow else "healthy") not in parts:
+                continue
+            plain = measure("plain", ranks, slow, args, args.workdir)
+            results.append(plain)
+            for mode in args.modes.split(","):
+                ours = measure(mode, ranks, slow, args, args.workdir)
+                results.append(ours)
+                if plain["train_s"] and ours["train_s"]:
+                    ratio = ours["train_s"]["median"] / plain["train_s"]["median"]
+                    name = "speedup" if slow else "overhead"
+                    value = round(1 / ratio if slow else ratio, 3)
+                    ours[name] = value
+                    limit = args.min_speedup if slow else args.max_overhead
+                    if limit is not None and (value < limit if slow else value > limit):
+                        verdicts.append(f"{mode} {ranks} ranks: {name} {value} (limit {limit})")
+    failed = [
+        f"{r['mode']} {r['ranks']} ranks: {r['failed']} failed" for r in results if r["failed"]
+    ]
+    report = {
+        "settings": {
+            "samples": args.samples,
+            "hidden": args.hidden,
+            "slow_factor": args.slow_factor,
+            "repeat": args.repeat,
+            "cores": os.cpu_count(),
+        },
+        "results": results,
+        "ok": not (failed or verdicts),
+        "problems": failed + verdicts,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for r in results:
+            extra = {k: r[k] for k in ("overhead", "speedup") if k in r}
+            print(r["mode"], r["ranks"], "slow" if r["slowed"] else "healthy", r["train_s"], extra)
+        for problem in report["problems"]:
+            print("FAILED:", problem)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

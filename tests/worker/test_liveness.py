@@ -1,0 +1,110 @@
+"""Heartbeats tell a slow rank from a dead or stopped one: a collective past its bound waits for the
+first and gives up on the second, naming it. Real gloo groups and a real store."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from hypothesis import given
+from hypothesis import strategies as st
+
+from antdt.worker.ddp import CollectiveTimeout, StepSizedTimeout, WeightedGradientAverager
+from antdt.worker.liveness import Beats, PeerLiveness, silent_ranks
+
+
+def test_a_rank_whose_counter_did_not_move_is_silent():
+    before, after = Beats((4, 7, 2), 10.0), Beats((5, 7, 3), 13.0)
+    assert silent_ranks(before, after, own_rank=0) == [1]
+
+
+def test_no_new_read_of_the_store_makes_every_other_rank_silent():
+    same = Beats((4, 7, 2), 10.0)
+    assert silent_ranks(same, same, own_rank=1) == [0, 2]
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 100), st.integers(0, 3)), min_size=1, max_size=8),
+    st.data(),
+)
+def test_silent_ranks_are_exactly_the_others_that_did_not_beat(counts, data):
+    own = data.draw(st.integers(0, len(counts) - 1))
+    before = Beats(tuple(c for c, _ in counts), 1.0)
+    after = Beats(tuple(c + d for c, d in counts), 2.0)
+    assert silent_ranks(before, after, own) == [
+        r for r, (_, d) in enumerate(counts) if r != own and d == 0
+    ]
+
+
+def rank_main(rank: int, init_file: str, out_dir: str, fault: str) -> None:
+    """Rank 1 misbehaves at step 3 (``fault``: ``slow`` sleeps 6 s, ``stop`` sends itself
+    SIGSTOP); rank 0's bound is 1 s."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    peers = PeerLiveness.of_default_group(interval_s=0.2)
+    model = torch.nn.Linear(4, 2)
+    averager = WeightedGradientAverager(
+        timeout=StepSizedTimeout(floor_s=1.0, factor=4.0, first_s=30.0), peers=peers
+    )
+    outcome = Path(out_dir) / f"rank-{rank}.txt"
+    try:
+        for step in range(6):
+            if rank == 1 and step == 3:
+                if fault == "slow":
+                    time.sleep(6)
+                else:
+                    os.kill(os.getpid(), signal.SIGSTOP)
+            model(torch.ones(3, 4)).sum().backward()
+            averager.sync(model, 3)
+        outcome.write_text("finished")
+    except CollectiveTimeout as exc:
+        outcome.write_text(str(exc))
+    finally:
+        peers.close()
+        os._exit(0)  # after a timeout the group is unusable: no collective clean-up
+
+
+def run_pair(tmp_path: Path, fault: str) -> str:
+    context = mp.start_processes(
+        rank_main,
+        args=(str(tmp_path / "init"), str(tmp_path), fault),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
+    )
+    try:
+        rank0 = context.processes[0]
+        rank0.join(timeout=60)
+        assert rank0.exitcode == 0, f"rank 0 did not end within 60 s ({fault})"
+        return (tmp_path / "rank-0.txt").read_text()
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+
+
+def test_a_rank_slower_than_the_bound_but_alive_is_waited_for(tmp_path: Path):
+    assert run_pair(tmp_path, "slow") == "finished"
+
+
+def test_a_stopped_rank_ends_the_wait_naming_it(tmp_path: Path):
+    message = run_pair(tmp_path, "stop")
+    assert message.startswith("the all-reduce of step 3 waited"), message
+    assert "rank(s) 1 stopped beating: dead or stopped" in message
+
+
+def test_without_a_group_there_is_nothing_to_watch():
+    assert not (dist.is_available() and dist.is_initialized())
+    assert PeerLiveness.of_default_group() is None

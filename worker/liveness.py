@@ -1,0 +1,98 @@
+"""Which ranks are alive: heartbeats in the process group's store, so a slow rank is not a dead one.
+
+A collective that waits past its step-sized bound used to end the group
+(exit 77) although the rank it waited for was only slow for a moment: its
+data path stalled on the sharder, say, which has a bound of its own. A dead,
+stopped (SIGSTOP) or wedged rank (its interpreter stuck holding the GIL)
+stops beating; a slow one does not.
+
+Each rank's :class:`PeerLiveness` thread adds 1 to its own counter in the
+store every ``interval_s`` and reads every rank's counter back. The training
+thread never touches the store: it reads the thread's last snapshot, so a
+store whose host is stopped cannot hang it either (the snapshot just grows
+old, which counts as every peer silent). Counters, not clocks: hosts' clocks
+may differ, a counter that moved did move.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+#: Store key of rank r's counter.
+KEY = "antdt/alive/{rank}"
+
+
+@dataclass(frozen=True)
+class Beats:
+    """Every rank's heartbeat counter, read at ``read_at`` (this host's monotonic clock)."""
+
+    counts: tuple[int, ...]
+    read_at: float
+
+
+def silent_ranks(before: Beats, after: Beats, own_rank: int) -> list[int]:
+    """The ranks whose counter did not move between two snapshots (``own_rank`` left out).
+
+    Every other rank counts as silent when the two snapshots are the same
+    read: the store could not be reached in between.
+    """
+    if after.read_at <= before.read_at:
+        return [r for r in range(len(after.counts)) if r != own_rank]
+    return [
+        rank
+        for rank, (old, new) in enumerate(zip(before.counts, after.counts))
+        if rank != own_rank and new <= old
+    ]
+
+
+class PeerLiveness:
+    """This rank's heartbeat and its view of the others' (module docstring)."""
+
+    def __init__(self, store, rank: int, world: int, interval_s: float = 0.5):
+        self.store, self.rank, self.world = store, rank, world
+        self.interval_s = interval_s
+        #: How long to watch the counters before calling a rank silent: several beats.
+        self.window_s = max(3.0, 8 * interval_s)
+        self._latest = Beats(tuple([0] * world), 0.0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="antdt-liveness", daemon=True)
+
+    @classmethod
+    def of_default_group(cls, interval_s: float = 0.5) -> PeerLiveness | None:
+        """For the default process group, from its store; None without one (one process, no
+        store)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return None
+        try:
+            store = dist.distributed_c10d._get_default_store()
+        except (AttributeError, RuntimeError, ValueError):
+            return None
+        return cls(store, dist.get_rank(), dist.get_world_size(), interval_s).start()
+
+    def start(self) -> PeerLiveness:
+        self._beat()
+        self._thread.start()
+        return self
+
+    def latest(self) -> Beats:
+        return self._latest
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._beat()
+
+    def _beat(self) -> None:
+        try:
+            self.store.add(KEY.format(rank=self.rank), 1)
+            counts = tuple(int(self.store.add(KEY.format(rank=r), 0)) for r in range(self.world))
+        except Exception:  # noqa: BLE001 - the store is gone: the snapshot grows old, peers read silent
+            return
+        self._latest = Beats(counts, time.monotonic())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2 * self.interval_s + 1)
