@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.antdt-installed
 
-.PHONY: demo test lint format bench bench-e2e venv clean
+.PHONY: demo test lint format bench bench-e2e bench-torchrun venv clean
 
 demo: $(STAMP)
 	$(BIN)/antdt demo
@@ -25,6 +25,10 @@ format: $(STAMP)
 # The end-to-end benchmark (about 7 minutes): antdt bench on the standard scenario.
 bench-e2e: $(STAMP)
 	$(BIN)/antdt bench --json
+
+# A user's own script under torchrun, plain DDP against ElasticJob (about 4 minutes).
+bench-torchrun: $(STAMP)
+	$(BIN)/python bench/torchrun_bench.py --ranks 2 --repeat 3 --json
 
 bench: $(STAMP)
 	$(BIN)/python bench/codec_bench.py

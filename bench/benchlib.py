@@ -63,6 +63,18 @@ def embedded_broker() -> Iterator[EmbeddedBroker]:
         yield broker
 
 
+def stop_process(process, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL if ``process`` is still there after ``grace_s``."""
+    import subprocess
+
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def bench_parser(doc: str, parts: str) -> argparse.ArgumentParser:
     """The options every script has: ``--json`` and ``--only`` (comma-separated parts)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])

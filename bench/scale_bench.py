@@ -44,7 +44,15 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import psutil
-from benchlib import distribution, embedded_broker, emit, fresh_settings, numbers, spread
+from benchlib import (
+    distribution,
+    embedded_broker,
+    emit,
+    fresh_settings,
+    numbers,
+    spread,
+    stop_process,
+)
 from confluent_kafka import Consumer, TopicPartition
 
 from antdt.bus.clients import make_consumer
@@ -178,12 +186,7 @@ def echo_sharder(settings: Settings) -> Iterator[EchoSharder]:
     try:
         yield EchoSharder(process)
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, 10)
 
 
 def run_point(workers: int, jobs: int, seconds: float, sharder: str = "antdt") -> dict:

@@ -29,7 +29,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from benchlib import bench_parser, numbers, spread
+from benchlib import bench_parser, numbers, spread, stop_process
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "user_job.py"
@@ -62,11 +62,7 @@ def antdt_up(log_dir: Path):
             raise RuntimeError(f"antdt up exited with code {process.wait()} before it was ready")
         yield exports
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process, 30)
 
 
 def run_job(mode: str, ranks: int, args, slow: bool, workdir: Path, env: dict) -> dict:

@@ -31,6 +31,7 @@ from antdt.worker.ddp import (
 )
 from antdt.worker.ledger import LedgerSlots, SampleLedger
 from antdt.worker.provenance import SampleTag
+from tests.worker.groups import join_gloo
 
 STEPS = 6
 FEATURES = 4
@@ -109,14 +110,7 @@ def reference(world: int, mixed: bool) -> dict[str, torch.Tensor]:
 def rank_main(
     rank: int, world: int, init_file: str, out_dir: str, mixed: bool, device: str = "cpu"
 ) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    join_gloo(init_file, rank, world)
     try:
         timed = []
 
@@ -234,14 +228,7 @@ def test_weighted_average_equals_single_process_on_the_whole_batch(
 def stuck_rank_main(rank: int, init_file: str, out_dir: str) -> None:
     """Rank 1 stops taking part after three steps (stuck, not dead); rank 0 must give up on its
     own."""
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    join_gloo(init_file, rank)
     model, _ = new_model()
     averager = WeightedGradientAverager(
         timeout=StepSizedTimeout(floor_s=1.0, factor=4.0, first_s=30.0)

@@ -3,7 +3,6 @@ first and gives up on the second, naming it. Real gloo groups and a real store."
 
 from __future__ import annotations
 
-import datetime
 import os
 import signal
 import time
@@ -17,6 +16,7 @@ from hypothesis import strategies as st
 
 from antdt.worker.ddp import CollectiveTimeout, StepSizedTimeout, WeightedGradientAverager
 from antdt.worker.liveness import Beats, PeerLiveness, silent_ranks
+from tests.worker.groups import join_gloo
 
 
 def test_a_rank_whose_counter_did_not_move_is_silent():
@@ -45,14 +45,7 @@ def test_silent_ranks_are_exactly_the_others_that_did_not_beat(counts, data):
 def rank_main(rank: int, init_file: str, out_dir: str, fault: str) -> None:
     """Rank 1 misbehaves at step 3 (``fault``: ``slow`` sleeps 6 s, ``stop`` sends itself
     SIGSTOP); rank 0's bound is 1 s."""
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    join_gloo(init_file, rank)
     peers = PeerLiveness.of_default_group(interval_s=0.2)
     model = torch.nn.Linear(4, 2)
     averager = WeightedGradientAverager(

@@ -3,7 +3,6 @@ bounded."""
 
 from __future__ import annotations
 
-import datetime
 import os
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from antdt.schemas.models import GroupFormed, GroupReason
 from antdt.schemas.types import utc_now
 from antdt.worker.ddp import CollectiveTimeout
 from antdt.worker.preduce.averaging import GroupAverager
+from tests.worker.groups import join_gloo
 
 WORLD = 4
 
@@ -55,14 +55,7 @@ def values(model: torch.nn.Module) -> set[float]:
 
 
 def averaging_main(rank: int, init_file: str, out_dir: str, device: str = "cpu") -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    join_gloo(init_file, rank, WORLD)
     model = replica(rank).to(device)
     averager = GroupAverager(model, timeout_s=20.0)
     pair = [0, 2] if rank in (0, 2) else [1, 3]  # two groups at once, over disjoint pairs
@@ -127,14 +120,7 @@ def test_groups_average_their_members_only_and_the_final_group_makes_one_model_a
 
 def silent_member_main(rank: int, init_file: str, out_dir: str) -> None:
     """Rank 1 is in rank 0's group but never sends (stuck): rank 0 must give up within its bound."""
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    join_gloo(init_file, rank)
     outcome = Path(out_dir) / f"rank-{rank}.txt"
     if rank == 1:
         outcome.write_text("stuck")
