@@ -8,24 +8,19 @@ Names are imported lazily, so services that only need the shard client do
 not pay for importing torch.
 """
 
-from importlib import import_module
+from antdt.exports import lazy_exports
 
-_EXPORTS = {
-    "Agent": "antdt.worker.agent",
-    "AgentSpec": "antdt.worker.agent",
-    "AgentState": "antdt.worker.agent",
-    "WorkerExit": "antdt.worker.agent",
-    "EXIT_RESTART": "antdt.worker.agent",
-    "EXIT_EVICTED": "antdt.worker.agent",
-    "ShardedDataset": "antdt.worker.dataset",
-    "ElasticJob": "antdt.worker.elastic.job",
-    "ShardClient": "antdt.worker.shard_client",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'antdt.worker' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "Agent": "antdt.worker.agent",
+        "AgentSpec": "antdt.worker.agent",
+        "AgentState": "antdt.worker.agent",
+        "WorkerExit": "antdt.worker.agent",
+        "EXIT_RESTART": "antdt.worker.agent",
+        "EXIT_EVICTED": "antdt.worker.agent",
+        "ShardedDataset": "antdt.worker.dataset",
+        "ElasticJob": "antdt.worker.elastic.job",
+        "ShardClient": "antdt.worker.shard_client",
+    },
+)

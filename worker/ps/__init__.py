@@ -9,18 +9,14 @@ cannot disagree (docs/parameter-server.md).
 
 from __future__ import annotations
 
-import importlib
+from antdt.exports import lazy_exports
 
-__all__ = ["Layout", "ParameterClient", "ParameterServer", "ServerSpec"]
-_WHERE = {
-    "Layout": "layout",
-    "ParameterClient": "client",
-    "ParameterServer": "server",
-    "ServerSpec": "server",
-}
-
-
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"antdt.worker.ps.{_WHERE[name]}"), name)
-    raise AttributeError(name)
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "Layout": "antdt.worker.ps.layout",
+        "ParameterClient": "antdt.worker.ps.client",
+        "ParameterServer": "antdt.worker.ps.server",
+        "ServerSpec": "antdt.worker.ps.server",
+    },
+)
