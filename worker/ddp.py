@@ -459,11 +459,12 @@ def wait_within(
     """
     began = time.monotonic()
     deadline = began + limit_s
+    limit_text = limit_text or f"{limit_s:g} s"
     while not _done_by(works, deadline):
         waited = time.monotonic() - began
         if peers is None or waited >= cap_s:
             raise CollectiveTimeout(
-                f"{what} waited {waited:.1f} s (limit {limit_text or f'{limit_s:g} s'}"
+                f"{what} waited {waited:.1f} s (limit {limit_text}"
                 f"{', every rank alive' if peers is not None else ''}): a rank is dead or stuck"
             )
         before = peers.latest()
@@ -473,7 +474,7 @@ def wait_within(
         if silent:
             raise CollectiveTimeout(
                 f"{what} waited {time.monotonic() - began:.1f} s "
-                f"(limit {limit_text or f'{limit_s:g} s'}) and rank(s) "
+                f"(limit {limit_text}) and rank(s) "
                 f"{', '.join(map(str, silent))} stopped beating: dead or stopped"
             )
         log.warning(

@@ -7,7 +7,8 @@ stopped (SIGSTOP) or wedged rank (its interpreter stuck holding the GIL)
 stops beating; a slow one does not.
 
 Each rank's :class:`PeerLiveness` thread adds 1 to its own counter in the
-store every ``interval_s`` and reads every rank's counter back. The training
+store every ``interval_s`` and reads every rank's counter back: two round
+trips to the store, whatever the world size. The training
 thread never touches the store: it reads the thread's last snapshot, so a
 store whose host is stopped cannot hang it either (the snapshot just grows
 old, which counts as every peer silent). Counters, not clocks: hosts' clocks
@@ -53,6 +54,7 @@ class PeerLiveness:
     def __init__(self, store, rank: int, world: int, interval_s: float = 0.5):
         self.store, self.rank, self.world = store, rank, world
         self.interval_s = interval_s
+        self._keys = [KEY.format(rank=r) for r in range(world)]
         #: How long to watch the counters before calling a rank silent: several beats.
         self.window_s = max(3.0, 8 * interval_s)
         self._latest = Beats(tuple([0] * world), 0.0)
@@ -74,6 +76,9 @@ class PeerLiveness:
         return cls(store, dist.get_rank(), dist.get_world_size(), interval_s).start()
 
     def start(self) -> PeerLiveness:
+        # every counter exists from here on (adding 0 creates one), so one read fetches them all
+        for key in self._keys:
+            self.store.add(key, 0)
         self._beat()
         self._thread.start()
         return self
@@ -87,8 +92,8 @@ class PeerLiveness:
 
     def _beat(self) -> None:
         try:
-            self.store.add(KEY.format(rank=self.rank), 1)
-            counts = tuple(int(self.store.add(KEY.format(rank=r), 0)) for r in range(self.world))
+            self.store.add(self._keys[self.rank], 1)
+            counts = tuple(int(value) for value in self.store.multi_get(self._keys))
         except Exception:  # noqa: BLE001 - the store is gone: the snapshot grows old, peers read silent
             return
         self._latest = Beats(counts, time.monotonic())
