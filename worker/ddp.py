@@ -336,14 +336,12 @@ class WeightedGradientAverager:
         head = [local_batch_size, *counters] + [
             int(contributes and p.grad is not None) for p in params
         ]
-        kind = params[0] if params else torch.zeros(0)
-        # one allocation, the control numbers in front: no copy of the gradients to join them
-        buffer = torch.empty(
-            len(head) + sum(p.numel() for p in params), dtype=kind.dtype, device=kind.device
+        flat = (
+            self._flatten(params, float(local_batch_size), contributes)
+            if params
+            else torch.zeros(0)
         )
-        buffer[: len(head)].copy_(torch.tensor(head, dtype=buffer.dtype))
-        if params:
-            self._flatten_into(buffer[len(head) :], params, float(local_batch_size), contributes)
+        buffer = torch.cat([torch.tensor(head, dtype=flat.dtype, device=flat.device), flat])
         self._all_reduce([buffer])
         control = [round(x) for x in buffer[: len(head)].tolist()]
         global_batch, sums, has_grad = (
@@ -404,26 +402,16 @@ class WeightedGradientAverager:
     ) -> torch.Tensor:
         """One buffer holding ``weight * grad`` of each member (zeros where absent or not
         contributing)."""
-        flat = torch.empty(
+        flat = torch.zeros(
             sum(p.numel() for p in members), dtype=members[0].dtype, device=members[0].device
         )
-        return WeightedGradientAverager._flatten_into(flat, members, weight, contributes)
-
-    @staticmethod
-    def _flatten_into(
-        flat: torch.Tensor, members: list[torch.nn.Parameter], weight: float, contributes: bool
-    ) -> torch.Tensor:
-        """``flat`` filled with ``weight * grad`` of each member in turn (zeros where absent or
-        not contributing)."""
-        offset = 0
-        for param in members:
-            n = param.numel()
-            part = flat[offset : offset + n]
-            if contributes and param.grad is not None:
-                torch.mul(param.grad.reshape(-1), weight, out=part)
-            else:
-                part.zero_()
-            offset += n
+        if contributes:
+            offset = 0
+            for param in members:
+                n = param.numel()
+                if param.grad is not None:
+                    flat[offset : offset + n].copy_(param.grad.reshape(-1)).mul_(weight)
+                offset += n
         return flat
 
     @staticmethod
