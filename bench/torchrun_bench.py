@@ -11,8 +11,14 @@ no bus at all.
 Each (mode, health) is run ``--repeat`` times; the JSON gives the training
 time (rank 0: process group up to the end, set-up included) as median, min
 and max, the overhead of each antdt mode over plain DDP healthy and its
-speedup with the slowed rank, and each run's exit code. A run that fails
-fails the benchmark (exit 1), and so does a figure past the targets given.
+speedup with the slowed rank, and each run's exit code and, for antdt runs,
+whether its ledger is all ones. A run that fails (an exit code other than
+0, or a sample not trained exactly once) fails the benchmark (exit 1), and
+so does a figure past the targets given; but a plain DDP run that finished
+training and then aborted at exit (torch and gloo's teardown, "terminate
+called without an active exception", seen in 1 of 16 plain runs here) is
+counted in ``aborted_at_exit`` and timed: it is the baseline users get
+(antdt's own runs must exit 0).
 
     python bench/torchrun_bench.py --ranks 2 --repeat 3 --json
 """
@@ -33,6 +39,8 @@ from benchlib import bench_parser, numbers, spread, stop_process
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "user_job.py"
+#: The user script's modes that talk to antdt's services (the others get no bus).
+NEEDS_BUS = {"dd"}
 #: How long each of ``antdt up``'s services may take to be ready (past it, antdt up exits).
 READY_WITHIN_S = 90
 
@@ -89,10 +97,14 @@ def run_job(mode: str, ranks: int, args, slow: bool, workdir: Path, env: dict) -
     )
     wall_s = time.perf_counter() - began
     figures = [line for line in done.stdout.splitlines() if line.startswith('{"train_s"')]
-    if done.returncode != 0 or not figures:
-        tail = (done.stdout + done.stderr).strip().splitlines()[-8:]
-        return {"ok": False, "exit": done.returncode, "wall_s": round(wall_s, 2), "tail": tail}
-    return {"ok": True, "exit": 0, "wall_s": round(wall_s, 2), **json.loads(figures[-1])}
+    run = {"exit": done.returncode, "finished": bool(figures), "wall_s": round(wall_s, 2)}
+    if figures:
+        run |= json.loads(figures[-1])
+    # an antdt run also proves exactly once (its ledger); a plain run cannot
+    run["ok"] = done.returncode == 0 and bool(figures) and run.get("ledger_all_ones", True)
+    if not run["ok"]:
+        run["tail"] = (done.stdout + done.stderr).strip().splitlines()[-8:]
+    return run
 
 
 def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
@@ -100,27 +112,38 @@ def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
     base["OMP_NUM_THREADS"] = "1"
     runs = []
     for _ in range(args.repeat):
-        if mode == "plain":
+        if mode not in NEEDS_BUS:
             runs.append(run_job(mode, ranks, args, slow, workdir, base))
             continue
         with antdt_up(workdir / f"up-{uuid.uuid4().hex[:6]}") as exports:
             env = base | exports | {"ANTDT_JOB_ID": f"bench-{uuid.uuid4().hex[:8]}"}
             runs.append(run_job(mode, ranks, args, slow, workdir, env))
-    times = [r["train_s"] for r in runs if r["ok"]]
+    times = [r["train_s"] for r in runs if r["finished"]]
     return {
         "mode": mode,
         "ranks": ranks,
         "slowed": slow,
         "train_s": spread(times) if times else None,
         "failed": sum(not r["ok"] for r in runs),
+        "aborted_at_exit": sum(r["finished"] and not r["ok"] for r in runs),
         "runs": runs,
     }
+
+
+def failures(result: dict) -> int:
+    """Runs that count against the benchmark: any failed antdt run; a baseline run only if it
+    did not finish training (torch's own abort at exit is reported, not ours to fail on)."""
+    if result["mode"] == "plain":
+        return result["failed"] - result["aborted_at_exit"]
+    return result["failed"]
 
 
 def main() -> int:
     parser = bench_parser(__doc__, "healthy,slow")
     parser.add_argument("--ranks", default="2", help="comma-separated world sizes")
-    parser.add_argument("--modes", default="dd", help="antdt modes to compare (dd)")
+    parser.add_argument(
+        "--modes", default="dd", help="antdt modes to compare: dd, hook (its all-reduce alone)"
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--samples", type=int, default=96_000)
     parser.add_argument("--hidden", type=int, default=256)
@@ -128,9 +151,18 @@ def main() -> int:
     parser.add_argument("--run-limit-s", type=float, default=900.0)
     parser.add_argument("--max-overhead", type=float, default=None, help="fail above this")
     parser.add_argument("--min-speedup", type=float, default=None, help="fail below this")
+    parser.add_argument(
+        "--no-baseline",
+        dest="baseline",
+        action="store_false",
+        help="run only the antdt modes (long runs that check that every run finishes)",
+    )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/antdt-torchrun-bench"))
     args = parser.parse_args()
     ranks_list = numbers(parser, "--ranks", args.ranks)
+    unknown = set(args.modes.split(",")) - {"dd", "hook"}
+    if unknown:
+        parser.error(f"--modes takes dd and hook, not {', '.join(sorted(unknown))}")
     parts = args.only.split(",")
     args.workdir.mkdir(parents=True, exist_ok=True)
     results, verdicts = [], []
@@ -138,12 +170,12 @@ def main() -> int:
         for slow in [False, True]:
             if ("slow" if slow else "healthy") not in parts:
                 continue
-            plain = measure("plain", ranks, slow, args, args.workdir)
-            results.append(plain)
+            plain = measure("plain", ranks, slow, args, args.workdir) if args.baseline else None
+            results += [plain] if plain else []
             for mode in args.modes.split(","):
                 ours = measure(mode, ranks, slow, args, args.workdir)
                 results.append(ours)
-                if plain["train_s"] and ours["train_s"]:
+                if plain and plain["train_s"] and ours["train_s"]:
                     ratio = ours["train_s"]["median"] / plain["train_s"]["median"]
                     name = "speedup" if slow else "overhead"
                     value = round(1 / ratio if slow else ratio, 3)
@@ -152,7 +184,7 @@ def main() -> int:
                     if limit is not None and (value < limit if slow else value > limit):
                         verdicts.append(f"{mode} {ranks} ranks: {name} {value} (limit {limit})")
     failed = [
-        f"{r['mode']} {r['ranks']} ranks: {r['failed']} failed" for r in results if r["failed"]
+        f"{r['mode']} {r['ranks']} ranks: {failures(r)} failed" for r in results if failures(r)
     ]
     report = {
         "settings": {

@@ -4,22 +4,30 @@ An MLP on synthetic data, written twice the way a script author would:
 ``--mode plain`` is torch's own DDP with ``DistributedSampler`` (the
 baseline), ``--mode dd`` the same loop through :class:`antdt.worker.ElasticJob`
 as docs/torchrun.md shows. Both share the model, the data and the pacing, so
-the two loops are the only difference.
+the two loops are the only difference. ``--mode hook`` (for the breakdown in
+docs/torchrun.md) is the plain loop with only antdt's weighted all-reduce
+hook added.
 
 Pacing (the benchmark's only addition, the same in both modes): with
-``--slow-rank R --slow-factor F`` rank R sleeps ``(F - 1)`` times its
-measured forward and backward after each backward, so it is F times slower
-per sample, as a slower device would be.
+``--slow-rank R --slow-factor F`` rank R sleeps, between each forward and
+backward, ``(F - 1)`` times the batch's compute at the per-sample cost
+measured before training (a local copy of the model, no communication), so
+it is F times slower per sample, as a slower device would be; a smaller
+batch gets a shorter sleep.
 
-Rank 0 prints one JSON line, ``{"train_s": ..., "steps": ..., "samples": ...}``:
-the time from the process group's start to the end of training (the job's
-set-up included).
+Rank 0 prints one JSON line, ``{"train_s": ..., "steps": ..., "samples": ...}``
+(``dd`` adds ``ledger_all_ones``: every sample trained exactly once): the
+time from every rank's being ready (model, data and pacing built) to the
+end of training, the job's set-up included.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import json
+import statistics
 import time
 
 import torch
@@ -57,45 +65,68 @@ def mlp(features: int, hidden: int, classes: int) -> nn.Module:
 class Pacing:
     """Makes one rank ``factor`` times slower per sample (module docstring)."""
 
-    def __init__(self, slow_rank: int, factor: float):
+    def __init__(self, slow_rank: int, factor: float, model: nn.Module, dataset, batch: int):
         self.extra = factor - 1.0 if dist.get_rank() == slow_rank else 0.0
-        self.started = time.perf_counter()
+        self.per_sample_s = per_sample_cost(model, dataset, batch) if self.extra > 0 else 0.0
 
-    def begin(self) -> None:
-        self.started = time.perf_counter()
-
-    def after_backward(self) -> None:
+    def before_backward(self, samples: int) -> None:
         if self.extra > 0:
-            time.sleep(self.extra * (time.perf_counter() - self.started))
+            time.sleep(self.extra * self.per_sample_s * samples)
 
 
-def train_plain(model, optimizer, dataset, args, pacing: Pacing) -> tuple[int, int]:
+def per_sample_cost(model: nn.Module, dataset, batch: int, repeats: int = 21) -> float:
+    """The median forward and backward of one ``batch`` on a copy of ``model``, per sample."""
+    local = copy.deepcopy(model)
+    inputs, labels = (torch.stack(t) for t in zip(*(dataset[i] for i in range(batch))))
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        F.cross_entropy(local(inputs), labels).backward()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) / batch
+
+
+def train_plain(model, optimizer, dataset, args, pacing: Pacing, weighted: bool = False) -> dict:
+    """Torch's DDP with ``DistributedSampler``; ``weighted`` (``--mode hook``, a part of ``dd``
+    measured apart) adds only antdt's weighted all-reduce hook and its per-step control
+    all-reduce: no shards, no agent."""
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler
 
     ddp = DistributedDataParallel(model)
+    reduce = None
+    if weighted:
+        from antdt.worker.ddp_hook import WeightedReduce
+
+        reduce = WeightedReduce(ddp)
     sampler = DistributedSampler(dataset, seed=0)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     steps = samples = 0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for inputs, labels in loader:
-            pacing.begin()
+            if reduce is not None:
+                reduce.begin(len(labels), [1])
             loss = F.cross_entropy(ddp(inputs), labels)
             optimizer.zero_grad()
+            pacing.before_backward(len(labels))
             loss.backward()
-            pacing.after_backward()
+            if reduce is not None:
+                reduce.sums()
             optimizer.step()
             steps, samples = steps + 1, samples + len(labels)
-    return steps, samples
+    return {"steps": steps, "samples": samples}
 
 
-def train_dd(model, optimizer, dataset, args, pacing: Pacing) -> tuple[int, int]:
+def train_dd(model, optimizer, dataset, args, pacing: Pacing) -> dict:
+    from torch.nn.parallel import DistributedDataParallel
+
     from antdt.worker import ElasticJob
 
+    ddp = DistributedDataParallel(model)
     steps = samples = 0
     with ElasticJob(
-        model,
+        ddp,
         optimizer,
         dataset,
         batch_size=args.batch_size,
@@ -103,18 +134,22 @@ def train_dd(model, optimizer, dataset, args, pacing: Pacing) -> tuple[int, int]
         checkpoint=args.checkpoint,
     ) as job:
         for inputs, labels in job.batches():
-            pacing.begin()
-            loss = F.cross_entropy(model(inputs), labels)
+            loss = F.cross_entropy(ddp(inputs), labels)
             optimizer.zero_grad()
+            pacing.before_backward(len(labels))
             loss.backward()
-            pacing.after_backward()
-            job.sync()
             optimizer.step()
             steps, samples = steps + 1, samples + len(labels)
-    return steps, samples
+    # exactly once, by the in-model ledger (every rank holds the summed counts)
+    all_ones = bool((job.ledger.counts == 1).all())
+    return {"steps": steps, "samples": samples, "ledger_all_ones": all_ones}
 
 
-TRAINERS = {"plain": train_plain, "dd": train_dd}
+TRAINERS = {
+    "plain": train_plain,
+    "hook": functools.partial(train_plain, weighted=True),
+    "dd": train_dd,
+}
 
 
 def main() -> None:
@@ -131,17 +166,18 @@ def main() -> None:
     parser.add_argument("--checkpoint", default="checkpoints/user_job.pt")
     args = parser.parse_args()
     dist.init_process_group("gloo")
-    began = time.perf_counter()
     torch.manual_seed(0)
     model = mlp(args.features, args.hidden, args.classes)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     dataset = Synthetic(args.samples, args.features, args.classes)
-    pacing = Pacing(args.slow_rank, args.slow_factor)
-    steps, samples = TRAINERS[args.mode](model, optimizer, dataset, args, pacing)
+    pacing = Pacing(args.slow_rank, args.slow_factor, model, dataset, args.batch_size)
+    dist.barrier()
+    began = time.perf_counter()
+    figures = TRAINERS[args.mode](model, optimizer, dataset, args, pacing)
     dist.barrier()
     train_s = time.perf_counter() - began
     if dist.get_rank() == 0:
-        print(json.dumps({"train_s": round(train_s, 3), "steps": steps, "samples": samples}))
+        print(json.dumps({"train_s": round(train_s, 3), **figures}))
     dist.destroy_process_group()
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).parent))
 from images import SmallCNN, SyntheticImages, accuracy, one_gpu_per_rank  # noqa: E402
@@ -39,8 +40,9 @@ def main() -> None:
     model = SmallCNN().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     dataset = SyntheticImages(args.samples)
+    ddp = DistributedDataParallel(model)
     with ElasticJob(
-        model,
+        ddp,
         optimizer,
         dataset,
         batch_size=args.batch_size,
@@ -48,10 +50,9 @@ def main() -> None:
         checkpoint=args.checkpoint,
     ) as job:
         for inputs, labels in job.batches():
-            loss = F.cross_entropy(model(inputs.to(device)), labels.to(device))
+            loss = F.cross_entropy(ddp(inputs.to(device)), labels.to(device))
             optimizer.zero_grad()
             loss.backward()
-            job.sync()
             optimizer.step()
     if dist.get_rank() == 0:
         print(f"held-out accuracy {accuracy(model, dataset.heldout(), device):.3f}", flush=True)

@@ -1,14 +1,18 @@
 """The Agent: what a training script embeds to take part in antdt.
 
-A training script adds about ten lines::
+A training script adds about ten lines (under torchrun, :class:`ElasticJob
+<antdt.worker.elastic.job.ElasticJob>` does all of this for a DDP loop)::
 
-    with Agent(job_id="resnet", worker_id=f"rank-{rank}") as agent: data = agent.shards(train_set,
-    DatasetSpec(...))        # dynamic sharding batches = loader(data, batch_size=agent.batch_size)
-    # antdt.worker.dataset.loader while not data.finished: for batch in agent.iterate(batches):
-    # times data waits, keeps provenance loss = model(batch).mean(); loss.backward()
-    averager.sync(model, len(batch), agent.sync_wait)    # DDP: times barriers optimizer.step();
-    optimizer.zero_grad() agent.step(samples=len(batch))                   # commits the batch;
-    commands apply here
+    with Agent(job_id="resnet", worker_id=f"rank-{rank}") as agent:
+        data = agent.shards(train_set, DatasetSpec(...))   # dynamic sharding
+        batches = loader(data, batch_size=agent.batch_size)  # antdt.worker.dataset.loader
+        while not data.finished:
+            for batch in agent.iterate(batches):  # times data waits, keeps provenance
+                loss = model(batch).mean()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                agent.step(samples=len(batch))  # commits the batch; commands apply here
 
 What the agent does meanwhile, off the training thread: aggregates step
 timings into one ``WorkerMetrics`` per report interval, samples resources,
@@ -408,6 +412,11 @@ class Agent:
         compute: the collective would otherwise wait for it inside the context.
         """
         return self._booked("_sync_wait", settle=True)
+
+    def book_sync_wait(self, seconds: float) -> None:
+        """Count ``seconds`` this step spent blocked at synchronisation, timed by the caller (inside
+        DDP's backward pass, say, where no context can be entered)."""
+        self._sync_wait += seconds
 
     @contextmanager
     def _booked(self, account: str, settle: bool = False) -> Iterator[None]:

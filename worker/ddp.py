@@ -33,7 +33,9 @@ pool) restart the group from the last checkpoint.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import logging
 import os
 import sys
@@ -50,7 +52,7 @@ import torch.distributed as dist
 
 from antdt.errors import AntdtError
 from antdt.worker.ledger import LedgerSlots
-from antdt.worker.liveness import PeerLiveness, silent_ranks
+from antdt.worker.liveness import PeerLiveness, hang_verdict, silent_ranks
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +169,26 @@ def collective_device(
     return torch.device("cpu")
 
 
+_collect_at_exit_registered = False
+
+
+def collect_cycles_before_exit() -> None:
+    """Free the process group's last holders before the interpreter finalises (idempotent).
+
+    A DDP model (and a hook's state) sits in reference cycles that only the
+    garbage collector frees; left to the interpreter's finalisation, freeing
+    them joins gloo's worker threads when those can no longer take the GIL,
+    and the process aborts ("terminate called without an active
+    exception", SIGABRT) after training finished. Measured with two gloo
+    ranks, five steps and ``destroy_process_group()``: 2-3 aborts in 20
+    runs, plain DDP alike; with this ``gc.collect()`` at exit, 0 in 50.
+    """
+    global _collect_at_exit_registered
+    if not _collect_at_exit_registered:
+        atexit.register(gc.collect)
+        _collect_at_exit_registered = True
+
+
 def _parameters(
     model_or_params: torch.nn.Module | Iterable[torch.Tensor],
 ) -> list[torch.nn.Parameter]:
@@ -216,6 +238,7 @@ class WeightedGradientAverager:
         self.ledger = ledger
         self.timeout = timeout
         self.steps = 0  # collectives completed: names the step in a timeout's message
+        collect_cycles_before_exit()
 
     def sync(
         self,
@@ -449,22 +472,19 @@ def wait_within(
     deadline = began + limit_s
     limit_text = limit_text or f"{limit_s:g} s"
     while not _done_by(works, deadline):
-        waited = time.monotonic() - began
-        if peers is None or waited >= cap_s:
+        if peers is None:
             raise CollectiveTimeout(
-                f"{what} waited {waited:.1f} s (limit {limit_text}"
-                f"{', every rank alive' if peers is not None else ''}): a rank is dead or stuck"
+                f"{what} waited {time.monotonic() - began:.1f} s (limit {limit_text}): "
+                "a rank is dead or stuck"
             )
         before = peers.latest()
-        if _done_by(works, time.monotonic() + peers.window_s):
+        if _done_by(works, min(time.monotonic() + peers.window_s, began + cap_s)):
             return
         silent = silent_ranks(before, peers.latest(), peers.rank)
-        if silent:
-            raise CollectiveTimeout(
-                f"{what} waited {time.monotonic() - began:.1f} s "
-                f"(limit {limit_text}) and rank(s) "
-                f"{', '.join(map(str, silent))} stopped beating: dead or stopped"
-            )
+        waited = time.monotonic() - began
+        verdict = hang_verdict(waited, limit_s, cap_s, silent, limit_text)
+        if verdict is not None:
+            raise CollectiveTimeout(f"{what} {verdict}")
         log.warning(
             "%s has waited %.1f s; every rank is alive, waiting on (at most %g s)",
             what,

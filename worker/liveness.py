@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 #: Store key of rank r's counter.
@@ -48,6 +50,33 @@ def silent_ranks(before: Beats, after: Beats, own_rank: int) -> list[int]:
     ]
 
 
+def hang_verdict(
+    waited_s: float,
+    limit_s: float,
+    cap_s: float,
+    silent: list[int],
+    limit_text: str | None = None,
+) -> str | None:
+    """Why a wait on the other ranks of ``waited_s`` must end (None: wait on): past the limit
+    with ranks that stopped beating (named), or past the cap with every rank alive.
+
+    The one rule of every bounded wait on peers: a slow rank is not a dead
+    one, so the limit alone ends nothing while every rank beats.
+    """
+    limit_text = limit_text or f"{limit_s:.1f} s"
+    if waited_s > limit_s and silent:
+        return (
+            f"waited {waited_s:.1f} s (limit {limit_text}) and rank(s) "
+            f"{', '.join(map(str, silent))} stopped beating: dead or stopped"
+        )
+    if waited_s > cap_s:
+        return (
+            f"waited {waited_s:.1f} s (limit {limit_text}, every rank alive, at most "
+            f"{cap_s:g} s): a rank is dead or stuck"
+        )
+    return None
+
+
 class PeerLiveness:
     """This rank's heartbeat and its view of the others' (module docstring)."""
 
@@ -58,6 +87,8 @@ class PeerLiveness:
         #: How long to watch the counters before calling a rank silent: several beats.
         self.window_s = max(3.0, 8 * interval_s)
         self._latest = Beats(tuple([0] * world), 0.0)
+        self._history: deque[Beats] = deque()  # the snapshots of the last window
+        self._listeners: list[Callable[[PeerLiveness], None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="antdt-liveness", daemon=True)
 
@@ -86,9 +117,24 @@ class PeerLiveness:
     def latest(self) -> Beats:
         return self._latest
 
+    def on_beat(self, listener: Callable[[PeerLiveness], None]) -> None:
+        """Call ``listener(self)`` on the heartbeat thread after every beat (a watchdog's check)."""
+        self._listeners.append(listener)
+
+    def silent_now(self) -> list[int]:
+        """The ranks whose counter has not moved over the last window (every other rank when the
+        store has not answered for that long); none while less than a window has been watched."""
+        now, latest = time.monotonic(), self._latest
+        if now - latest.read_at > self.window_s:
+            return [r for r in range(self.world) if r != self.rank]
+        old = [beats for beats in self._history if latest.read_at - beats.read_at >= self.window_s]
+        return silent_ranks(old[-1], latest, self.rank) if old else []
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._beat()
+            for listener in self._listeners:
+                listener(self)
 
     def _beat(self) -> None:
         try:
@@ -97,6 +143,9 @@ class PeerLiveness:
         except Exception:  # noqa: BLE001 - the store is gone: the snapshot grows old, peers read silent
             return
         self._latest = Beats(counts, time.monotonic())
+        self._history.append(self._latest)
+        while self._latest.read_at - self._history[0].read_at > self.window_s + 2 * self.interval_s:
+            self._history.popleft()
 
     def close(self) -> None:
         self._stop.set()

@@ -76,3 +76,15 @@ def test_the_plain_ddp_example_trains_under_torchrun(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     accuracy = float(done.stdout.split("held-out accuracy")[1].split()[0])
     assert accuracy > 0.5  # ten classes: chance is 0.1
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/torchrun.md"])
+def test_the_docs_show_the_antdt_example_s_own_loop(doc: str):
+    """The docs' ``ElasticJob`` block is an excerpt of examples/ddp_antdt.py, indentation aside."""
+    text = (EXAMPLES.parent / doc).read_text()
+    blocks = [b for b in text.split("```python\n")[1:] if "ElasticJob(" in b.split("```")[0]]
+    assert len(blocks) == 1, f"{doc}: one ElasticJob block expected"
+    shown = [line.strip() for line in blocks[0].split("```")[0].splitlines() if line.strip()]
+    example = [line.strip() for line in (EXAMPLES / "ddp_antdt.py").read_text().splitlines()]
+    starts = [i for i, line in enumerate(example) if line == shown[0]]
+    assert any(example[i : i + len(shown)] == shown for i in starts), f"{doc} drifted"

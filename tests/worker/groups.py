@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 
 def join_gloo(init_file: str, rank: int, world: int = 2, timeout_s: float = 60.0) -> None:
@@ -19,3 +22,25 @@ def join_gloo(init_file: str, rank: int, world: int = 2, timeout_s: float = 60.0
         world_size=world,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
+
+
+def rank_0_outcome(rank_main: Callable, tmp_path: Path, fault: str, limit_s: float = 60.0) -> str:
+    """Run ``rank_main(rank, init_file, out_dir, fault)`` on two spawned ranks; what rank 0 wrote
+    to ``rank-0.txt`` once it ended (within ``limit_s``). Rank 1 may be left stopped: it is
+    killed."""
+    context = mp.start_processes(
+        rank_main,
+        args=(str(tmp_path / "init"), str(tmp_path), fault),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
+    )
+    try:
+        rank0 = context.processes[0]
+        rank0.join(timeout=limit_s)
+        assert rank0.exitcode == 0, f"rank 0 did not end within {limit_s:g} s ({fault})"
+        return (tmp_path / "rank-0.txt").read_text()
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()

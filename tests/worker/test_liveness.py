@@ -10,13 +10,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from hypothesis import given
 from hypothesis import strategies as st
 
 from antdt.worker.ddp import CollectiveTimeout, StepSizedTimeout, WeightedGradientAverager
-from antdt.worker.liveness import Beats, PeerLiveness, silent_ranks
-from tests.worker.groups import join_gloo
+from antdt.worker.liveness import Beats, PeerLiveness, hang_verdict, silent_ranks
+from tests.worker.groups import join_gloo, rank_0_outcome
 
 
 def test_a_rank_whose_counter_did_not_move_is_silent():
@@ -42,8 +41,32 @@ def test_silent_ranks_are_exactly_the_others_that_did_not_beat(counts, data):
     ]
 
 
+def test_a_silent_rank_past_the_limit_ends_the_wait_naming_it():
+    verdict = hang_verdict(waited_s=2.5, limit_s=2.0, cap_s=60.0, silent=[1, 3])
+    assert verdict is not None and "rank(s) 1, 3 stopped beating" in verdict
+
+
+def test_every_rank_alive_waits_up_to_the_cap():
+    assert hang_verdict(waited_s=50.0, limit_s=2.0, cap_s=60.0, silent=[]) is None
+    verdict = hang_verdict(waited_s=61.0, limit_s=2.0, cap_s=60.0, silent=[])
+    assert verdict is not None and "every rank alive" in verdict
+
+
+@given(
+    st.floats(0, 100),
+    st.floats(0.1, 50),
+    st.floats(50, 100),
+    st.lists(st.integers(0, 7), max_size=3),
+)
+def test_a_wait_ends_exactly_when_past_the_limit_with_a_silent_rank_or_past_the_cap(
+    waited, limit, cap, silent
+):
+    must_end = (waited > limit and bool(silent)) or waited > cap
+    assert (hang_verdict(waited, limit, cap, silent) is not None) == must_end
+
+
 def rank_main(rank: int, init_file: str, out_dir: str, fault: str) -> None:
-    """Rank 1 misbehaves at step 3 (``fault``: ``slow`` sleeps 6 s, ``stop`` sends itself
+    """Rank 1 misbehaves at step 3 (``fault``: ``slow`` sleeps 4.5 s, ``stop`` sends itself
     SIGSTOP); rank 0's bound is 1 s."""
     join_gloo(init_file, rank)
     peers = PeerLiveness.of_default_group(interval_s=0.2)
@@ -56,7 +79,7 @@ def rank_main(rank: int, init_file: str, out_dir: str, fault: str) -> None:
         for step in range(6):
             if rank == 1 and step == 3:
                 if fault == "slow":
-                    time.sleep(6)
+                    time.sleep(4.5)
                 else:
                     os.kill(os.getpid(), signal.SIGSTOP)
             model(torch.ones(3, 4)).sum().backward()
@@ -70,22 +93,7 @@ def rank_main(rank: int, init_file: str, out_dir: str, fault: str) -> None:
 
 
 def run_pair(tmp_path: Path, fault: str) -> str:
-    context = mp.start_processes(
-        rank_main,
-        args=(str(tmp_path / "init"), str(tmp_path), fault),
-        nprocs=2,
-        join=False,
-        start_method="spawn",
-    )
-    try:
-        rank0 = context.processes[0]
-        rank0.join(timeout=60)
-        assert rank0.exitcode == 0, f"rank 0 did not end within 60 s ({fault})"
-        return (tmp_path / "rank-0.txt").read_text()
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
+    return rank_0_outcome(rank_main, tmp_path, fault)
 
 
 def test_a_rank_slower_than_the_bound_but_alive_is_waited_for(tmp_path: Path):

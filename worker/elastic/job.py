@@ -12,14 +12,18 @@ set up (gloo or NCCL), and instead
   switch together at the command's effective step, later only if a command
   is late (agreed in-band, :mod:`~antdt.worker.elastic.resize`); the global
   batch never moves;
-* **averages gradients weighted by batch size**, with the sample ledger in
-  the same all-reduce (:class:`~antdt.worker.ddp.WeightedGradientAverager`),
-  so the ledger changes exactly when the model does;
-* **never hangs**: each collective is bounded by the job's recent steps
-  (:class:`~antdt.worker.ddp.StepSizedTimeout`), and past the bound waits on
-  only while every rank still beats (:mod:`~antdt.worker.liveness`): a rank
-  that is slow is not a dead one. A broken group ends the process (exit 77)
-  and torchrun restarts the group (``--max-restarts``);
+* **averages gradients weighted by batch size** inside DDP's own bucketed
+  all-reduce (a communication hook, :class:`~antdt.worker.ddp_hook.WeightedReduce`),
+  so the all-reduce still overlaps the backward pass; each step's batch sizes,
+  loop control and the sample ledger's slots travel in one small all-reduce
+  launched when the batch is handed out, so the ledger changes exactly when
+  the model does;
+* **never hangs**: past a bound sized by the job's recent steps
+  (:class:`~antdt.worker.ddp.StepSizedTimeout`) a rank waits on only while
+  every rank still beats (:mod:`~antdt.worker.liveness`,
+  :mod:`~antdt.worker.watchdog`, which also bounds DDP's waits inside
+  ``backward()``): a rank that is slow is not a dead one. A broken group ends
+  the process (exit 77) and torchrun restarts the group (``--max-restarts``);
 * **checkpoints** model, optimizer, ledger, batch sizes and the shard-state
   version together about every ``checkpoint_every_s`` (rank 0 decides,
   in-band), and on a restart restores them and rewinds the shards before
@@ -27,18 +31,19 @@ set up (gloo or NCCL), and instead
   nothing else. After an elastic re-rendezvous with another world size the
   global batch is split evenly until the controller resizes it.
 
-Use (see ``examples/``)::
+Use (see ``examples/``): the loop of a plain DDP script, the batches from the job::
 
-    with ElasticJob(model, optimizer, dataset, batch_size=32, checkpoint="ckpt.pt") as job:
+    ddp = DistributedDataParallel(model)
+    with ElasticJob(ddp, optimizer, dataset, batch_size=32, checkpoint="ckpt.pt") as job:
         for inputs, labels in job.batches():
-            loss = loss_fn(model(inputs), labels)
+            loss = loss_fn(ddp(inputs), labels)   # the mean over this rank's batch
             optimizer.zero_grad()
             loss.backward()
-            job.sync()          # instead of DDP's averaging
             optimizer.step()
 
-Samples are ``(input, target)`` tensor pairs. Model buffers (BatchNorm
-statistics) are made equal once, at the start, not at every step.
+Samples are ``(input, target)`` tensor pairs. Each step's one backward pass
+goes through the DDP model (not ``no_sync()``: gradient accumulation is not
+supported). Model buffers (BatchNorm statistics) follow DDP's own rules.
 """
 
 from __future__ import annotations
@@ -47,18 +52,19 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from antdt.errors import AntdtError
 from antdt.schemas.models import AckStatus, CommandAction, DatasetSpec, MitigationCommand
 from antdt.worker.agent import Agent
 from antdt.worker.checkpoint import load_checkpoint, save_checkpoint
 from antdt.worker.ddp import (
+    CollectiveTimeout,
     StepSizedTimeout,
-    WeightedGradientAverager,
     agreed_checkpoint_version,
     broadcast_int,
     broke_the_group,
@@ -66,10 +72,12 @@ from antdt.worker.ddp import (
     end_broken_group,
     world_size,
 )
+from antdt.worker.ddp_hook import WeightedReduce
 from antdt.worker.elastic.resize import AgreedResize
 from antdt.worker.feeds import ShardFeed
 from antdt.worker.ledger import LedgerSlots, SampleLedger
 from antdt.worker.liveness import PeerLiveness
+from antdt.worker.watchdog import StepWatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -122,17 +130,26 @@ class ElasticJob:
         ledger_dir: str | Path | None = None,
         agent: Agent | None = None,
     ):
-        """``batch_size``: each rank's at the first start (the global batch is ``batch_size`` x the
-        world).
+        """``model``: the ``DistributedDataParallel`` the loop trains (the module itself with one
+        process); ``batch_size``: each rank's at the first start (the global batch is
+        ``batch_size`` x the world).
 
         ``checkpoint``: where rank 0 saves (every rank must be able to read it);
         ``ledger_dir``: where rank 0 writes the ledger at the end (default: beside it).
         """
         if batch_size < 1:
             raise AntdtError(f"batch_size must be >= 1, got {batch_size}")
-        self.model, self.optimizer, self.dataset = model, optimizer, dataset
         self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.world = world_size()
+        self.ddp = model if isinstance(model, DistributedDataParallel) else None
+        if self.world > 1 and self.ddp is None:
+            raise AntdtError(
+                "ElasticJob needs the model wrapped in DistributedDataParallel with more than one "
+                "rank (it weights DDP's all-reduce by batch size): "
+                "ElasticJob(DistributedDataParallel(model), ...)"
+            )
+        self.model = self.ddp.module if self.ddp is not None else model
+        self.optimizer, self.dataset = optimizer, dataset
         self.checkpoint_path = Path(checkpoint)
         self.ledger_dir = (
             Path(ledger_dir) if ledger_dir is not None else self.checkpoint_path.parent
@@ -151,16 +168,19 @@ class ElasticJob:
         self.checkpoint_every_s = checkpoint_every_s or self.agent.settings.checkpoint_every_s
         self.global_batch = batch_size * self.world
         self.ledger = SampleLedger(self.spec.size, epochs)
-        self.averager: WeightedGradientAverager | None = None
+        self.timeout = StepSizedTimeout()
+        self.reduce: WeightedReduce | None = None
         self.peers: PeerLiveness | None = None
+        self.watch: StepWatch | None = None
+        self.slots: LedgerSlots | None = None
         self.data = self.feed = None
         self.finished = False
         self.samples = 0  # this rank's samples trained (by its own batches)
         self.restored_step: int | None = None  # the checkpoint's step when this process resumed one
         self._checkpoint_at = 0.0
-        self._pending = 0  # samples in the batch handed out, not yet synchronised
-        # this step's (global batch, ranks with data, checkpoint due)
-        self._synced: tuple[int, int, int] | None = None
+        self._pending = 0  # samples in the batch handed out, not yet stepped
+        self._counted = 0  # loop-control numbers at the head of this step's sums
+        self._local_sums: list[int] = []  # this step's sums with one process
         self._resize = AgreedResize()
         self._offers = [0, 0, 0]  # this step's summed resize offers
         self.agent.handle(CommandAction.ADJUST_BATCH_SIZE, self._on_resize)
@@ -177,12 +197,12 @@ class ElasticJob:
             # set-up holds every rank alike: not the first step's compute
             with self.agent.sync_wait():
                 self._collective(self._restore_or_start)
+            self.slots = LedgerSlots(self.ledger, self.world, self.rank, self.global_batch)
+            if self.ddp is not None:
+                self.reduce = WeightedReduce(self.ddp)
             self.peers = PeerLiveness.of_default_group()
-            self.averager = WeightedGradientAverager(
-                ledger=LedgerSlots(self.ledger, self.world, self.rank, self.global_batch),
-                timeout=StepSizedTimeout(),
-                peers=self.peers,
-            )
+            if self.peers is not None:
+                self.watch = StepWatch(self.peers, self.timeout.limit_s, self._end_hung)
             self.feed = ShardFeed(self.data, lambda: 2 * self.agent.batch_size).start()
         except BaseException as exc:
             self.__exit__(type(exc), exc, exc.__traceback__)
@@ -190,6 +210,8 @@ class ElasticJob:
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc is not None and broke_the_group(exc):
+            self._end_broken(exc)  # a peer died under this rank's backward(), say
         if self.peers is not None:
             self.peers.close()
         if self.feed is not None:
@@ -202,7 +224,8 @@ class ElasticJob:
     # ------------------------------------------------------------ the loop
 
     def batches(self) -> Iterator[tuple[Any, Any]]:
-        """This rank's batches, until every rank is out of data; call :meth:`sync` in each step.
+        """This rank's batches, until every rank is out of data: one forward, backward (through
+        the DDP model) and optimizer step each.
 
         Where this rank has nothing while others still train, it joins their
         steps here (the averaged gradient, the optimizer step) without
@@ -213,45 +236,56 @@ class ElasticJob:
             with self.agent.data_wait():
                 batch = self.feed.take(self.agent.batch_size)
             if batch is None:
+                self._begin_step(0)
                 self._idle_step()
             else:
                 inputs, labels = self.agent.untag(batch)
-                self._pending, self._synced = len(labels), None
+                self._begin_step(len(labels))
                 yield inputs, labels
-                if self._synced is None:
-                    raise AntdtError(
-                        "call job.sync() in every step, "
-                        "after backward() and before optimizer.step()"
-                    )
+                self._check_reduced()
                 self.samples += self._pending
             self._end_step()
 
-    def sync(self) -> int:
-        """Average the gradients over the ranks, weighted by batch size; returns the global batch of
-        the step."""
+    def _begin_step(self, samples: int) -> None:
+        """Launch the step's sums: batch, data left, checkpoint due, resize offers, ledger slots."""
+        self._pending = samples
         due = int(self.rank == 0 and time.monotonic() >= self._checkpoint_at)
         counters = [int(not self.feed.exhausted), due, *self._resize.offer(self.agent.batch_size)]
-        global_batch, (with_data, checkpoint_due, *self._offers) = self._collective(
-            lambda: self.averager.sync_counting(
-                self.model,
-                self._pending,
-                counters,
-                sync_timer=self.agent.sync_wait,
-                tags=self.agent.pending_tags,
-            )
-        )
-        self._synced = (global_batch, with_data, checkpoint_due)
-        return global_batch
+        self._counted = len(counters)
+        integers = counters + self.slots.encode(self.agent.pending_tags)
+        if self.watch is not None:
+            self.watch.waiting(f"step {self.agent.step_count}")
+        if self.reduce is None:
+            self._local_sums = [samples, *integers]
+        else:
+            self._collective(lambda: self.reduce.begin(samples, integers))
+
+    def _sums(self) -> list[int]:
+        return self._local_sums if self.reduce is None else self._collective(self.reduce.sums)
 
     def _idle_step(self) -> None:
         """Join a step with no samples: the others' averaged gradient still updates this replica."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self._pending = 0
-        if self.sync():
+        with self.agent.sync_wait():  # all of it is waiting for the others
+            self.optimizer.zero_grad(set_to_none=True)
+            if not self._sums()[0]:
+                return  # no rank has samples: no rank runs a backward pass
+            if self.reduce is not None:
+                self._collective(self.reduce.idle_step)
             self.optimizer.step()
 
+    def _check_reduced(self) -> None:
+        if self.reduce is not None and not self.reduce.buckets:
+            raise AntdtError(
+                "each step needs one loss.backward() through the DistributedDataParallel model "
+                "passed to ElasticJob (its gradients were not all-reduced)"
+            )
+
     def _end_step(self) -> None:
-        global_batch, with_data, checkpoint_due = self._synced
+        sums = self._sums()
+        with_data, checkpoint_due, *self._offers = sums[1 : 1 + self._counted]
+        self.slots.add(sums[1 + self._counted :])
+        self._book_sync()
+        self.timeout.completed(time.monotonic())
         self.agent.step(samples=self._pending)  # commits the samples: their update is in the model
         self._switch_if_agreed()
         if with_data and checkpoint_due:
@@ -259,10 +293,22 @@ class ElasticJob:
             with self.agent.sync_wait():
                 self._collective(self._checkpoint)
             # a checkpoint does not lengthen the step bound
-            self.averager.timeout.not_a_step(time.monotonic())
+            self.timeout.not_a_step(time.monotonic())
+        if self.watch is not None:
+            self.watch.done()  # the checkpoint's collectives were watched with the step's
         if not with_data:
             self.finished = True
             self._finish()
+
+    def _book_sync(self) -> None:
+        """A trained step waited for the others in the control sums and from its backward's last
+        bucket on."""
+        reduce = self.reduce
+        if reduce is None or not self._pending or reduce.backward_done_at is None:
+            return
+        self.agent.book_sync_wait(
+            reduce.control_wait_s + time.perf_counter() - reduce.backward_done_at
+        )
 
     # ------------------------------------------------------------ batch sizes
 
@@ -426,4 +472,11 @@ class ElasticJob:
         except Exception as exc:
             if not broke_the_group(exc):
                 raise
-            end_broken_group(f"{self.agent.spec.worker_id} (rank {self.rank})", exc)
+            self._end_broken(exc)
+
+    def _end_broken(self, exc: BaseException) -> NoReturn:
+        end_broken_group(f"{self.agent.spec.worker_id} (rank {self.rank})", exc)
+
+    def _end_hung(self, reason: str) -> None:
+        """The watchdog's verdict (on its thread): a peer stopped, or the wait outlived its cap."""
+        self._end_broken(CollectiveTimeout(reason))

@@ -22,16 +22,20 @@ newest version they all have.
 
 States (the shard's state machine)::
 
-    WAITING --a worker's initial values, then the first checkpoint--> SERVING start with a
-    checkpoint, or a gap in the log --> RECOVERING RECOVERING --a REWOUND read in the log, its
-    checkpoint loaded--> SERVING SERVING --a RESTART or EVICT command for it--> LEAVING LEAVING --a
-    checkpoint saved after the command (or LEAVE_WITHIN_S)--> exits with the agent's exit code
+    WAITING    --a worker's initial values, then the first checkpoint--> SERVING
+    start with a checkpoint, or a gap in the log                  --> RECOVERING
+    RECOVERING --a REWOUND read in the log, its checkpoint loaded--> SERVING
+    SERVING    --a RESTART or EVICT command for it--> LEAVING
+    LEAVING    --a checkpoint saved after the command (or LEAVE_WITHIN_S)-->
+               exits with the agent's exit code
 
-Only a SERVING shard takes gradients. A LEAVING one (the controller moves a slow shard to another
-node) asks for a checkpoint and keeps applying what is committed until it has saved it, so its
-replacement starts from the newest version and rolls the job back by as little as possible. A shard
-that cannot follow the log (a REWOUND to a version it has no checkpoint of, or no REWOUND within
-``recover_within_s``) exits with one line; its restart rolls everyone back.
+Only a SERVING shard takes gradients. A LEAVING one (the controller moves a
+slow shard to another node) asks for a checkpoint and keeps applying what is
+committed until it has saved it, so its replacement starts from the newest
+version and rolls the job back by as little as possible. A shard that cannot
+follow the log (a REWOUND to a version it has no checkpoint of, or no
+REWOUND within ``recover_within_s``) exits with one line; its restart rolls
+everyone back.
 """
 
 from __future__ import annotations

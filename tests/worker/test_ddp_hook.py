@@ -1,0 +1,106 @@
+"""DDP with antdt's communication hook gives the update of one process on the whole batch.
+
+Two real gloo ranks train a float64 model with BatchNorm (buffers DDP
+broadcasts) over several small buckets, with different batch sizes per
+step, each rank sitting out one step with no samples (its collectives
+shadowed as DDP's ``join()`` does). Every rank's final parameters must equal
+single-process training on the concatenated batch, and the control numbers
+sent with each step must come back summed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from antdt.errors import AntdtError
+from antdt.worker.ddp_hook import WeightedReduce
+from tests.worker.groups import join_gloo
+
+# per rank, per step: the batch size (0: the rank has no samples that step)
+SIZES = {0: [3, 0, 5, 4, 7], 1: [5, 6, 0, 4, 2]}
+STEPS = len(SIZES[0])
+
+
+def new_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 64),
+        torch.nn.BatchNorm1d(64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(64, 64),
+        torch.nn.Linear(64, 1),
+    ).double()
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(100 * step + rank)
+    size = SIZES[rank][step]
+    return (
+        torch.randn(size, 4, generator=generator, dtype=torch.float64),
+        torch.randn(size, 1, generator=generator, dtype=torch.float64),
+    )
+
+
+def rank_main(rank: int, init_file: str, out_dir: str) -> None:
+    join_gloo(init_file, rank)
+    model, optimizer = new_model()
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)  # several buckets
+    reduce = WeightedReduce(ddp)
+    sums = []
+    for step in range(STEPS):
+        inputs, targets = batch(step, rank)
+        reduce.begin(len(inputs), [int(len(inputs) > 0), 10 + rank])
+        optimizer.zero_grad(set_to_none=True)
+        if len(inputs):
+            F.mse_loss(ddp(inputs), targets).backward()
+        else:
+            reduce.idle_step()
+        sums.append(reduce.sums())
+        optimizer.step()
+    torch.save(
+        {"params": [p.detach() for p in model.parameters()], "sums": sums},
+        Path(out_dir) / f"rank-{rank}.pt",
+    )
+    dist.destroy_process_group()
+
+
+def single_process() -> list[torch.Tensor]:
+    """The same steps on one process: each rank's batch normalised on its own (as BatchNorm does
+    per replica), the loss the mean over every sample of the step."""
+    model, optimizer = new_model()
+    for step in range(STEPS):
+        parts = [batch(step, rank) for rank in SIZES if SIZES[rank][step]]
+        total = sum(len(inputs) for inputs, _ in parts)
+        loss = sum(F.mse_loss(model(x), y) * len(x) for x, y in parts) / total
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def test_weighted_ddp_steps_with_an_idle_rank_equal_one_process_on_the_whole_batch(
+    tmp_path: Path,
+):
+    mp.spawn(rank_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2)
+    expected = single_process()
+    for rank in SIZES:
+        result = torch.load(tmp_path / f"rank-{rank}.pt")
+        for got, want in zip(result["params"], expected):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+        assert result["sums"] == [
+            [sum(s[step] for s in SIZES.values()), sum(s[step] > 0 for s in SIZES.values()), 21]
+            for step in range(STEPS)
+        ]
+
+
+def test_a_model_not_wrapped_in_ddp_is_refused_with_how_to_wrap_it():
+    with pytest.raises(AntdtError, match="DistributedDataParallel"):
+        WeightedReduce(torch.nn.Linear(2, 1))

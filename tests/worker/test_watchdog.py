@@ -1,0 +1,64 @@
+"""The watchdog bounds DDP's waits inside backward(): a slow but beating rank is waited for, a
+stopped one ends its peers' wait naming it. Real gloo groups, DDP with antdt's hook, a real
+store's heartbeats (the rule itself: test_liveness.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from antdt.worker.ddp_hook import WeightedReduce
+from antdt.worker.liveness import PeerLiveness
+from antdt.worker.watchdog import StepWatch
+from tests.worker.groups import join_gloo, rank_0_outcome
+
+
+def rank_main(rank: int, init_file: str, out_dir: str, fault: str) -> None:
+    """Rank 1 misbehaves before its backward pass at step 3 (``fault``: ``slow`` sleeps 4.5 s,
+    ``stop`` sends itself SIGSTOP); the watch's limit is 1 s, a silent rank is one that did not
+    beat for 3 s."""
+    join_gloo(init_file, rank)
+    outcome = Path(out_dir) / f"rank-{rank}.txt"
+
+    def hung(reason: str) -> None:
+        outcome.write_text(reason)
+        os._exit(0)  # the group is unusable: no collective clean-up
+
+    peers = PeerLiveness.of_default_group(interval_s=0.2)
+    watch = StepWatch(peers, limit_s=lambda: 1.0, on_hung=hung)
+    ddp = DistributedDataParallel(torch.nn.Linear(4, 2))
+    reduce = WeightedReduce(ddp)
+    for step in range(6):
+        watch.waiting(f"step {step}")
+        reduce.begin(3, [])
+        loss = ddp(torch.ones(3, 4)).sum()
+        if rank == 1 and step == 3:
+            if fault == "slow":
+                time.sleep(4.5)
+            else:
+                os.kill(os.getpid(), signal.SIGSTOP)
+        loss.backward()
+        reduce.sums()
+        watch.done()
+    outcome.write_text("finished")
+    peers.close()
+    os._exit(0)
+
+
+def run_pair(tmp_path: Path, fault: str) -> str:
+    return rank_0_outcome(rank_main, tmp_path, fault)
+
+
+def test_a_rank_slow_inside_the_step_but_beating_is_waited_for(tmp_path: Path):
+    assert run_pair(tmp_path, "slow") == "finished"
+
+
+def test_a_rank_stopped_before_its_backward_ends_the_wait_naming_it(tmp_path: Path):
+    message = run_pair(tmp_path, "stop")
+    assert message.startswith("step 3 waited"), message
+    assert "rank(s) 1 stopped beating: dead or stopped" in message
