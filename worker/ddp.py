@@ -181,7 +181,9 @@ def collect_cycles_before_exit() -> None:
     and the process aborts ("terminate called without an active
     exception", SIGABRT) after training finished. Measured with two gloo
     ranks, five steps and ``destroy_process_group()``: 2-3 aborts in 20
-    runs, plain DDP alike; with this ``gc.collect()`` at exit, 0 in 50.
+    runs, plain DDP alike; with this ``gc.collect()`` at exit, 0 in 50
+    (upstream: pytorch issue 190489; PR 179291, destroying the groups at
+    exit, was abandoned).
     """
     global _collect_at_exit_registered
     if not _collect_at_exit_registered:
