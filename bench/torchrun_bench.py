@@ -8,6 +8,11 @@ run: the embedded broker's CPU grows with its log (issue 38), and a bus
 carried from run to run would measure that, not the job. Plain DDP runs get
 no bus at all.
 
+``--modes`` picks what is compared with plain DDP: ``dd`` (the script
+through ``ElasticJob``), ``hook`` (plain DDP with antdt's communication hook
+alone, no bus) and ``beside`` (plain DDP with ``antdt up`` idle beside it:
+what the services cost the ranks by sharing their cores).
+
 Each (mode, health) is run ``--repeat`` times; the JSON gives the training
 time (rank 0: process group up to the end, set-up included) as median, min
 and max, the overhead of each antdt mode over plain DDP healthy and its
@@ -39,8 +44,12 @@ from benchlib import bench_parser, numbers, spread, stop_process
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "user_job.py"
-#: The user script's modes that talk to antdt's services (the others get no bus).
-NEEDS_BUS = {"dd"}
+#: The bench's modes that run with ``antdt up`` (the others get no bus): ``beside`` is plain DDP
+#: with antdt's services idle beside it, their share of the cores measured alone.
+NEEDS_BUS = {"dd", "beside"}
+#: The user script's mode for each bench mode (the same name, unless here).
+SCRIPT_MODE = {"beside": "plain"}
+MODES = {"dd", "hook", "beside"}
 #: How long each of ``antdt up``'s services may take to be ready (past it, antdt up exits).
 READY_WITHIN_S = 90
 
@@ -81,11 +90,15 @@ def run_job(mode: str, ranks: int, args, slow: bool, workdir: Path, env: dict) -
         str(ranks),
         str(SCRIPT),
         "--mode",
-        mode,
+        SCRIPT_MODE.get(mode, mode),
         "--samples",
         str(args.samples),
         "--hidden",
         str(args.hidden),
+        "--batch-size",
+        str(args.batch_size),
+        "--sizing",
+        args.sizing,
         "--checkpoint",
         str(workdir / f"{uuid.uuid4().hex[:8]}.pt"),
     ]
@@ -133,7 +146,7 @@ def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
 def failures(result: dict) -> int:
     """Runs that count against the benchmark: any failed antdt run; a baseline run only if it
     did not finish training (torch's own abort at exit is reported, not ours to fail on)."""
-    if result["mode"] == "plain":
+    if SCRIPT_MODE.get(result["mode"], result["mode"]) == "plain":
         return result["failed"] - result["aborted_at_exit"]
     return result["failed"]
 
@@ -142,11 +155,21 @@ def main() -> int:
     parser = bench_parser(__doc__, "healthy,slow")
     parser.add_argument("--ranks", default="2", help="comma-separated world sizes")
     parser.add_argument(
-        "--modes", default="dd", help="antdt modes to compare: dd, hook (its all-reduce alone)"
+        "--modes",
+        default="dd",
+        help="modes to compare with plain DDP: dd, hook (its all-reduce alone), "
+        "beside (plain DDP with antdt up idle beside it)",
     )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--samples", type=int, default=96_000)
     parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank, at the start")
+    parser.add_argument(
+        "--sizing",
+        default="commands",
+        choices=["commands", "in-band"],
+        help="dd's batch sizing: the controller's commands, or in-band (ElasticJob sizing)",
+    )
     parser.add_argument("--slow-factor", type=float, default=3.0)
     parser.add_argument("--run-limit-s", type=float, default=900.0)
     parser.add_argument("--max-overhead", type=float, default=None, help="fail above this")
@@ -160,9 +183,9 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/antdt-torchrun-bench"))
     args = parser.parse_args()
     ranks_list = numbers(parser, "--ranks", args.ranks)
-    unknown = set(args.modes.split(",")) - {"dd", "hook"}
+    unknown = set(args.modes.split(",")) - MODES
     if unknown:
-        parser.error(f"--modes takes dd and hook, not {', '.join(sorted(unknown))}")
+        parser.error(f"--modes takes {', '.join(sorted(MODES))}, not {', '.join(sorted(unknown))}")
     parts = args.only.split(",")
     args.workdir.mkdir(parents=True, exist_ok=True)
     results, verdicts = [], []
@@ -190,6 +213,8 @@ def main() -> int:
         "settings": {
             "samples": args.samples,
             "hidden": args.hidden,
+            "batch_size": args.batch_size,
+            "sizing": args.sizing,
             "slow_factor": args.slow_factor,
             "repeat": args.repeat,
             "cores": os.cpu_count(),

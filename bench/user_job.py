@@ -86,10 +86,27 @@ def per_sample_cost(model: nn.Module, dataset, batch: int, repeats: int = 21) ->
     return statistics.median(times) / batch
 
 
+def every_epoch(loader, sampler, epochs: int):
+    """The loader's batches, epoch after epoch, as a ``DistributedSampler`` loop reads them."""
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        yield from loader
+
+
+def one_ahead(iterable):
+    """Each item with the one after it (None after the last): the hook takes sizes a step ahead."""
+    iterator = iter(iterable)
+    current = next(iterator, None)
+    while current is not None:
+        following = next(iterator, None)
+        yield current, following
+        current = following
+
+
 def train_plain(model, optimizer, dataset, args, pacing: Pacing, weighted: bool = False) -> dict:
     """Torch's DDP with ``DistributedSampler``; ``weighted`` (``--mode hook``, a part of ``dd``
-    measured apart) adds only antdt's weighted all-reduce hook and its per-step control
-    all-reduce: no shards, no agent."""
+    measured apart) adds only antdt's weighted all-reduce hook, the batch sizes announced a
+    step ahead in its first bucket: no shards, no agent."""
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler
 
@@ -102,19 +119,19 @@ def train_plain(model, optimizer, dataset, args, pacing: Pacing, weighted: bool 
     sampler = DistributedSampler(dataset, seed=0)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     steps = samples = 0
-    for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)
-        for inputs, labels in loader:
-            if reduce is not None:
-                reduce.begin(len(labels), [1])
-            loss = F.cross_entropy(ddp(inputs), labels)
-            optimizer.zero_grad()
-            pacing.before_backward(len(labels))
-            loss.backward()
-            if reduce is not None:
-                reduce.sums()
-            optimizer.step()
-            steps, samples = steps + 1, samples + len(labels)
+    for (inputs, labels), following in one_ahead(every_epoch(loader, sampler, args.epochs)):
+        if reduce is not None:
+            if reduce.total is None:
+                reduce.prime(len(labels))
+            reduce.begin(len(following[1]) if following else 0)  # announced a step ahead
+        loss = F.cross_entropy(ddp(inputs), labels)
+        optimizer.zero_grad()
+        pacing.before_backward(len(labels))
+        loss.backward()
+        if reduce is not None:
+            reduce.sums()
+        optimizer.step()
+        steps, samples = steps + 1, samples + len(labels)
     return {"steps": steps, "samples": samples}
 
 
@@ -132,6 +149,7 @@ def train_dd(model, optimizer, dataset, args, pacing: Pacing) -> dict:
         batch_size=args.batch_size,
         epochs=args.epochs,
         checkpoint=args.checkpoint,
+        sizing=args.sizing,
     ) as job:
         for inputs, labels in job.batches():
             loss = F.cross_entropy(ddp(inputs), labels)
@@ -164,6 +182,9 @@ def main() -> None:
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-factor", type=float, default=1.0)
     parser.add_argument("--checkpoint", default="checkpoints/user_job.pt")
+    parser.add_argument(
+        "--sizing", default="commands", choices=["commands", "in-band"], help="dd's batch sizing"
+    )
     args = parser.parse_args()
     dist.init_process_group("gloo")
     torch.manual_seed(0)

@@ -21,6 +21,7 @@ __all__, __getattr__ = lazy_exports(
         "EXIT_EVICTED": "antdt.worker.agent",
         "ShardedDataset": "antdt.worker.dataset",
         "ElasticJob": "antdt.worker.elastic.job",
+        "BatchSizing": "antdt.sizing",
         "ShardClient": "antdt.worker.shard_client",
     },
 )

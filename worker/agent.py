@@ -359,9 +359,9 @@ class Agent:
 
     # ------------------------------------------------------------ the training thread
 
-    def step(self, samples: int | None = None) -> None:
+    def step(self, samples: int | None = None) -> StepRecord:
         """Mark the end of one training step (its update applied): commit its samples, apply due
-        commands.
+        commands; returns the step's record (its time split).
 
         An injected slowdown (``ANTDT_SLOWDOWN``, sleep mode) is booked as
         compute, as a slower device's would be.
@@ -370,16 +370,15 @@ class Agent:
         data, sync = self._data_wait, self._sync_wait
         compute = started - self._mark - data - sync
         injected = 0.0 if self._injector is None else self._injector.after_compute(compute)
-        self._records.append(
-            StepRecord(
-                self.step_count,
-                compute + injected,
-                data,
-                sync,
-                self.batch_size if samples is None else samples,
-                self.batch_size,
-            )
+        record = StepRecord(
+            self.step_count,
+            compute + injected,
+            data,
+            sync,
+            self.batch_size if samples is None else samples,
+            self.batch_size,
         )
+        self._records.append(record)
         if self._tags:
             self._trained.extend(self.take_tags())
         if self._trained and started - self._committed_at >= self.commit_every_s:
@@ -390,6 +389,7 @@ class Agent:
         self._mark = time.perf_counter()  # pauses and the agent's own work are not the next step's
         # from the clock reads this call makes anyway: its own time, less slowdown and commands
         self.overhead_s += self._mark - started - injected - applying
+        return record
 
     def record(self, compute_s: float, samples: int) -> None:
         """One step timed by the caller (a parameter server's applied update); due commands apply

@@ -3,8 +3,9 @@
 It is the model's own account of exactly-once, independent of the shard log:
 a count tensor that changes in the same operation as the parameters (a
 parameter server adds to it when it applies an update; synchronous ranks sum
-it in the gradient all-reduce, :class:`LedgerSlots`) and is checkpointed and
-restored with them, so it can never disagree with what the model has seen.
+its ranks' counts whenever it is saved, :class:`SyncedLedger`) and is
+checkpointed and restored with them, so it can never disagree with what the
+model has seen.
 An epoch trained exactly once is all ones; :func:`~antdt.services.sharder.audit.compare_with_ledger`
 checks the shard log against it.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from antdt.errors import AntdtError
 
@@ -86,6 +88,51 @@ def read_ledgers(directory: str | Path) -> dict[int, np.ndarray]:
         if match:
             found[int(match.group(1))] = np.load(path)
     return found
+
+
+class SyncedLedger:
+    """A synchronous rank's ledger: the counts the ranks last agreed, and this rank's samples since.
+
+    After a synchronous step every rank's batch is in every replica, so each
+    rank counts its own batch at the step that applies it, locally; the ranks
+    sum what they counted (:meth:`sum`, a collective over the samples trained
+    since the last sum) before the ledger is saved with the model: at each
+    checkpoint and at the end. What is saved is then exactly what the saved
+    model contains, and no step carries ledger numbers (sending every rank's
+    samples with every step cost ``world x global batch`` integers a step).
+    """
+
+    def __init__(self, ledger: SampleLedger, device: torch.device | None = None):
+        self.ledger = ledger
+        self.device = device or torch.device("cpu")
+        self._own: list[int] = []  # epoch * size + index of each sample this rank trained since
+
+    def count(self, tags) -> None:
+        """Count this rank's trained samples (their update is applied)."""
+        size = self.ledger.size
+        self._own.extend(tag.epoch * size + tag.index for tag in tags)
+
+    def sum(self, group=None) -> None:
+        """Add every rank's samples since the last sum to every rank's ledger (a collective)."""
+        own, self._own = torch.tensor(self._own, dtype=torch.int64), []
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+            own = _gather_uneven(own.to(self.device), group).cpu()
+        counts = self.ledger.counts.view(-1)  # epoch-major: epoch * size + index is the position
+        counts.index_add_(0, own, torch.ones(len(own), dtype=counts.dtype))
+
+
+def _gather_uneven(values: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's ``values`` (of any lengths) concatenated, on every rank."""
+    longest = torch.tensor([len(values)], dtype=torch.int64, device=values.device)
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
+    if not longest.item():
+        return values  # no rank trained anything since: nothing to gather
+    padded = torch.full((int(longest.item()),), -1, dtype=torch.int64, device=values.device)
+    padded[: len(values)] = values
+    parts = [torch.empty_like(padded) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, padded, group=group)
+    gathered = torch.cat(parts)
+    return gathered[gathered >= 0]
 
 
 class LedgerSlots:

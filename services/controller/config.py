@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from antdt.control.topic import refuse_broken, with_text_changes
+from antdt.sizing import BatchSizing
 
 PERSISTENT_ACTIONS = ("RESTART", "EVICT")
-BATCH_SIZINGS = ("commands", "in-band")
+BATCH_SIZINGS = tuple(sizing.value for sizing in BatchSizing)
 
 
 @dataclass(frozen=True)

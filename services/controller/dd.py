@@ -18,7 +18,8 @@ that of the global batch.
   on: no decision is taken on figures from before the last one took effect, so nothing is sent
   twice.
 * **no chasing noise**: a rebalance is sent only if it shortens the predicted step by at least
-  ``min_relative_change``, and at most every ``rebalance_interval_s``.
+  ``min_relative_change`` of the whole measured step (waits included), and at most every
+  ``rebalance_interval_s``.
 * **membership**: a worker silent for ``silent_after_s`` has left (an evicted node of an elastic
   job); the global batch is split over those present, once they are as many as the group's size the
   workers report. A restarted worker (new incarnation) counts its steps again from its checkpoint,
@@ -131,7 +132,9 @@ class DedicatedPolicy:
                 ),
                 memo=memo,
             )
-        if not worth_moving(models, current, sizes, config.min_relative_change):
+        # the whole step, as the ranks live it (in lockstep: the slowest rate is everyone's)
+        step_s = max((1 / w.steps_per_s for w in workers if w.steps_per_s), default=0.0)
+        if not worth_moving(models, current, sizes, config.min_relative_change, step_s):
             return Decision(memo=memo)
         now_s, then_s = slowest_step_s(models, current), slowest_step_s(models, sizes)
         step = switch_step(workers, config.switch_lead_s)

@@ -19,6 +19,7 @@ from antdt.sizing.step_model import (
     fixed_parts,
     slowest_step_s,
     weighted_median,
+    worth_moving,
 )
 from tests.services.controller.helpers import at
 
@@ -135,3 +136,15 @@ def test_the_current_model_needs_a_report_from_after_the_switch():
     assert current_model(windows, 22, 0.0) is None
     model = current_model(windows, 21, 0.0)
     assert model.scale == pytest.approx(0.02) and model.fixed == 0.0
+
+
+def test_a_gain_small_against_the_whole_measured_step_is_not_worth_a_move():
+    """Compute 0.7 ms of a 3 ms step (the rest the all-reduce): balancing a rank 20 % slower at
+    compute saves 9 % of the compute but 2.5 % of the step, not worth moving batches; balancing a
+    rank three times slower is."""
+    even = [StepModel(0.7e-3 / 32, 0.0), StepModel(0.84e-3 / 32, 0.0)]
+    split = balance(64, even, 1, 64)
+    assert worth_moving(even, [32, 32], split, 0.05)  # the compute alone says move
+    assert not worth_moving(even, [32, 32], split, 0.05, step_s=3e-3)
+    slowed = [StepModel(0.7e-3 / 32, 0.0), StepModel(2.1e-3 / 32, 0.0)]
+    assert worth_moving(slowed, [32, 32], balance(64, slowed, 1, 64), 0.05, step_s=4.1e-3)

@@ -3,9 +3,10 @@
 Two real gloo ranks train a float64 model with BatchNorm (buffers DDP
 broadcasts) over several small buckets, with different batch sizes per
 step, each rank sitting out one step with no samples (its collectives
-shadowed as DDP's ``join()`` does). Every rank's final parameters must equal
-single-process training on the concatenated batch, and the control numbers
-sent with each step must come back summed.
+shadowed as DDP's ``join()`` does) and one step with no samples anywhere.
+Every rank's final parameters must equal single-process training on the
+concatenated batch, and the control numbers sent with each step (in the
+first bucket, or alone in the empty step) must come back summed.
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.nn.parallel import DistributedDataParallel
 
 from antdt.errors import AntdtError
-from antdt.worker.ddp_hook import WeightedReduce
+from antdt.worker.ddp_hook import LIMIT, WeightedReduce, decode_limbs, encode_limbs
 from tests.worker.groups import join_gloo
 
 # per rank, per step: the batch size (0: the rank has no samples that step)
-SIZES = {0: [3, 0, 5, 4, 7], 1: [5, 6, 0, 4, 2]}
+SIZES = {0: [3, 0, 5, 0, 4, 7], 1: [5, 6, 0, 0, 4, 2]}
 STEPS = len(SIZES[0])
 
 
@@ -54,17 +57,20 @@ def rank_main(rank: int, init_file: str, out_dir: str) -> None:
     model, optimizer = new_model()
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)  # several buckets
     reduce = WeightedReduce(ddp)
+    reduce.prime(SIZES[rank][0])
     sums = []
     for step in range(STEPS):
         inputs, targets = batch(step, rank)
-        reduce.begin(len(inputs), [int(len(inputs) > 0), 10 + rank])
-        optimizer.zero_grad(set_to_none=True)
-        if len(inputs):
-            F.mse_loss(ddp(inputs), targets).backward()
-        else:
-            reduce.idle_step()
+        following = SIZES[rank][step + 1] if step + 1 < STEPS else 0
+        reduce.begin(following, [int(len(inputs) > 0), 10 + rank])
+        if reduce.total:
+            optimizer.zero_grad(set_to_none=True)
+            if len(inputs):
+                F.mse_loss(ddp(inputs), targets).backward()
+            else:
+                reduce.idle_step()
+            optimizer.step()
         sums.append(reduce.sums())
-        optimizer.step()
     torch.save(
         {"params": [p.detach() for p in model.parameters()], "sums": sums},
         Path(out_dir) / f"rank-{rank}.pt",
@@ -78,6 +84,8 @@ def single_process() -> list[torch.Tensor]:
     model, optimizer = new_model()
     for step in range(STEPS):
         parts = [batch(step, rank) for rank in SIZES if SIZES[rank][step]]
+        if not parts:
+            continue
         total = sum(len(inputs) for inputs, _ in parts)
         loss = sum(F.mse_loss(model(x), y) * len(x) for x, y in parts) / total
         optimizer.zero_grad()
@@ -96,7 +104,11 @@ def test_weighted_ddp_steps_with_an_idle_rank_equal_one_process_on_the_whole_bat
         for got, want in zip(result["params"], expected):
             torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
         assert result["sums"] == [
-            [sum(s[step] for s in SIZES.values()), sum(s[step] > 0 for s in SIZES.values()), 21]
+            [
+                sum(s[step + 1] for s in SIZES.values()) if step + 1 < STEPS else 0,
+                sum(s[step] > 0 for s in SIZES.values()),
+                21,
+            ]
             for step in range(STEPS)
         ]
 
@@ -104,3 +116,19 @@ def test_weighted_ddp_steps_with_an_idle_rank_equal_one_process_on_the_whole_bat
 def test_a_model_not_wrapped_in_ddp_is_refused_with_how_to_wrap_it():
     with pytest.raises(AntdtError, match="DistributedDataParallel"):
         WeightedReduce(torch.nn.Linear(2, 1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, LIMIT - 1), min_size=3, max_size=3), min_size=1, max_size=64),
+    st.sampled_from([torch.float32, torch.float64]),
+)
+def test_control_integers_summed_in_limbs_come_back_exact(ranks: list[list[int]], dtype):
+    """Each rank's integers (up to 2**36) in float limbs, summed as an all-reduce would: exact."""
+    summed = sum(torch.tensor(encode_limbs(values), dtype=dtype) for values in ranks)
+    assert decode_limbs(summed.tolist()) == [sum(column) for column in zip(*ranks)]
+
+
+def test_a_control_integer_out_of_range_is_refused():
+    with pytest.raises(AntdtError, match="2\\*\\*36"):
+        encode_limbs([LIMIT])

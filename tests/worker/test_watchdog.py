@@ -33,9 +33,10 @@ def rank_main(rank: int, init_file: str, out_dir: str, fault: str) -> None:
     watch = StepWatch(peers, limit_s=lambda: 1.0, on_hung=hung)
     ddp = DistributedDataParallel(torch.nn.Linear(4, 2))
     reduce = WeightedReduce(ddp)
+    reduce.prime(3)
     for step in range(6):
         watch.waiting(f"step {step}")
-        reduce.begin(3, [])
+        reduce.begin(3)
         loss = ddp(torch.ones(3, 4)).sum()
         if rank == 1 and step == 3:
             if fault == "slow":

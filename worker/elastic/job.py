@@ -8,16 +8,25 @@ set up (gloo or NCCL), and instead
 * reads **dynamic shards** from the sharder through a feed that never
   blocks a step (:class:`~antdt.worker.feeds.ShardFeed`): a rank out of
   data joins the others' steps with nothing until every rank is out;
-* sizes each rank's batch as the **DD controller** says: the changed ranks
-  switch together at the command's effective step, later only if a command
-  is late (agreed in-band, :mod:`~antdt.worker.elastic.resize`); the global
-  batch never moves;
+* sizes each rank's batch by AntDT-DD, by default as the **DD controller**
+  says: the changed ranks switch together at the command's effective step,
+  later only if a command is late (agreed in-band,
+  :mod:`~antdt.worker.elastic.resize`). Or, with
+  ``sizing=BatchSizing.IN_BAND``, in-band: every rank's last step (samples,
+  compute time) rides in the step's all-reduce and every rank runs the same
+  sizing on the same figures (:class:`~antdt.sizing.inband.InBandSizer`),
+  so a new split takes effect two steps after the step that showed it, with
+  no round trip; it has no calibration step yet, and on short steps whose
+  fixed costs it has not learnt it gives a slowed rank too little
+  (docs/torchrun.md). Either way the global batch never moves;
 * **averages gradients weighted by batch size** inside DDP's own bucketed
   all-reduce (a communication hook, :class:`~antdt.worker.ddp_hook.WeightedReduce`),
-  so the all-reduce still overlaps the backward pass; each step's batch sizes,
-  loop control and the sample ledger's slots travel in one small all-reduce
-  launched when the batch is handed out, so the ledger changes exactly when
-  the model does;
+  so the all-reduce still overlaps the backward pass; each rank takes its
+  batches one step ahead and announces the next one's size, with the loop's
+  control numbers, in the first bucket's all-reduce: no collective of
+  antdt's own per step. Each rank counts its trained samples in the sample
+  ledger, and the ranks sum their counts whenever it is saved, so the saved
+  ledger is exactly what the saved model contains;
 * **never hangs**: past a bound sized by the job's recent steps
   (:class:`~antdt.worker.ddp.StepSizedTimeout`) a rank waits on only while
   every rank still beats (:mod:`~antdt.worker.liveness`,
@@ -60,6 +69,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from antdt.errors import AntdtError
 from antdt.schemas.models import AckStatus, CommandAction, DatasetSpec, MitigationCommand
+from antdt.sizing import BatchSizing
+from antdt.sizing.inband import InBandSizer
 from antdt.worker.agent import Agent
 from antdt.worker.checkpoint import load_checkpoint, save_checkpoint
 from antdt.worker.ddp import (
@@ -75,7 +86,7 @@ from antdt.worker.ddp import (
 from antdt.worker.ddp_hook import WeightedReduce
 from antdt.worker.elastic.resize import AgreedResize
 from antdt.worker.feeds import ShardFeed
-from antdt.worker.ledger import LedgerSlots, SampleLedger
+from antdt.worker.ledger import SampleLedger, SyncedLedger
 from antdt.worker.liveness import PeerLiveness
 from antdt.worker.watchdog import StepWatch
 
@@ -105,6 +116,11 @@ def default_shard_size(size: int, batch_size: int) -> int:
     return max(low, min(high, size // SHARDS_PER_EPOCH))
 
 
+def _size(batch) -> int:
+    """Samples in a taken batch (None: none)."""
+    return 0 if batch is None else len(batch.tags)
+
+
 def split_evenly(total: int, parts: int) -> list[int]:
     """``total`` in ``parts`` sizes differing by at most one, the larger ones first."""
     return [total // parts + (1 if part < total % parts else 0) for part in range(parts)]
@@ -129,6 +145,7 @@ class ElasticJob:
         name: str = "dataset",
         ledger_dir: str | Path | None = None,
         agent: Agent | None = None,
+        sizing: BatchSizing = BatchSizing.COMMANDS,
     ):
         """``model``: the ``DistributedDataParallel`` the loop trains (the module itself with one
         process); ``batch_size``: each rank's at the first start (the global batch is
@@ -136,6 +153,9 @@ class ElasticJob:
 
         ``checkpoint``: where rank 0 saves (every rank must be able to read it);
         ``ledger_dir``: where rank 0 writes the ledger at the end (default: beside it).
+        ``sizing``: who sizes the batches (module docstring); with ``IN_BAND`` the
+        controller's commands are acknowledged IGNORED (set its ``batch_sizing`` to
+        ``in-band`` and it sends none).
         """
         if batch_size < 1:
             raise AntdtError(f"batch_size must be >= 1, got {batch_size}")
@@ -167,19 +187,23 @@ class ElasticJob:
         self.agent = agent if agent is not None else Agent(batch_size=batch_size)
         self.checkpoint_every_s = checkpoint_every_s or self.agent.settings.checkpoint_every_s
         self.global_batch = batch_size * self.world
+        self.sizing = BatchSizing(sizing)
+        self.sizes = [batch_size] * self.world  # every rank's, as last known (set by a restore)
+        self.sizer: InBandSizer | None = None
+        self._timed = (0, 0.0)  # this rank's last step: samples, compute seconds (0: none)
         self.ledger = SampleLedger(self.spec.size, epochs)
         self.timeout = StepSizedTimeout()
         self.reduce: WeightedReduce | None = None
         self.peers: PeerLiveness | None = None
         self.watch: StepWatch | None = None
-        self.slots: LedgerSlots | None = None
+        self.counts = SyncedLedger(self.ledger, collective_device())
         self.data = self.feed = None
+        self._next: Any = None  # the batch taken for the next step (None: none)
         self.finished = False
         self.samples = 0  # this rank's samples trained (by its own batches)
         self.restored_step: int | None = None  # the checkpoint's step when this process resumed one
         self._checkpoint_at = 0.0
         self._pending = 0  # samples in the batch handed out, not yet stepped
-        self._counted = 0  # loop-control numbers at the head of this step's sums
         self._local_sums: list[int] = []  # this step's sums with one process
         self._resize = AgreedResize()
         self._offers = [0, 0, 0]  # this step's summed resize offers
@@ -197,13 +221,19 @@ class ElasticJob:
             # set-up holds every rank alike: not the first step's compute
             with self.agent.sync_wait():
                 self._collective(self._restore_or_start)
-            self.slots = LedgerSlots(self.ledger, self.world, self.rank, self.global_batch)
             if self.ddp is not None:
                 self.reduce = WeightedReduce(self.ddp)
+            if self.sizing is BatchSizing.IN_BAND and self.world > 1:
+                # never below one sample: a rank sized to 0 would hand its shards back
+                self.sizer = InBandSizer(self.world, self.rank, self.sizes, low=1)
             self.peers = PeerLiveness.of_default_group()
             if self.peers is not None:
                 self.watch = StepWatch(self.peers, self.timeout.limit_s, self._end_hung)
             self.feed = ShardFeed(self.data, lambda: 2 * self.agent.batch_size).start()
+            self._next = self._take()
+            if self.reduce is not None:
+                with self.agent.sync_wait():
+                    self._collective(lambda: self.reduce.prime(_size(self._next)))
         except BaseException as exc:
             self.__exit__(type(exc), exc, exc.__traceback__)
             raise
@@ -233,61 +263,65 @@ class ElasticJob:
         process from here.
         """
         while not self.finished:
-            with self.agent.data_wait():
-                batch = self.feed.take(self.agent.batch_size)
+            batch = self._next
+            self._next = self._take()
+            self._begin_step(batch)
             if batch is None:
-                self._begin_step(0)
                 self._idle_step()
             else:
                 inputs, labels = self.agent.untag(batch)
-                self._begin_step(len(labels))
                 yield inputs, labels
-                self._check_reduced()
                 self.samples += self._pending
             self._end_step()
 
-    def _begin_step(self, samples: int) -> None:
-        """Launch the step's sums: batch, data left, checkpoint due, resize offers, ledger slots."""
-        self._pending = samples
+    def _take(self):
+        """The next step's batch, taken a step ahead: its size is announced in this step's sums."""
+        with self.agent.data_wait():
+            return self.feed.take(self.agent.batch_size)
+
+    def _begin_step(self, batch) -> None:
+        """The step's sums: the next batch, data left, checkpoint due, resize offers."""
+        self._pending = _size(batch)
         due = int(self.rank == 0 and time.monotonic() >= self._checkpoint_at)
-        counters = [int(not self.feed.exhausted), due, *self._resize.offer(self.agent.batch_size)]
-        self._counted = len(counters)
-        integers = counters + self.slots.encode(self.agent.pending_tags)
+        with_data = int(self._next is not None or not self.feed.exhausted)
+        counters = [with_data, due, *self._resize.offer(self.agent.batch_size)]
+        if self.sizer is not None:
+            counters += self.sizer.encode(*self._timed)
         if self.watch is not None:
             self.watch.waiting(f"step {self.agent.step_count}")
         if self.reduce is None:
-            self._local_sums = [samples, *integers]
+            self._local_sums = [_size(self._next), *counters]
         else:
-            self._collective(lambda: self.reduce.begin(samples, integers))
+            self.reduce.begin(_size(self._next), counters)
 
     def _sums(self) -> list[int]:
         return self._local_sums if self.reduce is None else self._collective(self.reduce.sums)
 
     def _idle_step(self) -> None:
-        """Join a step with no samples: the others' averaged gradient still updates this replica."""
+        """Join a step with no samples here: the others' averaged gradient still updates this
+        replica."""
+        if self.reduce is None or not self.reduce.total:
+            return  # no rank has samples: no rank runs a backward pass
         with self.agent.sync_wait():  # all of it is waiting for the others
             self.optimizer.zero_grad(set_to_none=True)
-            if not self._sums()[0]:
-                return  # no rank has samples: no rank runs a backward pass
-            if self.reduce is not None:
-                self._collective(self.reduce.idle_step)
+            self._collective(self.reduce.idle_step)
             self.optimizer.step()
-
-    def _check_reduced(self) -> None:
-        if self.reduce is not None and not self.reduce.buckets:
-            raise AntdtError(
-                "each step needs one loss.backward() through the DistributedDataParallel model "
-                "passed to ElasticJob (its gradients were not all-reduced)"
-            )
 
     def _end_step(self) -> None:
         sums = self._sums()
-        with_data, checkpoint_due, *self._offers = sums[1 : 1 + self._counted]
-        self.slots.add(sums[1 + self._counted :])
+        with_data, checkpoint_due, *rest = sums[1:]
+        self._offers, timings = rest[:3], rest[3:]
+        self.counts.count(self.agent.pending_tags)  # in every replica now
         self._book_sync()
         self.timeout.completed(time.monotonic())
-        self.agent.step(samples=self._pending)  # commits the samples: their update is in the model
-        self._switch_if_agreed()
+        # commits the samples: their update is in the model
+        record = self.agent.step(samples=self._pending)
+        self._timed = (self._pending, record.compute_s) if self._pending else (0, 0.0)
+        if self.sizer is not None:
+            # from the next batch taken: the one after this step's next
+            self.agent.batch_size = self.sizer.decide(timings)
+        else:
+            self._switch_if_agreed()
         if with_data and checkpoint_due:
             # every rank waits for it alike: not one rank's slow compute
             with self.agent.sync_wait():
@@ -306,13 +340,19 @@ class ElasticJob:
         reduce = self.reduce
         if reduce is None or not self._pending or reduce.backward_done_at is None:
             return
-        self.agent.book_sync_wait(
-            reduce.control_wait_s + time.perf_counter() - reduce.backward_done_at
-        )
+        self.agent.book_sync_wait(time.perf_counter() - reduce.backward_done_at)
 
     # ------------------------------------------------------------ batch sizes
 
     def _on_resize(self, command: MitigationCommand) -> None:
+        if self.sizing is BatchSizing.IN_BAND:
+            self.agent.acknowledge(
+                command,
+                AckStatus.IGNORED,
+                "this job sizes its batches in-band (ElasticJob sizing); set the controller's "
+                "batch_sizing to in-band",
+            )
+            return
         superseded = self._resize.receive(command)
         if superseded is not None:
             self.agent.acknowledge(
@@ -320,9 +360,9 @@ class ElasticJob:
             )
 
     def _switch_if_agreed(self) -> None:
-        """Apply the pending batch size from the next step once every changed rank holds its
-        command."""
-        step = self.agent.step_count
+        """Apply the pending batch size from the next batch taken once every changed rank holds
+        its command (the batch of the step after next: the next one is taken)."""
+        step = self.agent.step_count + 1
         command = self._resize.agreed(self._offers, step, self.global_batch)
         if command is None:
             return
@@ -386,6 +426,7 @@ class ElasticJob:
         # a re-rendezvous with another world size: keep the global batch
         if len(sizes) != self.world:
             sizes = split_evenly(self.global_batch, self.world)
+        self.sizes = sizes
         self.agent.batch_size = sizes[self.rank]
         self.agent.step_count = info.step
         self.restored_step = info.step
@@ -404,6 +445,7 @@ class ElasticJob:
     def _checkpoint(self) -> None:
         """Every rank's commits so far covered by one version; rank 0 saves it with the model and
         the ledger."""
+        self.counts.sum()
         sizes = torch.zeros(self.world, dtype=torch.int64, device=collective_device())
         sizes[self.rank] = self.agent.batch_size
         if self.world > 1:
@@ -444,6 +486,7 @@ class ElasticJob:
     # ------------------------------------------------------------ the end
 
     def _finish(self) -> None:
+        self._collective(self.counts.sum)
         if self.rank != 0:
             return
         self.ledger.write(self.ledger_dir)
