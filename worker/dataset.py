@@ -50,6 +50,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -65,6 +66,26 @@ IDLE_POLL_S = 0.25
 #: ``wait_s`` up to this, so a job's workers waiting at an epoch's end do not queue up requests
 #: ahead of the commits that would end the wait.
 MAX_WAIT_S = 0.16
+
+
+@dataclass(frozen=True)
+class ShardGrant:
+    """One granted shard: its samples not in the model yet, in this epoch's order, and whose grant
+    they are read under."""
+
+    epoch: int
+    shard_id: int
+    attempt: int
+    holder: str
+    positions: list[int]
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """(epoch, shard, attempt), as :attr:`ShardedDataset.revoked` names grants."""
+        return (self.epoch, self.shard_id, self.attempt)
+
+    def tag(self, position: int) -> SampleTag:
+        return SampleTag(self.epoch, position, self.shard_id, self.attempt, self.holder)
 
 
 class ShardedDataset(IterableDataset):
@@ -181,34 +202,49 @@ class ShardedDataset(IterableDataset):
     # ------------------------------------------------------------ reading
 
     def __iter__(self) -> Iterator[Tagged]:
+        """The samples of this pass's grants, one at a time, each tagged (module docstring)."""
+        keepalive_s = self.spec.lease_s / 4
+        for grant in self.grants():
+            renew_at = time.monotonic() + keepalive_s
+            for position in grant.positions:
+                if grant.key in self.revoked:
+                    break
+                yield Tagged(self.source[position], (grant.tag(position),))
+                # a slow consumer must not lose the shard it is reading
+                if time.monotonic() >= renew_at:
+                    self.keep_alive(grant)
+                    renew_at = time.monotonic() + keepalive_s
+
+    def grants(self) -> Iterator[ShardGrant]:
+        """This pass's grants, each once, with the samples of it not in the model yet.
+
+        A grant counts as read once the next one is asked for: a consumer
+        that takes a whole grant at once (:class:`~antdt.worker.feeds.ShardFeed`)
+        keeps its lease alive itself (:meth:`keep_alive`) while it holds
+        samples of it.
+        """
         client = self._client_for_this_process()
         epoch = self.epoch
-        keepalive_s = self.spec.lease_s / 4
         handed_out = False
         if self._read_epoch != epoch:
             self._read, self._read_epoch = {}, epoch
         # The lambda reads handed_out as the loop below sets it, on purpose.
         for shard, sample_epoch in self._shards(client, epoch, lambda: handed_out):  # noqa: B023
-            grant = (sample_epoch, shard.shard_id, shard.attempt)
             client.started(sample_epoch, shard.shard_id, shard.attempt)
-            renew_at = time.monotonic() + keepalive_s
-            for position in self._positions(sample_epoch, shard):
-                if grant in self.revoked:
-                    break
-                handed_out = True
-                yield Tagged(
-                    self.source[position],
-                    (
-                        SampleTag(
-                            sample_epoch, position, shard.shard_id, shard.attempt, client.worker_id
-                        ),
-                    ),
-                )
-                # a slow consumer must not lose the shard it is reading
-                if time.monotonic() >= renew_at:
-                    client.started(sample_epoch, shard.shard_id, shard.attempt)
-                    renew_at = time.monotonic() + keepalive_s
+            grant = ShardGrant(
+                sample_epoch,
+                shard.shard_id,
+                shard.attempt,
+                client.worker_id,
+                self._positions(sample_epoch, shard),
+            )
+            handed_out = handed_out or bool(grant.positions)
+            yield grant
             self._read[shard.shard_id] = shard.attempt
+
+    def keep_alive(self, grant: ShardGrant) -> None:
+        """Renew the lease of a grant whose samples are still being read."""
+        self._client_for_this_process().started(grant.epoch, grant.shard_id, grant.attempt)
 
     def _shards(self, client: ShardClient, epoch: int, handed_out):
         """Granted shards of ``epoch``, each once, until the sharder ends the epoch or the pass

@@ -5,9 +5,12 @@ so a rank may never block on the sharder while the others wait for it: at
 the end of an epoch the last shards are held by other ranks, which cannot
 finish them unless this rank keeps stepping. :class:`ShardFeed` therefore
 reads the :class:`~antdt.worker.dataset.ShardedDataset` on a thread of its
-own, and :meth:`ShardFeed.take` hands out a full batch when there is one,
-or whatever is buffered (possibly nothing) while the sharder has nothing
-for this rank. Batches come as :class:`~antdt.worker.provenance.Tagged`: the
+own, a granted shard at a time, and :meth:`ShardFeed.take` hands out a
+full batch when there is one, or whatever is buffered (possibly nothing)
+while the sharder has nothing for this rank. The thread handles only
+grants; the samples of a batch are read on the training thread when it is
+taken (``dataset[i]`` and a stack, what a ``DataLoader`` without worker
+processes does), so the thread's work is per shard, not per sample. Batches come as :class:`~antdt.worker.provenance.Tagged`: the
 samples' provenance stays with them until the step that trains them is
 committed (a sample in the buffer when a rank dies was never committed, and
 is granted again). A rank sized to 0 sits steps out: its feed drops what it
@@ -23,30 +26,54 @@ only (there is no sharder to commit to; the ledger still counts them).
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
 import torch
 
-from antdt.worker.dataset import ShardedDataset
+from antdt.worker.dataset import ShardedDataset, ShardGrant
 from antdt.worker.provenance import SampleTag, Tagged
 
 
-def _stacked(samples: list[Tagged]) -> Tagged:
-    inputs = torch.stack([s.data[0] for s in samples])
-    labels = torch.stack([s.data[1] for s in samples])
-    return Tagged((inputs, labels), tuple(tag for s in samples for tag in s.tags))
+def _stacked(samples: list, tags: tuple[SampleTag, ...]) -> Tagged:
+    inputs = torch.stack([sample[0] for sample in samples])
+    labels = torch.stack([sample[1] for sample in samples])
+    return Tagged((inputs, labels), tags)
+
+
+class _Reading:
+    """A grant in the feed's buffer: its positions not handed out yet, and when its lease is next
+    renewed."""
+
+    def __init__(self, grant: ShardGrant, keepalive_s: float):
+        self.grant = grant
+        self.next = 0
+        self.renew_at = time.monotonic() + keepalive_s
+
+    @property
+    def left(self) -> int:
+        return len(self.grant.positions) - self.next
+
+    def take(self, count: int) -> list[int]:
+        taken = self.grant.positions[self.next : self.next + count]
+        self.next += len(taken)
+        return taken
 
 
 class ShardFeed:
-    """A bounded buffer filled from a ShardedDataset by a background thread."""
+    """A bounded buffer of granted shards' positions, filled from a ShardedDataset by a background
+    thread; batches are read from the source on the training thread, as a ``DataLoader`` without
+    worker processes reads them."""
 
     def __init__(self, dataset: ShardedDataset, capacity: int | Callable[[], int]):
-        """``capacity``: samples buffered at most; a callable is asked each time (say, twice the
-        current batch)."""
+        """``capacity``: samples buffered before another grant is asked for; a callable is asked
+        each time (say, twice the current batch)."""
         self.dataset = dataset
         self.capacity = capacity if callable(capacity) else (lambda: capacity)
-        self._buffer: deque = deque()
+        self._keepalive_s = dataset.spec.lease_s / 4
+        self._buffer: deque[_Reading] = deque()
+        self._buffered = 0  # positions in the buffer not handed out
         self._changed = threading.Condition()
         self._source_done = False
         self._stopped = False
@@ -62,8 +89,8 @@ class ShardFeed:
     def _fill(self) -> None:
         try:
             while not self.dataset.finished and not self._stopped:
-                for sample in self.dataset:  # one epoch, or until the rank sits out
-                    if not self._put(sample):
+                for grant in self.dataset.grants():  # one epoch, or until the rank sits out
+                    if not self._put(grant):
                         break
         except BaseException as exc:  # noqa: BLE001 - re-raised on the training thread by take()
             self.error = exc
@@ -72,19 +99,30 @@ class ShardFeed:
                 self._source_done = True
                 self._changed.notify_all()
 
-    def _put(self, sample: Tagged) -> bool:
-        """Buffer ``sample`` once there is room; False (the sample dropped, never trained) if
-        stopping or sitting out."""
+    def _put(self, grant: ShardGrant) -> bool:
+        """Buffer ``grant`` once there is room; False (its samples dropped, never trained) if
+        stopping or sitting out. While waiting, the leases of the buffered grants are kept."""
         with self._changed:
             while (
-                len(self._buffer) >= self.capacity() and not self._stopped and not self._sitting_out
+                self._buffered >= self.capacity() and not self._stopped and not self._sitting_out
             ):
                 self._changed.wait(0.1)
+                self._keep_leases()
             if self._stopped or self._sitting_out:
                 return False
-            self._buffer.append(sample)
+            if grant.positions:
+                self._buffer.append(_Reading(grant, self._keepalive_s))
+                self._buffered += len(grant.positions)
             self._changed.notify_all()
             return True
+
+    def _keep_leases(self) -> None:
+        """Renew the lease of each buffered grant every quarter lease (with the lock held)."""
+        now = time.monotonic()
+        for reading in self._buffer:
+            if now >= reading.renew_at:
+                self.dataset.keep_alive(reading.grant)
+                reading.renew_at = now + self._keepalive_s
 
     def _sit_out(self, out: bool) -> None:
         """Start or end sitting out (module docstring); called with the lock held."""
@@ -93,6 +131,7 @@ class ShardFeed:
         self._sitting_out = out
         if out:
             self._buffer.clear()
+            self._buffered = 0
             self.dataset.quota = 0
         else:
             self.dataset.quota = self._quota
@@ -102,7 +141,7 @@ class ShardFeed:
     def exhausted(self) -> bool:
         """Every epoch is finished and every buffered sample handed out."""
         with self._changed:
-            return self._source_done and not self._buffer
+            return self._source_done and not self._buffered
 
     def take(self, wanted: int) -> Tagged | None:
         """Up to ``wanted`` samples stacked; a short (or no) batch only while the sharder has
@@ -113,7 +152,7 @@ class ShardFeed:
         with self._changed:
             self._sit_out(wanted == 0)
             while (
-                len(self._buffer) < wanted
+                self._buffered < wanted
                 and not self._source_done
                 and not self.dataset.waiting
                 and not self._stopped
@@ -121,12 +160,30 @@ class ShardFeed:
                 self._changed.wait(0.05)
             if self.error is not None:
                 raise self.error
-            count = min(wanted, len(self._buffer))
-            samples = [self._buffer.popleft() for _ in range(count)]
+            chosen = self._choose(wanted)
             self._changed.notify_all()
-        if not samples:
+        if not chosen:
             return None
-        return _stacked(samples)
+        # read on this thread, outside the lock: the user's __getitem__, as a DataLoader would
+        source = self.dataset.source
+        tags = tuple(grant.tag(position) for grant, position in chosen)
+        return _stacked([source[position] for _, position in chosen], tags)
+
+    def _choose(self, wanted: int) -> list[tuple[ShardGrant, int]]:
+        """Up to ``wanted`` (grant, position) pairs from the head of the buffer, revoked grants
+        dropped (with the lock held)."""
+        chosen: list[tuple[ShardGrant, int]] = []
+        while len(chosen) < wanted and self._buffer:
+            reading = self._buffer[0]
+            if reading.grant.key in self.dataset.revoked:
+                positions = reading.take(reading.left)  # its commits were refused: never trained
+            else:
+                positions = reading.take(wanted - len(chosen))
+                chosen += [(reading.grant, position) for position in positions]
+            self._buffered -= len(positions)
+            if not reading.left:
+                self._buffer.popleft()
+        return chosen
 
     def close(self) -> None:
         with self._changed:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from antdt.worker.dataset import ShardGrant
 from antdt.worker.feeds import ShardFeed, StaticFeed
-from antdt.worker.provenance import SampleTag, Tagged
 
 
 def test_static_slices_partition_every_epoch_across_ranks():
@@ -38,9 +39,16 @@ def test_static_slices_partition_every_epoch_across_ranks():
         assert seen == list(range(size))  # each sample exactly once per epoch
 
 
+class Values:
+    """A source whose sample ``i`` is ``(tensor([i.0]), tensor(i))``."""
+
+    def __getitem__(self, index: int):
+        return torch.tensor([float(index)]), torch.tensor(index)
+
+
 class ScriptedDataset:
-    """Stands in for a ShardedDataset (no bus here): epochs of samples, then finished; can be told
-    to WAIT."""
+    """Stands in for a ShardedDataset (no bus here): epochs of samples granted as shards (split
+    where a value is negative: the sharder has nothing until released), then finished."""
 
     def __init__(self, epochs: list[list[int]]):
         self.epochs = epochs
@@ -49,21 +57,29 @@ class ScriptedDataset:
         self.quota = 1
         self.release = threading.Event()
         self.closed = False
+        self.source = Values()
+        self.spec = SimpleNamespace(lease_s=60.0)
+        self.revoked: set = set()
 
-    def __iter__(self):
+    def grants(self):
         epoch = self.epochs.pop(0)
-        for value in epoch:
-            if value < 0:  # the sharder has nothing now: wait until released
-                self.waiting = True
-                self.release.wait(10)
-                self.waiting = False
+        shard: list[int] = []
+        for value in [*epoch, None]:
+            if value is None or value < 0:
+                if shard:
+                    yield ShardGrant(0, len(shard), 0, "w", shard)
+                    shard = []
+                if value is not None:  # the sharder has nothing now: wait until released
+                    self.waiting = True
+                    self.release.wait(10)
+                    self.waiting = False
                 continue
-            yield Tagged(
-                (torch.tensor([float(value)]), torch.tensor(value)),
-                (SampleTag(0, value, 0, 0, "w"),),
-            )
+            shard.append(value)
         if not self.epochs:
             self.finished = True
+
+    def keep_alive(self, grant) -> None:
+        pass
 
     def close(self):
         self.closed = True
@@ -101,7 +117,7 @@ def test_a_waiting_sharder_yields_a_short_batch_instead_of_blocking_the_step():
 
 def test_an_error_in_the_feed_reaches_the_training_thread():
     class Broken(ScriptedDataset):
-        def __iter__(self):
+        def grants(self):
             raise RuntimeError("sharder unreachable")
             yield  # unreachable: makes this a generator
 
