@@ -10,8 +10,9 @@ full batch when there is one, or whatever is buffered (possibly nothing)
 while the sharder has nothing for this rank. The thread handles only
 grants; the samples of a batch are read on the training thread when it is
 taken (``dataset[i]`` and a stack, what a ``DataLoader`` without worker
-processes does), so the thread's work is per shard, not per sample. Batches come as :class:`~antdt.worker.provenance.Tagged`: the
-samples' provenance stays with them until the step that trains them is
+processes does), so the thread's work is per shard, not per sample.
+Batches come as :class:`~antdt.worker.provenance.Tagged`: the samples'
+provenance stays with them until the step that trains them is
 committed (a sample in the buffer when a rank dies was never committed, and
 is granted again). A rank sized to 0 sits steps out: its feed drops what it
 buffered and holds nothing (quota 0: the sharder takes its shards back, and
@@ -103,9 +104,7 @@ class ShardFeed:
         """Buffer ``grant`` once there is room; False (its samples dropped, never trained) if
         stopping or sitting out. While waiting, the leases of the buffered grants are kept."""
         with self._changed:
-            while (
-                self._buffered >= self.capacity() and not self._stopped and not self._sitting_out
-            ):
+            while self._buffered >= self.capacity() and not self._stopped and not self._sitting_out:
                 self._changed.wait(0.1)
                 self._keep_leases()
             if self._stopped or self._sitting_out:
