@@ -61,11 +61,11 @@ def reducer_for(way: str, ddp: DistributedDataParallel):
     return reduce
 
 
-def rank_main(rank: int, way: str, steps: int, init_file: str, out_dir: str) -> None:
+def rank_main(rank: int, way: str, steps: int, hidden: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     torch.manual_seed(0)
-    model = mlp(64, 256, 20)
+    model = mlp(64, hidden, 20)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     ddp = DistributedDataParallel(model)
     reduce = reducer_for(way, ddp)
@@ -89,10 +89,10 @@ def rank_main(rank: int, way: str, steps: int, init_file: str, out_dir: str) -> 
     dist.destroy_process_group()
 
 
-def time_way(way: str, steps: int) -> float:
+def time_way(way: str, steps: int, hidden: int) -> float:
     """Milliseconds per step of one two-rank run."""
     with tempfile.TemporaryDirectory() as scratch:
-        mp.spawn(rank_main, args=(way, steps, f"{scratch}/init", scratch), nprocs=2)
+        mp.spawn(rank_main, args=(way, steps, hidden, f"{scratch}/init", scratch), nprocs=2)
         return float(Path(scratch, "step_ms").read_text())
 
 
@@ -100,6 +100,9 @@ def main() -> int:
     parser = bench_parser(__doc__, ",".join(WAYS))
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--hidden", type=int, default=256, help="the MLP's width (256: 85k parameters)"
+    )
     args = parser.parse_args()
     ways = args.only.split(",")
     unknown = set(ways) - set(WAYS)
@@ -109,10 +112,15 @@ def main() -> int:
     times = {way: [] for way in ways}
     for _ in range(args.repeat):  # interleaved, so drift hits every way alike
         for way in ways:
-            times[way].append(time_way(way, args.steps))
+            times[way].append(time_way(way, args.steps, args.hidden))
     base = statistics.median(times["ddp"]) if "ddp" in times else None
     report = {
-        "settings": {"steps": args.steps, "repeat": args.repeat, "batch": BATCH},
+        "settings": {
+            "steps": args.steps,
+            "repeat": args.repeat,
+            "batch": BATCH,
+            "hidden": args.hidden,
+        },
         "step_ms": {way: spread(values) for way, values in times.items()},
         "over_ddp": {
             way: round(statistics.median(values) / base, 3) for way, values in times.items()

@@ -19,6 +19,7 @@ from benchlib import bench_parser, distribution, embedded_broker, emit, fresh_se
 from confluent_kafka import OFFSET_END, TopicPartition
 
 from antdt.bus.clients import make_consumer, make_producer
+from antdt.bus.config import FetchPace
 from antdt.bus.readers import assign_now, poll_batch
 from antdt.runtime.launch import service_process
 from antdt.schemas.codec import SingleObjectCodec
@@ -64,7 +65,7 @@ def bench_latency(count: int, policy: str) -> dict:
         ) as controller:
             controller.wait_ready()
             topic = settings.topic("controller", "commands")
-            consumer = make_consumer(settings, low_latency=True)
+            consumer = make_consumer(settings, pace=FetchPace.LOW_LATENCY)
             assign_now(
                 consumer,
                 [

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from itertools import count
 
 from antdt.bus.clients import flush_or_raise, make_consumer, make_producer
+from antdt.bus.config import FetchPace
 from antdt.bus.readers import poll_batch
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import (
@@ -70,7 +71,7 @@ def main() -> None:
     producer = make_producer(settings, client_id="grant-echo", **LARGE_RECORDS)
     answering = make_producer(settings, client_id="grant-echo-answers", **LARGE_RECORDS)
     consumer = make_consumer(
-        settings, group_id=f"{settings.topic_prefix}.sharder", low_latency=True
+        settings, group_id=f"{settings.topic_prefix}.sharder", pace=FetchPace.LOW_LATENCY
     )
     consumer.subscribe([progress, topic("worker", "lifecycle")])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

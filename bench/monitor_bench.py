@@ -31,6 +31,7 @@ from benchlib import bench_parser, distribution, embedded_broker, emit, fresh_se
 from confluent_kafka import OFFSET_END, TopicPartition
 
 from antdt.bus.clients import consuming, producing
+from antdt.bus.config import FetchPace
 from antdt.bus.readers import assign_now, poll_batch
 from antdt.loadgen.traces import TraceSlowdown, TraceSpec, generate
 from antdt.runtime.launch import service_process
@@ -142,7 +143,7 @@ def replay_in_real_time(settings, reports, stop: threading.Event) -> None:
 def collect_verdicts(settings, partitions: int, until: float) -> list[tuple[float, object]]:
     """(wall time read, verdict) for every verdict published until ``until``."""
     topic, seen = settings.topic("monitor", "verdicts"), []
-    with consuming(settings, low_latency=True) as consumer:
+    with consuming(settings, pace=FetchPace.LOW_LATENCY) as consumer:
         assign_now(consumer, [TopicPartition(topic, p, OFFSET_END) for p in range(partitions)])
         while time.time() < until:
             for message in poll_batch(consumer, 500, 0.05):

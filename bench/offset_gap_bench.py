@@ -24,7 +24,7 @@ from benchlib import embedded_broker, emit, fresh_settings
 from confluent_kafka import Consumer, TopicPartition
 
 from antdt.bus.clients import make_consumer, make_producer
-from antdt.bus.config import consumer_config
+from antdt.bus.config import FetchPace, consumer_config
 from antdt.bus.readers import poll_batch
 from antdt.topics import topic_spec
 
@@ -84,11 +84,13 @@ def one_run(guarded: bool, producers: int, rounds: int) -> dict:
         topic = topic_spec("shard", "progress").full_name(settings.topic_prefix)
         if guarded:
             consumer = make_consumer(
-                settings, group_id=f"{settings.topic_prefix}.tail", low_latency=True
+                settings, group_id=f"{settings.topic_prefix}.tail", pace=FetchPace.LOW_LATENCY
             )
         else:
             consumer = Consumer(
-                consumer_config(settings, f"{settings.topic_prefix}.tail", low_latency=True)
+                consumer_config(
+                    settings, f"{settings.topic_prefix}.tail", pace=FetchPace.LOW_LATENCY
+                )
             )
         seen: list[int] = []
         total = producers * rounds

@@ -25,6 +25,7 @@ from benchlib import bench_parser, distribution, embedded_broker, emit, fresh_se
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from antdt.bus.clients import make_consumer, make_producer
+from antdt.bus.config import FetchPace
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import assign_now, poll_batch
 from antdt.runtime.launch import service_process
@@ -159,7 +160,7 @@ def bench_service(settings: Settings, seconds: float, workers: int = 200, quota:
     sharder = ExitStack()
     sharder.enter_context(service_process(settings, "sharder"))
     producer = make_producer(settings, **{"linger.ms": 2})
-    consumer = make_consumer(settings, low_latency=True)
+    consumer = make_consumer(settings, pace=FetchPace.LOW_LATENCY)
     assign_now(
         consumer,
         [

@@ -18,7 +18,8 @@ batch gets a shorter sleep.
 Rank 0 prints one JSON line, ``{"train_s": ..., "steps": ..., "samples": ...}``
 (``dd`` adds ``ledger_all_ones``: every sample trained exactly once): the
 time from every rank's being ready (model, data and pacing built) to the
-end of training, the job's set-up included.
+end of training, the job's set-up included (imports are not: a script
+makes them at its top, before torch is even initialised).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def train_plain(model, optimizer, dataset, args, pacing: Pacing, weighted: bool 
 def train_dd(model, optimizer, dataset, args, pacing: Pacing) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
-    from antdt.worker import ElasticJob
+    from antdt.worker import ElasticJob  # imported before the clock starts (main)
 
     ddp = DistributedDataParallel(model)
     steps = samples = 0
@@ -186,6 +187,9 @@ def main() -> None:
         "--sizing", default="commands", choices=["commands", "in-band"], help="dd's batch sizing"
     )
     args = parser.parse_args()
+    if args.mode != "plain":
+        from antdt.worker import ElasticJob  # noqa: F401 - a script imports at its top
+
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = mlp(args.features, args.hidden, args.classes)

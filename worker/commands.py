@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from antdt.bus.clients import drain, make_consumer, make_producer
+from antdt.bus.config import FetchPace
 from antdt.bus.deadletter import DeadLetter
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import decode_or_deadletter, follow_key, poll_batch
@@ -132,7 +133,7 @@ class CommandListener:
         self._settings = settings
         # one per worker: keep its idle cost low
         self._consumer = make_consumer(
-            settings, client_id=f"antdt-agent-{worker_id}", background=True
+            settings, client_id=f"antdt-agent-{worker_id}", pace=FetchPace.BACKGROUND
         )
         # Writes the positioning marker, then the dead letters (records on our key that are not
         # commands).

@@ -242,6 +242,11 @@ class ShardedDataset(IterableDataset):
             yield grant
             self._read[shard.shard_id] = shard.attempt
 
+    def ask_again(self) -> None:
+        """End a wait between requests now: what the sharder waited for (this worker's last
+        commits, say) was just sent, and the next answer may differ."""
+        self._woken.set()
+
     def keep_alive(self, grant: ShardGrant) -> None:
         """Renew the lease of a grant whose samples are still being read."""
         self._client_for_this_process().started(grant.epoch, grant.shard_id, grant.attempt)
@@ -318,8 +323,9 @@ class ShardedDataset(IterableDataset):
                 self._woken.clear()
                 with self._waiting_for_others() if self._waiting_for_others else nullcontext():
                     # WAIT: others hold the epoch's last shards
-                    self._woken.wait(pause_s if asked else IDLE_POLL_S)
-                pause_s = min(2 * pause_s, max(MAX_WAIT_S, self.wait_s))
+                    woken = self._woken.wait(pause_s if asked else IDLE_POLL_S)
+                # woken (ask_again, a new quota): something changed, back to short pauses
+                pause_s = self.wait_s if woken else min(2 * pause_s, max(MAX_WAIT_S, self.wait_s))
                 continue
             self.waiting, pause_s = False, self.wait_s
             # One shard per answer: the next answer (at most lease/4 old, see above)

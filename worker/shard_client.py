@@ -23,6 +23,7 @@ import time
 import uuid
 from collections import deque
 
+from antdt.bus.config import FetchPace
 from antdt.bus.markers import marker_id, send_marker
 from antdt.bus.own_key import OwnKeyClient
 from antdt.bus.readers import decode_addressed, poll_batch
@@ -69,8 +70,15 @@ class ShardClient(OwnKeyClient):
         self._assignments_topic = topic_spec("shard", "assignments").full_name(
             settings.topic_prefix
         )
+        # grants are asked for a shard ahead (ShardedDataset's prefetch): no need to poll hard
         super().__init__(
-            settings, job_id, worker_id, self._assignments_topic, f"antdt-worker-{worker_id}", codec
+            settings,
+            job_id,
+            worker_id,
+            self._assignments_topic,
+            f"antdt-worker-{worker_id}",
+            codec,
+            pace=FetchPace.PREFETCHED,
         )
         self.dataset = dataset
         self.incarnation = incarnation or uuid.uuid4().hex

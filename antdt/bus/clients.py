@@ -24,7 +24,13 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
-from antdt.bus.config import KAFKA_LOG, admin_config, consumer_config, producer_config
+from antdt.bus.config import (
+    KAFKA_LOG,
+    FetchPace,
+    admin_config,
+    consumer_config,
+    producer_config,
+)
 from antdt.bus.gaps import GuardedConsumer
 from antdt.errors import AuthenticationError, BusError
 from antdt.settings import BrokerProfile, Settings
@@ -135,22 +141,21 @@ def make_consumer(
     settings: Settings,
     group_id: str | None = None,
     client_id: str | None = None,
-    low_latency: bool = False,
-    background: bool = False,
+    pace: FetchPace = FetchPace.STEADY,
     **overrides: Any,
 ) -> Consumer:
     """A consumer with manual commits; without a group id it gets a private one (for assign()).
 
     On the embedded broker the fetch wait bounds latency, and every idle
-    fetch costs that broker CPU: ``low_latency`` shortens it for
-    request/reply paths, ``background`` lengthens it for followers of
-    topics that rarely change. There it also reads through a gap guard
+    fetch costs that broker CPU: ``pace`` (:class:`FetchPace`) shortens it for
+    request/reply paths and lengthens it for followers of topics that rarely
+    change or answers asked for ahead of need. There it also reads through a gap guard
     (:mod:`antdt.bus.gaps`): that broker can let a tailing reader skip an offset.
     """
     group = group_id or f"{settings.topic_prefix}.reader.{uuid.uuid4().hex[:12]}"
     conf = _with_watch(
         settings,
-        {**consumer_config(settings, group, client_id, low_latency, background), **overrides},
+        {**consumer_config(settings, group, client_id, pace), **overrides},
     )
     return (
         GuardedConsumer(conf)

@@ -9,6 +9,7 @@ sessions are short and fetch waits low) can never drift between components.
 from __future__ import annotations
 
 import logging
+from enum import Enum
 from typing import Any
 
 from antdt.settings import BrokerProfile, Settings
@@ -22,15 +23,40 @@ KAFKA_LOG = logging.getLogger("antdt.kafka")
 EMBEDDED_CONSUMER = {
     "session.timeout.ms": 2000,
     "heartbeat.interval.ms": 200,
-    "fetch.wait.max.ms": 10,
+    "fetch.wait.max.ms": 25,
 }
-#: For the few consumers on a request/reply path (sharder requests, a worker's
-#: assignments) on the embedded broker: ~4 ms per hop, at 200 idle fetches/s.
+#: For the few consumers on a request/reply path (sharder requests, group
+#: formation) on the embedded broker: ~4 ms per hop, at 200 idle fetches/s.
 EMBEDDED_LOW_LATENCY = {"fetch.wait.max.ms": 5}
+#: For a reader whose answers are asked for ahead of need (a worker's shard
+#: grants, prefetched a shard ahead): ~14 ms per hop, at 40 idle fetches/s.
+#: Each training rank has one, so on a small machine their idle fetches took
+#: broker CPU from the ranks' own steps (the user-style job,
+#: bench/torchrun_bench.py: about 5 % faster than at 5 ms).
+EMBEDDED_PREFETCHED = {"fetch.wait.max.ms": 25}
 #: For followers of topics that change rarely or whose reader acts on a slower
 #: clock anyway (control changes, a worker's commands): each idle consumer costs
 #: the embedded broker about 1 % of a core here, 3-5 % at the waits above.
 EMBEDDED_BACKGROUND = {"fetch.wait.max.ms": 100}
+
+
+class FetchPace(str, Enum):
+    """How long a consumer's fetch waits on the embedded broker: latency against that broker's CPU
+    (on Kafka every pace is :data:`KAFKA_CONSUMER`: a waiting fetch is answered when data
+    arrives)."""
+
+    STEADY = "steady"
+    LOW_LATENCY = "low-latency"
+    PREFETCHED = "prefetched"
+    BACKGROUND = "background"
+
+
+EMBEDDED_PACES = {
+    FetchPace.STEADY: EMBEDDED_CONSUMER,
+    FetchPace.LOW_LATENCY: EMBEDDED_LOW_LATENCY,
+    FetchPace.PREFETCHED: EMBEDDED_PREFETCHED,
+    FetchPace.BACKGROUND: EMBEDDED_BACKGROUND,
+}
 #: The embedded broker forgets everything when it restarts (docs/embedded-broker.md). An
 #: idempotent producer then hangs for good (measured: nothing delivered
 #: after 15 s, no error), because the broker no longer knows its producer id
@@ -87,25 +113,23 @@ def producer_config(settings: Settings, client_id: str | None = None) -> dict[st
     }
 
 
-def fetch_wait_ms(settings: Settings, low_latency: bool = False) -> int:
+def fetch_wait_ms(settings: Settings, pace: FetchPace = FetchPace.STEADY) -> int:
     """The consumer fetch wait for the broker profile (librdkafka and Faust alike)."""
     if settings.broker_profile is not BrokerProfile.EMBEDDED:
         return KAFKA_CONSUMER["fetch.wait.max.ms"]
-    return (EMBEDDED_LOW_LATENCY if low_latency else EMBEDDED_CONSUMER)["fetch.wait.max.ms"]
+    return EMBEDDED_PACES[pace]["fetch.wait.max.ms"]
 
 
 def consumer_config(
     settings: Settings,
     group_id: str,
     client_id: str | None = None,
-    low_latency: bool = False,
-    background: bool = False,
+    pace: FetchPace = FetchPace.STEADY,
 ) -> dict[str, Any]:
     """Consumer with manual commits, reading from the start of unknown partitions."""
     tuning = KAFKA_CONSUMER
     if settings.broker_profile is BrokerProfile.EMBEDDED:
-        pace = EMBEDDED_LOW_LATENCY if low_latency else EMBEDDED_BACKGROUND if background else {}
-        tuning = {**EMBEDDED_CONSUMER, **pace}
+        tuning = {**EMBEDDED_CONSUMER, **EMBEDDED_PACES[pace]}
     return {
         **common_config(settings, client_id),
         "group.id": group_id,

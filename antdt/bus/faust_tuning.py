@@ -8,7 +8,7 @@ Faust 0.15 leaves four things that the monitor's targets cannot live with
   (the broker answers as soon as data arrives), but the embedded broker does
   not wake a waiting fetch on produce, so every record waited up to 1.5 s.
   :class:`TunedConsumerThread` uses the same fetch wait as every other antdt
-  consumer (:func:`antdt.bus.config.fetch_wait_ms`: 10 ms embedded, 100 ms
+  consumer (:func:`antdt.bus.config.fetch_wait_ms`: 25 ms embedded, 100 ms
   on Kafka).
 * **per-record delivery**: the drain loop hands each record to the streams
   through ``Service.wait_first(deliver(record), suspend_flow.wait())``, which

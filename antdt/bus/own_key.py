@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Self
 
 from antdt.bus.clients import make_consumer, make_producer
+from antdt.bus.config import FetchPace
 from antdt.bus.deadletter import DeadLetter
 from antdt.bus.readers import follow_key
 from antdt.bus.watch import Rewinder, shared_watch
@@ -34,12 +35,13 @@ class OwnKeyClient:
         replies_topic: str,
         client_id: str,
         codec: Codec | None = None,
+        pace: FetchPace = FetchPace.LOW_LATENCY,
     ):
         self.job_id, self.worker_id = job_id, worker_id
         self.codec = codec or make_codec(settings.schema_registry_url)
         self._key = worker_key(job_id, worker_id).encode()
         self._producer = make_producer(settings, client_id=client_id, **{"linger.ms": 0})
-        self._consumer = make_consumer(settings, client_id=client_id, low_latency=True)
+        self._consumer = make_consumer(settings, client_id=client_id, pace=pace)
         self._deadletter = DeadLetter.for_settings(self._producer, settings, "agent")
         for _ in follow_key(
             settings, self._consumer, self._producer, replies_topic, self._key, timeout_s=30.0

@@ -24,6 +24,7 @@ from confluent_kafka import (
 
 from antdt.bus.admin import partition_counts
 from antdt.bus.clients import consuming, make_admin, make_consumer, producing
+from antdt.bus.config import FetchPace
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.gaps import GuardedConsumer
 from antdt.bus.markers import marker_id, write_marker
@@ -316,7 +317,7 @@ class KeyedReader:
         start: int = END,
         deadletter: DeadLetter | None = None,
         partitions: int | None = None,
-        low_latency: bool = True,
+        pace: FetchPace = FetchPace.LOW_LATENCY,
     ):
         self.topic = topic
         self.key = key.encode()
@@ -327,7 +328,7 @@ class KeyedReader:
             if partitions
             else key_partition(settings, topic, self.key)
         )
-        self._consumer = make_consumer(settings, low_latency=low_latency)
+        self._consumer = make_consumer(settings, pace=pace)
         assign_now(self._consumer, [TopicPartition(topic, self.partition, start)])
 
     def poll(self, timeout_s: float = 0.1, max_records: int = 500) -> list[AvroModel]:

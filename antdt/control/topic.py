@@ -26,6 +26,7 @@ from confluent_kafka import Message
 
 from antdt.bus.admin import partition_counts
 from antdt.bus.clients import make_admin, make_consumer, make_producer
+from antdt.bus.config import FetchPace
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import poll_batch, read_to_markers
@@ -214,7 +215,7 @@ class ControlFollower:
         self._codec = codec or make_codec(settings.schema_registry_url)
         self._client_id = client_id
         self.topic = control_topic(settings)
-        self._consumer = make_consumer(settings, client_id=client_id, background=True)
+        self._consumer = make_consumer(settings, client_id=client_id, pace=FetchPace.BACKGROUND)
         self._rewinder: Rewinder | None = None
         self._gate = ControlGate.for_settings(settings, client_id or "control follower")
         self._deadletter = deadletter

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from antdt.bus.clients import flush_or_raise, make_consumer, make_producer
+from antdt.bus.config import FetchPace
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import assign_now, poll_batch
 from antdt.loadgen.fleet import Fleet, FleetSpec, Observations, Outgoing
@@ -120,7 +121,7 @@ class FleetDriver:
                 producer.poll(0.05)
 
     def _read(self) -> None:
-        consumer = make_consumer(self.settings, low_latency=True)
+        consumer = make_consumer(self.settings, pace=FetchPace.LOW_LATENCY)
         try:
             assign_now(
                 consumer,

@@ -157,8 +157,9 @@ class DedicatedPolicy:
 
 def _reason(model: StepModel, old: int, new: int, now_s: float, then_s: float, total: int) -> str:
     return (
-        f"batch {old} -> {new}: its step {model.step_s(old):.3f} -> {model.step_s(new):.3f} s "
-        f"(fixed part {model.fixed:.1f} samples); the job's {now_s:.3f} -> {then_s:.3f} s, "
+        f"batch {old} -> {new}: its step {1e3 * model.step_s(old):.2f} -> "
+        f"{1e3 * model.step_s(new):.2f} ms (fixed part {model.fixed:.1f} samples); the job's "
+        f"{1e3 * now_s:.2f} -> {1e3 * then_s:.2f} ms, "
         f"global batch {total}"
     )
 

@@ -41,6 +41,7 @@ from confluent_kafka import Message, TopicPartition
 
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin, make_consumer, make_producer
+from antdt.bus.config import FetchPace
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.markers import send_marker
 from antdt.bus.murmur2 import partition_for
@@ -97,7 +98,9 @@ class GrouperService(LoopService):
     def start(self) -> GrouperService:
         counts = ensure_topics(make_admin(self.settings), self.settings)
         self._formed_partitions = counts[self._formed_topic]
-        self._consumer = make_consumer(self.settings, client_id=self.instance_id, low_latency=True)
+        self._consumer = make_consumer(
+            self.settings, client_id=self.instance_id, pace=FetchPace.LOW_LATENCY
+        )
         assign_now(
             self._consumer,
             [

@@ -50,6 +50,7 @@ from confluent_kafka import KafkaException, Message
 
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import drain, flush_or_raise, make_admin, make_consumer, make_producer
+from antdt.bus.config import FetchPace
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import MisroutedRecord, check_key, decode_or_deadletter, poll_batch
@@ -178,7 +179,7 @@ class SharderService(LoopService):
             self.settings,
             group_id=f"{self.settings.topic_prefix}.sharder",
             client_id=self.writer_id,
-            low_latency=True,
+            pace=FetchPace.PREFETCHED,
         )
         self._consumer.subscribe(
             [self._progress_topic, self._lifecycle_topic],

@@ -52,7 +52,7 @@ def test_each_profile_names_the_settings_its_clients_get():
     )
     assert describe_profile(load_settings(broker_profile=BrokerProfile.EMBEDDED)) == (
         "kafka clients: broker profile embedded, enable.idempotence=false, "
-        "session.timeout.ms=2000, fetch.wait.max.ms=10"
+        "session.timeout.ms=2000, fetch.wait.max.ms=25"
     )
 
 

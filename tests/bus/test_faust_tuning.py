@@ -25,7 +25,7 @@ def app_for(profile: BrokerProfile):
 
 
 def test_the_worker_consumer_uses_antdts_fetch_wait():
-    for profile, expected in ((BrokerProfile.EMBEDDED, 10), (BrokerProfile.KAFKA, 100)):
+    for profile, expected in ((BrokerProfile.EMBEDDED, 25), (BrokerProfile.KAFKA, 100)):
         app = app_for(profile)
         assert isinstance(app.consumer, TunedConsumer)
 
@@ -42,7 +42,7 @@ def test_the_apps_group_settings_are_fausts_on_kafka_and_short_on_the_embedded_b
     )
     assert describe_faust(app_for(BrokerProfile.EMBEDDED)) == (
         "faust clients: broker_session_timeout=2 s, broker_heartbeat_interval=0.2 s, "
-        "broker_rebalance_timeout=2 s, fetch.wait.max.ms=10"
+        "broker_rebalance_timeout=2 s, fetch.wait.max.ms=25"
     )
 
 

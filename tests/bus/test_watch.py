@@ -12,6 +12,7 @@ from confluent_kafka.admin import AdminClient
 
 from antdt.bus.admin import ensure_topics, partition_counts
 from antdt.bus.clients import make_admin, make_consumer, make_producer
+from antdt.bus.config import FetchPace
 from antdt.bus.readers import BEGINNING, assign_now, poll_batch
 from antdt.bus.watch import BusWatch, Rewinder, shared_watch
 from antdt.embedded.broker import EmbeddedBroker
@@ -96,7 +97,7 @@ def test_a_record_buffered_during_the_restart_is_delivered_and_read_from_offset_
     for i in range(5):
         producer.produce(topic, key=b"k", value=b"old %d" % i, partition=0)
     producer.flush(10)
-    consumer = make_consumer(bus, low_latency=True)
+    consumer = make_consumer(bus, pace=FetchPace.LOW_LATENCY)
     assign_now(consumer, [TopicPartition(topic, 0, BEGINNING)])
     seen = []
     wait_until(

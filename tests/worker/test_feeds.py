@@ -115,6 +115,38 @@ def test_a_waiting_sharder_yields_a_short_batch_instead_of_blocking_the_step():
     assert [x for batch in rest for x in batch] == [2, 3]
 
 
+def test_buffered_grants_keep_their_leases_while_the_buffer_is_full():
+    """A slow consumer must not lose the shards it holds unread: the feed renews each buffered
+    grant every quarter lease while it waits for room."""
+
+    class Leased(ScriptedDataset):
+        def __init__(self, epochs):
+            super().__init__(epochs)
+            self.spec = SimpleNamespace(lease_s=0.2)
+            self.renewed = threading.Event()
+
+        def keep_alive(self, grant) -> None:
+            self.renewed.set()
+
+    # two grants; the first fills the buffer, so the feed waits with it held
+    dataset = Leased([[0, 1, 2, 3, -1, 4]])
+    dataset.release.set()
+    feed = ShardFeed(dataset, capacity=2).start()
+    assert dataset.renewed.wait(5), "no lease renewed while the buffer stayed full"
+    assert drain(feed, 4) == [[0, 1, 2, 3], [4]]
+    feed.close()
+
+
+def test_a_revoked_grants_samples_are_dropped_untrained():
+    dataset = ScriptedDataset([[0, 1, 2, -1, 3, 4]])  # (the script names a grant by its length)
+    feed = ShardFeed(dataset, capacity=8).start()
+    assert feed.take(1).data[1].tolist() == [0]
+    dataset.revoked.add((0, 3, 0))  # the first grant: its commits were refused
+    dataset.release.set()
+    assert [x for batch in drain(feed, 4) for x in batch] == [3, 4]
+    feed.close()
+
+
 def test_an_error_in_the_feed_reaches_the_training_thread():
     class Broken(ScriptedDataset):
         def grants(self):

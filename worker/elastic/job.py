@@ -204,6 +204,7 @@ class ElasticJob:
         self.restored_step: int | None = None  # the checkpoint's step when this process resumed one
         self._checkpoint_at = 0.0
         self._pending = 0  # samples in the batch handed out, not yet stepped
+        self._dry = False  # no rank had a next batch at the last step (the sums)
         self._local_sums: list[int] = []  # this step's sums with one process
         self._resize = AgreedResize()
         self._offers = [0, 0, 0]  # this step's summed resize offers
@@ -310,12 +311,22 @@ class ElasticJob:
     def _end_step(self) -> None:
         sums = self._sums()
         with_data, checkpoint_due, *rest = sums[1:]
+        if not sums[0] and self._next is None and not self._dry:
+            # no rank has a next batch: each has sent its last commits (below), and the sharder
+            # may now end the epoch or hand out what is left; this rank asks at once
+            self.data.ask_again()
+        self._dry = not sums[0]
         self._offers, timings = rest[:3], rest[3:]
         self.counts.count(self.agent.pending_tags)  # in every replica now
         self._book_sync()
         self.timeout.completed(time.monotonic())
         # commits the samples: their update is in the model
         record = self.agent.step(samples=self._pending)
+        if self._next is None and self._pending:
+            # out of data: the sharder can end the epoch (or grant the rest) only once it has
+            # this rank's last commits, so they go now, not at the next commit tick
+            self.agent.commit_trained()
+            self.data.ask_again()
         self._timed = (self._pending, record.compute_s) if self._pending else (0, 0.0)
         if self.sizer is not None:
             # from the next batch taken: the one after this step's next

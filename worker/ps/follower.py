@@ -21,6 +21,7 @@ from enum import Enum
 from confluent_kafka import TopicPartition
 
 from antdt.bus.clients import make_consumer, make_producer
+from antdt.bus.config import FetchPace
 from antdt.bus.markers import marker_id, send_marker
 from antdt.bus.readers import assign_now, key_partition, poll_batch
 from antdt.bus.watch import Rewinder, shared_watch
@@ -69,7 +70,9 @@ class LogFollower:
         self.job_id, self.codec, self.position = job_id, codec, position
         self.topic = log_topic(settings)
         self.partition = key_partition(settings, self.topic, job_id)
-        self._consumer = make_consumer(settings, client_id=f"antdt-ps-{job_id}", low_latency=True)
+        self._consumer = make_consumer(
+            settings, client_id=f"antdt-ps-{job_id}", pace=FetchPace.LOW_LATENCY
+        )
         assign_now(self._consumer, [TopicPartition(self.topic, self.partition, start)])
         self._producer = make_producer(
             settings, client_id=f"antdt-ps-{job_id}-nudge", **{"linger.ms": 0}
