@@ -50,6 +50,8 @@ class StepWindow:
         return abs(self.batch - self.size) < 0.5
 
 
+#: Reports pooled into a worker's current model (:func:`current_model`).
+POOLED_WINDOWS = 4
 #: Two reports count as seeing one speed when they are this close in time.
 PAIR_GAP_S = 3.0
 #: ... and their batch sizes must differ by this fraction of the larger to tell the fixed part
@@ -140,16 +142,25 @@ def fixed_parts(evidence: dict[str, list[tuple[float, float]]]) -> dict[str, flo
 
 
 def current_model(windows: Sequence[StepWindow], since_step: int, fixed: float) -> StepModel | None:
-    """The worker's model now: ``scale`` from its latest report, if it has a step from
-    ``since_step`` on; else None.
+    """The worker's model now: ``scale`` from its last :data:`POOLED_WINDOWS` reports with a step
+    from ``since_step`` on, pooled; None while it has none.
 
     A report that straddles a batch change is as good as any: its mean batch
-    and mean step time lie on the same line.
+    and mean step time lie on the same line, and so do pooled means.
+    Pooled, because one second of compute on a busy machine is one stretch
+    of contention. The opening report never counts: its steps carry the
+    incarnation's one-off costs. On one report, the opening one, two equal
+    ranks sharing two cores with the services differed by more than a move
+    gains, and DD moved them apart (docs/torchrun.md).
     """
-    latest = windows[-1] if windows else None
-    if latest is None or latest.last_step < since_step:
+    recent = [w for w in windows if not w.opening and w.last_step >= since_step]
+    recent = recent[-POOLED_WINDOWS:]
+    if not recent:
         return None
-    return StepModel.through(latest.batch, latest.step_s, fixed)
+    steps = sum(w.steps for w in recent)
+    batch = sum(w.batch * w.steps for w in recent) / steps
+    step_s = sum(w.step_s * w.steps for w in recent) / steps
+    return StepModel.through(batch, step_s, fixed)
 
 
 def balance(total: int, models: Sequence[StepModel], low: int, high: int) -> list[int] | None:

@@ -11,6 +11,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from antdt.sizing.step_model import (
+    POOLED_WINDOWS,
     StepModel,
     StepWindow,
     balance,
@@ -136,6 +137,19 @@ def test_the_current_model_needs_a_report_from_after_the_switch():
     assert current_model(windows, 22, 0.0) is None
     model = current_model(windows, 21, 0.0)
     assert model.scale == pytest.approx(0.02) and model.fixed == 0.0
+
+
+def test_the_current_model_pools_the_latest_reports_and_never_the_opening_one():
+    """One second of a busy machine is noise: the model pools the latest reports (their points lie
+    on one line); the opening report's one-off costs never count."""
+    opening = window(0, 32, 3.2, first=0, opening=True)  # 0.1 s a sample: set-up costs
+    assert current_model([opening], 0, 0.0) is None
+    noisy = [window(t, 32, step_s, first=10 * t) for t, step_s in enumerate((0.64, 0.96, 0.64))]
+    # (0.64 + 0.96 + 0.64) / 3 over 32 samples: not the last report's 0.02, nor the opening's
+    assert current_model([opening, *noisy], 0, 0.0).scale == pytest.approx(0.0233, abs=1e-4)
+    many = [window(t, 32, 0.64, first=10 * t) for t in range(POOLED_WINDOWS + 3)]
+    slow_first = [window(0, 32, 6.4, first=0), *many[1:]]
+    assert current_model(slow_first, 0, 0.0).scale == pytest.approx(0.02)  # the latest only
 
 
 def test_a_gain_small_against_the_whole_measured_step_is_not_worth_a_move():

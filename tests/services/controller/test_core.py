@@ -135,6 +135,8 @@ def test_policies_load_by_name_or_import_path():
 
 def test_dd_through_the_core_adjusts_batches_from_worker_reports():
     core = ControllerCore(ControllerConfig(policy="antdt-dd"))
+    for worker, speed in (("a", 100), ("b", 300)):  # the opening reports: one-off costs, no model
+        assert not core.on_metrics(report(worker, speed, 32, 45, t=-1), at(-1)).commands
     core.on_metrics(report("a", 100, 32, 50), at(0))
     outcome = core.on_metrics(report("b", 300, 32, 50), at(0))
     assert {(c.target_worker, c.batch_size, c.global_batch_size) for c in outcome.commands} == {

@@ -12,10 +12,30 @@ from tests.services.controller.helpers import at, report
 POLICY = DedicatedPolicy()
 
 
+def feed(job: JobView, metrics) -> None:
+    """``metrics``, after an opening report of the same speed where it is its incarnation's first
+    (the opening report carries one-off costs: never a model's data)."""
+    view = job.worker(metrics.worker_id)
+    if not view.windows or view.incarnation != metrics.incarnation:
+        count = metrics.last_step - metrics.first_step + 1
+        job.on_metrics(
+            metrics.model_copy(
+                update={
+                    "first_step": metrics.first_step - count,
+                    "last_step": metrics.first_step - 1,
+                    "window_start": metrics.window_start
+                    - (metrics.window_end - metrics.window_start),
+                    "window_end": metrics.window_start,
+                }
+            )
+        )
+    job.on_metrics(metrics)
+
+
 def job_with(speeds: dict[str, float], batch: int = 32, step: int = 100, t: float = 0.0) -> JobView:
     job = JobView("job")
     for worker, speed in speeds.items():
-        job.on_metrics(report(worker, speed, batch, step, t=t))
+        feed(job, report(worker, speed, batch, step, t=t))
     return job
 
 
@@ -42,7 +62,7 @@ def test_batches_follow_throughput_and_keep_the_global_batch():
 def test_every_worker_switches_at_one_step_ahead_of_all():
     job = JobView("job")
     for worker, step in (("a", 100), ("b", 103), ("c", 101)):
-        job.on_metrics(report(worker, 100 if worker != "c" else 300, 32, step, steps_per_s=5.0))
+        feed(job, report(worker, 100 if worker != "c" else 300, 32, step, steps_per_s=5.0))
     decision = decide(job, ControllerConfig(switch_lead_s=2.0), 0)
     assert {i.effective_step for i in decision.intents} == {103 + 10 + 1}
 
@@ -65,12 +85,12 @@ def test_no_second_decision_until_every_worker_reported_from_after_the_switch():
     assert sizes_of(first) == {"a": 16, "b": 48}
     switch = first.intents[0].effective_step
     # still the old size: the command is on its way
-    job.on_metrics(report("a", 100, 32, switch - 1, t=1))
-    job.on_metrics(report("b", 300, 32, switch - 1, t=1))
+    feed(job, report("a", 100, 32, switch - 1, t=1))
+    feed(job, report("b", 300, 32, switch - 1, t=1))
     assert decide(job, config, 1).intents == ()
-    job.on_metrics(report("a", 100, 16, switch + 10, t=3))
+    feed(job, report("a", 100, 16, switch + 10, t=3))
     assert decide(job, config, 3).intents == ()  # b has not reported from after the switch
-    job.on_metrics(report("b", 150, 48, switch + 10, t=3))  # b slowed down meanwhile
+    feed(job, report("b", 150, 48, switch + 10, t=3))  # b slowed down meanwhile
     assert sizes_of(decide(job, config, 3)) == {"a": 26, "b": 38}  # 100 : 150 samples/s
 
 
@@ -78,8 +98,8 @@ def test_small_gains_and_early_rebalances_are_not_sent():
     assert decide(job_with({"a": 100, "b": 102}), ControllerConfig(), 0).intents == ()
     job = job_with({"a": 100, "b": 300})
     assert decide(job, ControllerConfig(rebalance_interval_s=10), 0).intents
-    job.on_metrics(report("a", 300, 32, 10_000, t=5))
-    job.on_metrics(report("b", 100, 32, 10_000, t=5))
+    feed(job, report("a", 300, 32, 10_000, t=5))
+    feed(job, report("b", 100, 32, 10_000, t=5))
     assert decide(job, ControllerConfig(rebalance_interval_s=10), 5).intents == ()
 
 
@@ -94,15 +114,15 @@ def test_the_fixed_part_learnt_from_the_first_switch_shapes_the_second():
     job = JobView("job")
     for worker in "ab":
         # the first report carries one-off costs: not evidence
-        job.on_metrics(step_report(worker, 32, 95, -0.5))
-        job.on_metrics(step_report(worker, 32, 100, 0))
+        feed(job, step_report(worker, 32, 95, -0.5))
+        feed(job, step_report(worker, 32, 100, 0))
     config = ControllerConfig(rebalance_interval_s=0)
     first = decide(job, config, 0)
     # throughput alone: 32/0.42 vs 32/1.68 samples/s
     assert sizes_of(first) in ({"a": 51, "b": 13}, {"a": 52, "b": 12})
     switch = first.intents[0].effective_step
     for worker, batch in sizes_of(first).items():
-        job.on_metrics(step_report(worker, batch, switch + 5, 0.5))
+        feed(job, step_report(worker, batch, switch + 5, 0.5))
     second = decide(job, config, 0.5)
     assert sizes_of(second) in ({"a": 57, "b": 7}, {"a": 58, "b": 6})
     assert "fixed part 10.0 samples" in second.intents[0].reason
@@ -132,9 +152,7 @@ def test_in_band_sizing_leaves_the_batches_to_the_workers():
 def test_a_worker_silent_for_long_has_left_and_the_rest_share_the_global_batch():
     job = job_with({"a": 100, "b": 100, "c": 100})
     for worker in ("a", "b"):  # c (an evicted node) reports no more
-        job.on_metrics(
-            report(worker, 100 if worker == "a" else 300, 48, 200, t=20, incarnation="i2")
-        )
+        feed(job, report(worker, 100 if worker == "a" else 300, 48, 200, t=20, incarnation="i2"))
     config = ControllerConfig(global_batch_size=96)
     assert decide(job, config, 10).intents == ()  # c not silent long enough yet: still counted
     assert sum(sizes_of(decide(job, config, 20)).values()) == 96
@@ -143,13 +161,14 @@ def test_a_worker_silent_for_long_has_left_and_the_rest_share_the_global_batch()
 def test_nothing_until_as_many_workers_as_the_group_reports():
     job = JobView("job")
     for worker in ("r0", "r2"):  # r1 of a group of three has not reported yet
-        job.on_metrics(
+        feed(
+            job,
             report(worker, 100 if worker == "r0" else 300, 32, 100).model_copy(
                 update={"world_size": 3}
-            )
+            ),
         )
     assert decide(job, ControllerConfig(), 0).intents == ()
-    job.on_metrics(report("r1", 100, 32, 100).model_copy(update={"world_size": 3}))
+    feed(job, report("r1", 100, 32, 100).model_copy(update={"world_size": 3}))
     assert sum(sizes_of(decide(job, ControllerConfig(), 0)).values()) == 96
 
 
@@ -159,7 +178,8 @@ def test_a_restarted_group_is_sized_again_from_its_own_steps():
     switch = decide(job, config, 0).intents[0].effective_step
     # restarted from a checkpoint far before the switch
     for worker, speed in (("a", 100), ("b", 100)):
-        job.on_metrics(
-            report(worker, speed, 16 if worker == "a" else 48, switch - 50, t=5, incarnation="i2")
+        feed(
+            job,
+            report(worker, speed, 16 if worker == "a" else 48, switch - 50, t=5, incarnation="i2"),
         )
     assert sizes_of(decide(job, config, 5)) == {"a": 32, "b": 32}
