@@ -203,7 +203,7 @@ class ShardedDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[Tagged]:
         """The samples of this pass's grants, one at a time, each tagged (module docstring)."""
-        keepalive_s = self.spec.lease_s / 4
+        keepalive_s = self.keepalive_s
         for grant in self.grants():
             renew_at = time.monotonic() + keepalive_s
             for position in grant.positions:
@@ -242,6 +242,12 @@ class ShardedDataset(IterableDataset):
             yield grant
             self._read[shard.shard_id] = shard.attempt
 
+    @property
+    def keepalive_s(self) -> float:
+        """A quarter of the lease: how often a grant being read is renewed, and how old a
+        prefetched answer may be and still be trusted."""
+        return self.spec.lease_s / 4
+
     def ask_again(self) -> None:
         """End a wait between requests now: what the sharder waited for (this worker's last
         commits, say) was just sent, and the next answer may differ."""
@@ -266,7 +272,7 @@ class ShardedDataset(IterableDataset):
         answered_at = time.monotonic()
         pause_s = self.wait_s
         while True:
-            early = ahead is not None and time.monotonic() - ahead[1] < self.spec.lease_s / 4
+            early = ahead is not None and time.monotonic() - ahead[1] < self.keepalive_s
             try:
                 if early:
                     answer = client.wait_answer(ahead[0], self.request_timeout_s, flush=False)

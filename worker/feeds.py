@@ -72,9 +72,8 @@ class ShardFeed:
         each time (say, twice the current batch)."""
         self.dataset = dataset
         self.capacity = capacity if callable(capacity) else (lambda: capacity)
-        self._keepalive_s = dataset.spec.lease_s / 4
+        self._keepalive_s = dataset.keepalive_s
         self._buffer: deque[_Reading] = deque()
-        self._buffered = 0  # positions in the buffer not handed out
         self._changed = threading.Condition()
         self._source_done = False
         self._stopped = False
@@ -111,9 +110,13 @@ class ShardFeed:
                 return False
             if grant.positions:
                 self._buffer.append(_Reading(grant, self._keepalive_s))
-                self._buffered += len(grant.positions)
             self._changed.notify_all()
             return True
+
+    @property
+    def _buffered(self) -> int:
+        """Positions in the buffer not handed out (a few grants: summed when asked)."""
+        return sum(reading.left for reading in self._buffer)
 
     def _keep_leases(self) -> None:
         """Renew the lease of each buffered grant every quarter lease (with the lock held)."""
@@ -130,7 +133,6 @@ class ShardFeed:
         self._sitting_out = out
         if out:
             self._buffer.clear()
-            self._buffered = 0
             self.dataset.quota = 0
         else:
             self.dataset.quota = self._quota
@@ -175,11 +177,10 @@ class ShardFeed:
         while len(chosen) < wanted and self._buffer:
             reading = self._buffer[0]
             if reading.grant.key in self.dataset.revoked:
-                positions = reading.take(reading.left)  # its commits were refused: never trained
+                reading.take(reading.left)  # its commits were refused: never trained
             else:
                 positions = reading.take(wanted - len(chosen))
                 chosen += [(reading.grant, position) for position in positions]
-            self._buffered -= len(positions)
             if not reading.left:
                 self._buffer.popleft()
         return chosen

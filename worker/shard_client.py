@@ -70,7 +70,6 @@ class ShardClient(OwnKeyClient):
         self._assignments_topic = topic_spec("shard", "assignments").full_name(
             settings.topic_prefix
         )
-        # grants are asked for a shard ahead (ShardedDataset's prefetch): no need to poll hard
         super().__init__(
             settings,
             job_id,
@@ -78,7 +77,7 @@ class ShardClient(OwnKeyClient):
             self._assignments_topic,
             f"antdt-worker-{worker_id}",
             codec,
-            pace=FetchPace.PREFETCHED,
+            pace=FetchPace.STEADY,  # grants are asked for a shard ahead: no need to poll hard
         )
         self.dataset = dataset
         self.incarnation = incarnation or uuid.uuid4().hex

@@ -20,20 +20,20 @@ KAFKA_LOG = logging.getLogger("antdt.kafka")
 #: for half the session timeout, so sessions are short. A produce does not
 #: wake a waiting fetch there, so produce-to-consume latency is about half of
 #: fetch.wait.max.ms plus ~2 ms (measured: 20 -> 12 ms p50, 10 -> 7 ms, 5 -> 4 ms).
+#: The default wait is also what the sharder's requests and a worker's grants
+#: use: grants are asked for a shard ahead, and each training rank's reader
+#: polling at 5 ms took broker CPU from the ranks' own steps on a small
+#: machine (the user-style job, bench/torchrun_bench.py: about 5 % faster at
+#: 25 ms than at 5 ms).
 EMBEDDED_CONSUMER = {
     "session.timeout.ms": 2000,
     "heartbeat.interval.ms": 200,
     "fetch.wait.max.ms": 25,
 }
-#: For the few consumers on a request/reply path (sharder requests, group
-#: formation) on the embedded broker: ~4 ms per hop, at 200 idle fetches/s.
+#: For the few consumers on a request/reply path whose caller waits on the
+#: answer (group formation, a parameter server's log) on the embedded broker:
+#: ~4 ms per hop, at 200 idle fetches/s.
 EMBEDDED_LOW_LATENCY = {"fetch.wait.max.ms": 5}
-#: For a reader whose answers are asked for ahead of need (a worker's shard
-#: grants, prefetched a shard ahead): ~14 ms per hop, at 40 idle fetches/s.
-#: Each training rank has one, so on a small machine their idle fetches took
-#: broker CPU from the ranks' own steps (the user-style job,
-#: bench/torchrun_bench.py: about 5 % faster than at 5 ms).
-EMBEDDED_PREFETCHED = {"fetch.wait.max.ms": 25}
 #: For followers of topics that change rarely or whose reader acts on a slower
 #: clock anyway (control changes, a worker's commands): each idle consumer costs
 #: the embedded broker about 1 % of a core here, 3-5 % at the waits above.
@@ -47,14 +47,12 @@ class FetchPace(str, Enum):
 
     STEADY = "steady"
     LOW_LATENCY = "low-latency"
-    PREFETCHED = "prefetched"
     BACKGROUND = "background"
 
 
 EMBEDDED_PACES = {
     FetchPace.STEADY: EMBEDDED_CONSUMER,
     FetchPace.LOW_LATENCY: EMBEDDED_LOW_LATENCY,
-    FetchPace.PREFETCHED: EMBEDDED_PREFETCHED,
     FetchPace.BACKGROUND: EMBEDDED_BACKGROUND,
 }
 #: The embedded broker forgets everything when it restarts (docs/embedded-broker.md). An

@@ -179,7 +179,7 @@ class SharderService(LoopService):
             self.settings,
             group_id=f"{self.settings.topic_prefix}.sharder",
             client_id=self.writer_id,
-            pace=FetchPace.PREFETCHED,
+            pace=FetchPace.STEADY,  # requests come a shard ahead: no need to poll hard
         )
         self._consumer.subscribe(
             [self._progress_topic, self._lifecycle_topic],

@@ -59,6 +59,7 @@ class ScriptedDataset:
         self.closed = False
         self.source = Values()
         self.spec = SimpleNamespace(lease_s=60.0)
+        self.keepalive_s = self.spec.lease_s / 4
         self.revoked: set = set()
 
     def grants(self):
@@ -123,6 +124,7 @@ def test_buffered_grants_keep_their_leases_while_the_buffer_is_full():
         def __init__(self, epochs):
             super().__init__(epochs)
             self.spec = SimpleNamespace(lease_s=0.2)
+            self.keepalive_s = self.spec.lease_s / 4
             self.renewed = threading.Event()
 
         def keep_alive(self, grant) -> None:

@@ -311,22 +311,15 @@ class ElasticJob:
     def _end_step(self) -> None:
         sums = self._sums()
         with_data, checkpoint_due, *rest = sums[1:]
-        if not sums[0] and self._next is None and not self._dry:
-            # no rank has a next batch: each has sent its last commits (below), and the sharder
-            # may now end the epoch or hand out what is left; this rank asks at once
-            self.data.ask_again()
-        self._dry = not sums[0]
         self._offers, timings = rest[:3], rest[3:]
         self.counts.count(self.agent.pending_tags)  # in every replica now
         self._book_sync()
         self.timeout.completed(time.monotonic())
         # commits the samples: their update is in the model
         record = self.agent.step(samples=self._pending)
-        if self._next is None and self._pending:
-            # out of data: the sharder can end the epoch (or grant the rest) only once it has
-            # this rank's last commits, so they go now, not at the next commit tick
-            self.agent.commit_trained()
-            self.data.ask_again()
+        if self._next is None:
+            self._out_of_data(everyone_dry=not sums[0] and not self._dry)
+        self._dry = not sums[0]
         self._timed = (self._pending, record.compute_s) if self._pending else (0, 0.0)
         if self.sizer is not None:
             # from the next batch taken: the one after this step's next
@@ -344,6 +337,16 @@ class ElasticJob:
         if not with_data:
             self.finished = True
             self._finish()
+
+    def _out_of_data(self, everyone_dry: bool) -> None:
+        """This rank has no next batch: the sharder can end the epoch (or grant the rest) only once
+        it has every rank's last commits, so this rank's go now, not at the next commit tick, and
+        it asks the sharder again at once after sending them, or once no rank has a next batch
+        (every rank has sent its own)."""
+        if self._pending:
+            self.agent.commit_trained()
+        if self._pending or everyone_dry:
+            self.data.ask_again()
 
     def _book_sync(self) -> None:
         """A trained step waited for the others in the control sums and from its backward's last
