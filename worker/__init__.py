@@ -3,7 +3,8 @@
 ``from antdt.worker import Agent, ShardedDataset`` is all a script needs;
 :mod:`antdt.worker.ddp` adds per-worker batch sizes under DDP and
 :mod:`antdt.worker.checkpoint` saves the shard-state version with the model;
-``ElasticJob`` is synchronous training under torchrun (:mod:`antdt.worker.elastic`).
+``ElasticJob`` is synchronous training under torchrun (:mod:`antdt.worker.elastic`),
+``PartialReduceJob`` partial reduce (:mod:`antdt.worker.preduce`), the same loop.
 Names are imported lazily, so services that only need the shard client do
 not pay for importing torch.
 """
@@ -21,6 +22,7 @@ __all__, __getattr__ = lazy_exports(
         "EXIT_EVICTED": "antdt.worker.agent",
         "ShardedDataset": "antdt.worker.dataset",
         "ElasticJob": "antdt.worker.elastic.job",
+        "PartialReduceJob": "antdt.worker.preduce.job",
         "BatchSizing": "antdt.sizing",
         "ShardClient": "antdt.worker.shard_client",
     },

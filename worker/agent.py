@@ -246,6 +246,8 @@ class Agent:
         self._shard_client = None
         self._committer = None
         self._records: deque[StepRecord] = deque()
+        #: The last step's record (None before the first): what a caller's own trace reads.
+        self.last_step: StepRecord | None = None
         self._inbox: deque[MitigationCommand] = deque()
         self._mark = time.perf_counter()
         self._data_wait = 0.0
@@ -379,6 +381,7 @@ class Agent:
             self.batch_size,
         )
         self._records.append(record)
+        self.last_step = record
         if self._tags:
             self._trained.extend(self.take_tags())
         if self._trained and started - self._committed_at >= self.commit_every_s:

@@ -248,6 +248,12 @@ class ShardedDataset(IterableDataset):
         prefetched answer may be and still be trusted."""
         return self.spec.lease_s / 4
 
+    def read_in_background(self) -> None:
+        """A feed's thread reads this dataset from now on: its waits for the others' shards are not
+        the training thread's, so they are not booked on the agent's step (they once made the
+        steps of an epoch's end read as negative compute, and skewed DD's sizing there)."""
+        self._waiting_for_others = None
+
     def ask_again(self) -> None:
         """End a wait between requests now: what the sharder waited for (this worker's last
         commits, say) was just sent, and the next answer may differ."""

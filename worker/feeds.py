@@ -71,6 +71,7 @@ class ShardFeed:
         """``capacity``: samples buffered before another grant is asked for; a callable is asked
         each time (say, twice the current batch)."""
         self.dataset = dataset
+        dataset.read_in_background()
         self.capacity = capacity if callable(capacity) else (lambda: capacity)
         self._keepalive_s = dataset.keepalive_s
         self._buffer: deque[_Reading] = deque()
@@ -125,6 +126,20 @@ class ShardFeed:
             if now >= reading.renew_at:
                 self.dataset.keep_alive(reading.grant)
                 reading.renew_at = now + self._keepalive_s
+
+    @property
+    def quota(self) -> int:
+        """Shards the rank holds while it is not sitting out."""
+        return self._quota
+
+    @quota.setter
+    def quota(self, value: int) -> None:
+        with self._changed:
+            if value == self._quota:
+                return
+            self._quota = value
+            if not self._sitting_out:
+                self.dataset.quota = value
 
     def _sit_out(self, out: bool) -> None:
         """Start or end sitting out (module docstring); called with the lock held."""

@@ -1,9 +1,11 @@
-"""``antdt up``: the bus and the three services, for trying antdt with your own training script.
+"""``antdt up``: the bus and the services, for trying antdt with your own training script.
 
 It starts the embedded broker (or uses ``ANTDT_BOOTSTRAP_SERVERS`` when set),
 creates the topics, starts ``antdt monitor``, ``antdt sharder`` and
-``antdt controller`` as child processes configured exactly as in a
-deployment, waits for each one's ``/readyz`` and prints where everything is.
+``antdt controller`` (and what the training mode adds: ``antdt grouper`` for
+partial reduce, ``--mode preduce``) as child processes configured exactly as
+in a deployment, waits for each one's ``/readyz`` and prints where
+everything is.
 Then it watches them: Ctrl-C or SIGTERM stops everything cleanly (exit 0),
 and a service that dies is reported at once with its log file (exit 1).
 """
@@ -18,6 +20,7 @@ import typer
 
 from antdt.errors import AntdtError
 from antdt.runtime.shutdown import stop_on_signals
+from antdt.training import TrainingMode
 
 SERVICES = ("monitor", "sharder", "controller")
 #: torchrun otherwise keeps one store across restarts, and a restarted group finds the last one's
@@ -31,6 +34,11 @@ def up(
     ),
     policy: str = typer.Option(
         "antdt-nd", "--policy", help="The controller's policy (antdt-nd, antdt-dd, or module:attr)."
+    ),
+    mode: TrainingMode = typer.Option(
+        TrainingMode.SYNC,
+        "--mode",
+        help="The jobs' training mode: preduce adds the grouper (partial reduce).",
     ),
     ready_within: float = typer.Option(
         60.0, "--ready-within", min=1.0, help="Seconds each service may take to be ready."
@@ -56,14 +64,16 @@ def up(
                 " ANTDT_BROKER_PROFILE=embedded"
             )
         typer.echo(f"export {TORCHRUN_FIX}  # for torchrun's restarts (docs/torchrun.md)")
-        running = _services(stack, settings, policy, logs, ready_within)
+        running = _services(stack, settings, policy, mode, logs, ready_within)
         typer.echo(f"logs: {logs}; Ctrl-C stops everything")
         while not stop.wait(0.2):
             _check(running)
         typer.echo("stopping")
 
 
-def _services(stack: ExitStack, settings, policy: str, logs: Path, ready_within: float) -> dict:
+def _services(
+    stack: ExitStack, settings, policy: str, mode: TrainingMode, logs: Path, ready_within: float
+) -> dict:
     from antdt.runtime.launch import service_process
 
     arguments = {"controller": ["--set", f"policy={policy}"]}
@@ -71,7 +81,7 @@ def _services(stack: ExitStack, settings, policy: str, logs: Path, ready_within:
         name: stack.enter_context(
             service_process(settings, name, *arguments.get(name, ()), log_dir=logs)
         )
-        for name in SERVICES
+        for name in (*SERVICES, *mode.extra_services)
     }
     for name, service in running.items():
         try:

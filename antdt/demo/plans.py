@@ -2,13 +2,13 @@
 
 | plan | training | sharding | policy |
 |---|---|---|---|
-| ``static-bsp`` | synchronous (BSP), all-reduce | static slices | none: the baseline |
+| ``static-bsp`` | torch's DDP with ``DistributedSampler`` | static slices | none: the baseline |
 | ``static-async`` | asynchronous, parameter server | static: each worker its own shards | none: a plain PS job |
 | ``dynamic`` | asynchronous, parameter server | dynamic shards | none |
 | ``nd`` | asynchronous, parameter server | dynamic shards | AntDT-ND |
-| ``dd`` | synchronous, all-reduce | dynamic shards | AntDT-DD, batches sized in-band every step |
-| ``dd-commands`` | synchronous, all-reduce | dynamic shards | AntDT-DD, batches sized by the controller's commands |
-| ``partial-reduce`` | partial reduce: replicas averaged in groups of the first P ready | dynamic shards | none: the grouper forms the groups |
+| ``dd`` | ``ElasticJob``, all-reduce | dynamic shards | AntDT-DD, batches sized in-band every step |
+| ``dd-commands`` | ``ElasticJob``, all-reduce | dynamic shards | AntDT-DD, batches sized by the controller's commands |
+| ``partial-reduce`` | ``PartialReduceJob``: replicas averaged in groups of the first P ready | dynamic shards | none: the grouper forms the groups |
 
 Every plan trains one shared model: through the parameter server, kept
 identical on every rank by the all-reduce, or (partial reduce) the mean of

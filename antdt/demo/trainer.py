@@ -16,11 +16,14 @@ job, worker and node ids) and a few arguments. Its life:
    * ``async`` (AntDT-ND's shared cluster): each worker pulls shards and
      steps at its own pace against the parameter server
      (:mod:`antdt.demo.training_async`);
-   * ``sync`` (dedicated cluster): every step ends in the batch-weighted
-     gradient all-reduce, so each step waits for the slowest rank
+   * ``sync`` (dedicated cluster): the user's DDP loop, through
+     :class:`~antdt.worker.elastic.job.ElasticJob` (AntDT-DD) or, for the
+     ``static-bsp`` baseline, torch's own DDP with ``DistributedSampler``
      (:mod:`antdt.demo.training_sync`);
-   * ``preduce`` (partial reduce): each worker steps its own replica, then
-     averages it with the first workers ready (:mod:`antdt.demo.training_preduce`);
+   * ``preduce`` (partial reduce): the user's loop through
+     :class:`~antdt.worker.preduce.job.PartialReduceJob`: each worker steps
+     its own replica, then averages it with the first workers ready
+     (:mod:`antdt.demo.training_preduce`);
 
 4. write ``done-<rank>.json`` (finish time, samples, steps).
 

@@ -1,27 +1,26 @@
-"""A demo worker's synchronous training (dedicated cluster): lockstep steps, one all-reduce each.
+"""A demo worker's synchronous training: a user's DDP loop, through antdt or through torch alone.
 
-Every step ends in the batch-weighted gradient all-reduce
-(:class:`~antdt.worker.ddp.WeightedGradientAverager`, gloo), which also
-carries how many ranks still have data and every rank's samples into the
-ledger; then the optimizer step, then the agent commits the step's samples.
-Samples come from dynamic shards (a non-blocking feed, :mod:`antdt.worker.feeds`)
-or, for the baseline, a static slice.
+The antdt plans (``dd``, ``dd-commands``, chaos) train through the public
+API, :class:`~antdt.worker.elastic.job.ElasticJob`, in the loop
+docs/torchrun.md shows: dynamic shards, DD's batch sizes, the weighted
+all-reduce, agreed checkpoints and restores, the in-model ledger are all
+its own. The ``static-bsp`` baseline is what a user runs without antdt:
+torch's ``DistributedDataParallel`` with a ``DistributedSampler``, no
+checkpoints. Either way the demo only adds, around the loop body:
 
-A rank whose collective fails (a peer died) or outwaits the step-sized
-timeout (a peer is stuck: :class:`~antdt.worker.ddp.StepSizedTimeout`) exits
-at once with :data:`~antdt.worker.ddp.EXIT_GROUP_BROKEN`, saying nothing more on the bus: no leaving
-announcement (which would return its shards while its last commits are
-still on their way), no further report. Its generation is over; what it did
-after the last checkpoint is rewound.
+* pacing (:class:`~antdt.demo.pacing.Pacer`) between forward and backward,
+  so a rank is as many times slower per sample as the scenario says, the
+  all-reduce (inside ``backward()``) coming after it as on a slow device;
+* the phase file (the backward, with its bucketed all-reduce, is
+  ``ALLREDUCE``) so chaos can kill a rank mid-collective;
+* the step trace (:mod:`~antdt.demo.steptrace`, from the agent's step
+  records) and rank 0's model snapshots for the evaluator, both booked as
+  synchronisation: the whole job waits for them, not one rank's compute.
 
-Failures are handled as torchelastic does: about every ``checkpoint_every_s``
-of the scenario (rank 0 keeps the time and raises a flag in a step's
-all-reduce, so every rank learns it at the same step) the ranks agree on a
-shard-state version and rank 0 saves the model, the optimizer, the ledger,
-every rank's batch size and that version together. When any rank dies the
-harness stops them all and starts a new generation, which restores the
-checkpoint and rewinds the shard state to its version before reading any
-data: what the model lost is trained again, nothing else.
+The process group is the harness's (a ``file://`` rendezvous per
+generation) rather than torchrun's; a rank that finds the group broken
+exits 77 and the harness starts a new generation, which the job restores
+from its last checkpoint, as torchrun's ``--max-restarts`` would.
 """
 
 from __future__ import annotations
@@ -30,35 +29,29 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
 
 from antdt.demo.phases import Phase
-from antdt.demo.steptrace import LOSS_SCALE, StepTrace, trace_path
+from antdt.demo.steptrace import StepTrace, trace_path
 from antdt.settings import Settings
-from antdt.sizing.inband import InBandSizer
+from antdt.sizing import BatchSizing
 from antdt.worker.agent import Agent
-from antdt.worker.checkpoint import load_checkpoint, save_atomically, save_checkpoint
-from antdt.worker.ddp import (
-    StepSizedTimeout,
-    WeightedGradientAverager,
-    agreed_checkpoint_version,
-    broke_the_group,
-    end_broken_group,
-)
-from antdt.worker.feeds import ShardFeed, StaticFeed
-from antdt.worker.ledger import LedgerSlots, SampleLedger
+from antdt.worker.checkpoint import save_atomically
+from antdt.worker.ddp import broke_the_group, end_broken_group
+from antdt.worker.elastic.job import ElasticJob
+from antdt.worker.ledger import SampleLedger
 
 # set-up and checkpoint collectives; steps have their own bound
 GROUP_TIMEOUT = timedelta(seconds=45)
 SNAPSHOT_EVERY_S = 1.0
-#: Samples in the step that times every rank before the first (:meth:`Lockstep._calibrate`).
-CALIBRATION_SAMPLES = 4
 CHECKPOINT = "sync-checkpoint.pt"
 
 
 def run_sync(worker, settings: Settings, started: float) -> None:
-    run_in_group(worker, settings, started, lambda agent: Lockstep(worker, agent).run())
+    train = train_plain if worker.args.sharding == "static" else train_elastic
+    run_in_group(worker, settings, started, lambda agent: train(worker, agent))
 
 
 def run_in_group(
@@ -99,238 +92,140 @@ def run_in_group(
         dist.destroy_process_group()
 
 
-class Lockstep:
-    """One rank's part of the synchronous run."""
+class DemoSteps:
+    """What the demo adds around a loop body (module docstring): pacing, phases, trace,
+    snapshots."""
 
     def __init__(self, worker, agent: Agent):
         self.worker, self.agent = worker, agent
-        scenario = worker.scenario
-        self.dynamic = worker.args.sharding == "dynamic"
-        self.ledger = SampleLedger(scenario.dataset_size, scenario.epochs)
-        cap = scenario.batch_size * worker.world  # a rank's batch never exceeds the global batch
-        self.averager = WeightedGradientAverager(
-            ledger=LedgerSlots(self.ledger, worker.world, worker.rank, cap),
-            timeout=StepSizedTimeout(),
-        )
-        self.sizer = (
-            InBandSizer(worker.world, worker.rank, [scenario.batch_size] * worker.world)
-            if worker.args.sizing == "in-band"
-            else None
-        )
-        self.checkpoint_path = worker.handshake / CHECKPOINT
-        self.data = agent.shards(worker.source, worker.spec) if self.dynamic else None
-        self.static = (
-            None
-            if self.dynamic
-            else StaticFeed(
-                worker.source.inputs,
-                worker.source.labels,
-                worker.rank,
-                worker.world,
-                scenario.epochs,
-                scenario.seed,
-            )
-        )
-        self.snapshots = ModelSnapshots(worker)  # every rank holds the same model
-        self._checkpoint_at = time.monotonic() + self.worker.scenario.checkpoint_every_s
-        # what checkpointing cost this rank (the job waits for it)
-        self.checkpoints, self.checkpoint_s = 0, 0.0
+        self.pacer = worker.ready_and_wait()
+        self.trace = StepTrace(trace_path(worker.out, worker.scenario.workers[worker.rank].name))
+        self.snapshots = ModelSnapshots(worker)
+        self.trained = 0
+        self._loss: float | None = None
+        self._traced: int | None = None  # the last step traced
 
-    def run(self) -> None:
-        began = time.monotonic()
-        self._restore_or_start()
-        feed = self._feed()
-        print(
-            f"generation {self.worker.args.generation}: rank {self.worker.rank} resumes at step "
-            f"{self.agent.step_count}, batch {self.agent.batch_size} "
-            f"({time.monotonic() - began:.2f} s to restore)",
-            flush=True,
-        )
-        try:
-            pacer = self.worker.ready_and_wait()
-            if self.sizer is not None and self.agent.step_count == 0:
-                self._calibrate(pacer)
-            trained = self._steps(feed, pacer)
-            self._final(pacer, trained)
-        finally:
-            feed.close()
+    def train(self, model, inputs, labels) -> None:
+        """Forward, paced, backward and the optimizer step.
 
-    # ------------------------------------------------------------ checkpoints
-
-    def _restore_or_start(self) -> None:
-        """The last checkpoint, with the shard state rewound to it (before any rank reads data);
-        else a first one."""
-        if not self.checkpoint_path.exists():
-            if self.dynamic:
-                self.data.quota = 1
-                # defines the job's dataset: the sharder can then issue versions
-                self.data.prepare()
-            self._checkpoint()
-            return
-        model, optimizer = self.worker.trainer.model, self.worker.trainer.optimizer
-        info = load_checkpoint(self.checkpoint_path, model, optimizer)
-        self.ledger.load_state_dict({"counts": info.extra["ledger"]})
-        self.agent.step_count = info.step
-        # as rebalanced before the failure
-        self.agent.batch_size = info.extra["batch_sizes"][self.worker.rank]
-        if self.sizer is not None:
-            self.sizer.restore(info.extra["batch_sizes"])
-        if self.static is not None:
-            self.static.skip_to(info.extra["positions"][self.worker.rank])
-        if self.dynamic and self.worker.rank == 0:
-            self.data.rewind(info.shard_version)
-        dist.barrier()
-
-    def _checkpoint(self) -> None:
-        """Every rank's commits so far covered by one version; rank 0 saves it with the model and
-        the ledger."""
-        began = time.monotonic()
-        positions = torch.zeros((2, self.worker.world), dtype=torch.int64)
-        positions[0, self.worker.rank] = self.static.position if self.static is not None else 0
-        positions[1, self.worker.rank] = self.agent.batch_size
-        dist.all_reduce(positions)
-        client = self.agent.shard_client if self.dynamic else None
-        version = agreed_checkpoint_version(
-            client.flush if client else (lambda: None),
-            (lambda: client.checkpoint(self.data.epoch, self.agent.step_count))
-            if client
-            else (lambda: 0),
-        )
-        if self.worker.rank == 0:
-            trainer = self.worker.trainer
-            save_checkpoint(
-                self.checkpoint_path,
-                trainer.model,
-                trainer.optimizer,
-                version,
-                self.agent.step_count,
-                {
-                    "ledger": self.ledger.counts.clone(),
-                    "positions": positions[0].tolist(),
-                    "batch_sizes": positions[1].tolist(),
-                },
-            )
-        self._checkpoint_at = time.monotonic() + self.worker.scenario.checkpoint_every_s
-        self.checkpoints += 1
-        self.checkpoint_s += time.monotonic() - began
-
-    # ------------------------------------------------------------ steps
-
-    def _calibrate(self, pacer) -> None:
-        """Time a step of a few samples on every rank, so the first real step is already split by
-        speed.
-
-        The samples are random inputs, not data (no shard is read, nothing is
-        committed) and their gradients are dropped; as LB-BSP profiles before
-        it sizes, this costs one short step and saves a first step at the
-        initial batch paced by the slowest rank. Booked as synchronisation:
-        a one-off, not a slow first step.
+        From the backward until the next batch the rank is in the job's
+        exchange (the all-reduce inside ``backward()``, then the step's
+        sums; or partial reduce's group average after the step): the phase
+        file says ``ALLREDUCE`` for chaos.
         """
-        trainer = self.worker.trainer
-        features = self.worker.source.inputs.shape[1]
-        inputs = torch.randn(
-            CALIBRATION_SAMPLES, features, generator=torch.Generator().manual_seed(0)
-        )
-        labels = torch.zeros(CALIBRATION_SAMPLES, dtype=torch.long)
-        with self.agent.sync_wait():
-            began, started = time.perf_counter(), pacer.now_s()
-            trainer.backward(inputs, labels)
-            pacer.pace(CALIBRATION_SAMPLES, started)
-            timed = torch.tensor(
-                self.sizer.encode(CALIBRATION_SAMPLES, time.perf_counter() - began),
-                dtype=torch.int64,
+        trainer, phases = self.worker.trainer, self.worker.phases
+        phases.set(Phase.OTHER)
+        started = self.pacer.now_s()
+        loss = trainer.loss_fn(model(inputs), labels)
+        trainer.optimizer.zero_grad()
+        self.pacer.pace(len(labels), started)
+        phases.set(Phase.ALLREDUCE)
+        loss.backward()
+        trainer.optimizer.step()
+        self.trained += len(labels)
+        self._loss = float(loss.detach())
+
+    def stepped(self, global_batch: int) -> None:
+        """After a step's end (the agent's record written): trace it once, snapshot if due.
+
+        The loss is rank 0's own batch's (the job's collectives carry no
+        loss), so a trace of ``dd`` is noisier where rank 0's batch is small.
+        """
+        record = self.agent.last_step
+        if record is not None and record.step != self._traced:
+            self._traced = record.step
+            spent = record.data_wait_s + record.compute_s + record.sync_wait_s
+            self.trace.write(
+                record.step,
+                self.pacer.now_s() - spent,
+                record.samples,
+                global_batch,
+                record.data_wait_s,
+                record.compute_s,
+                record.sync_wait_s,
+                0.0,
+                self._loss if record.samples else None,
             )
-            trainer.optimizer.zero_grad()
-            dist.all_reduce(timed)
-            self.agent.batch_size = self.sizer.decide(timed.tolist())
+        self._loss = None
+        with self.agent.sync_wait():
+            self.snapshots.maybe()
 
-    def _feed(self):
-        if self.static is not None:
-            return self.static
-        self.data.quota = 1
-        # One shard held at a time, two batches buffered: what a rank holds when the epoch's shards
-        # run out is trained while the others have nothing, so both are kept small.
-        return ShardFeed(self.data, lambda: 2 * self.agent.batch_size).start()
+    def finish(self) -> None:
+        self.worker.phases.set(Phase.OTHER)
+        self.trace.close()
+        self.snapshots.maybe(final=True)
+        self.worker.finish(self.agent, self.pacer, self.trained)
 
-    def _steps(self, feed, pacer) -> int:
-        """Lockstep steps until every rank's feed is exhausted; returns this rank's samples."""
-        agent, trainer, phases = self.agent, self.worker.trainer, self.worker.phases
-        trained = 0
-        trace = StepTrace(
-            trace_path(self.worker.out, self.worker.scenario.workers[self.worker.rank].name)
-        )
-        try:
-            while True:
-                began = time.perf_counter()
-                with agent.data_wait():
-                    batch = feed.take(agent.batch_size)
-                fed, started = time.perf_counter(), pacer.now_s()
-                count, loss = 0, 0.0
-                if batch is not None:
-                    inputs, labels = agent.untag(batch)
-                    count = len(labels)
-                    loss = trainer.backward(inputs, labels)
-                pacer.pace(count, started)
-                computed = time.perf_counter()
-                due = int(self.worker.rank == 0 and time.monotonic() >= self._checkpoint_at)
-                sizing = self.sizer.encode(count, computed - fed) if self.sizer is not None else []
-                with phases.during(Phase.ALLREDUCE), agent.sync_wait():
-                    global_batch, (ranks_with_data, checkpoint_due, loss_sum, *sizes) = (
-                        self.averager.sync_counting(
-                            trainer.model,
-                            count,
-                            [
-                                int(not feed.exhausted),
-                                due,
-                                round(loss * count * LOSS_SCALE),
-                                *sizing,
-                            ],
-                            tags=agent.pending_tags,
-                        )
-                    )
-                reduced = time.perf_counter()
-                if self.sizer is not None:
-                    agent.batch_size = self.sizer.decide(sizes)
-                if global_batch:
-                    trainer.optimizer.step()
-                trained += count
-                step = agent.step_count
-                # commits this rank's samples: their update is in the model
-                agent.step(samples=count)
-                # Checkpoints and the evaluator's snapshots hold every rank up alike: they are
-                # booked as synchronisation, so they do not read as one rank's slower compute and
-                # skew its batch size.
-                with agent.sync_wait():
-                    self.snapshots.maybe()
-                    if ranks_with_data and checkpoint_due:
-                        self._checkpoint()
-                trace.write(
-                    step,
-                    started,
-                    count,
-                    global_batch,
-                    fed - began,
-                    computed - fed,
-                    reduced - computed,
-                    time.perf_counter() - reduced,
-                    loss_sum / LOSS_SCALE / global_batch if global_batch else None,
-                )
-                if not ranks_with_data:
-                    return trained
-        finally:
-            trace.close()
 
-    def _final(self, pacer, trained: int) -> None:
-        print(
-            f"generation {self.worker.args.generation}: rank {self.worker.rank}: "
-            f"{self.agent.step_count} steps, {self.checkpoints} checkpoints taking "
-            f"{self.checkpoint_s:.2f} s",
-            flush=True,
-        )
-        if self.worker.rank == 0:
-            self.ledger.write(self.worker.out)
-            self.snapshots.maybe(final=True)
-        self.worker.finish(self.agent, pacer, trained)
+def job_options(worker, agent: Agent, checkpoint: str) -> dict:
+    """What a demo job is given, whatever its mode: the scenario's dataset and batch, the
+    handshake folder's checkpoint, the run's ledger folder, the worker's agent."""
+    scenario = worker.scenario
+    return {
+        "batch_size": scenario.batch_size,
+        "checkpoint": worker.handshake / checkpoint,
+        "epochs": scenario.epochs,
+        "shard_size": scenario.shard_size,
+        "seed": scenario.seed,
+        "name": worker.spec.name,
+        "ledger_dir": worker.out,
+        "agent": agent,
+    }
+
+
+def train_elastic(worker, agent: Agent) -> None:
+    """The antdt plans: the user's loop over :meth:`ElasticJob.batches` (module docstring)."""
+    trainer = worker.trainer
+    ddp = DistributedDataParallel(trainer.model)
+    with ElasticJob(
+        ddp,
+        trainer.optimizer,
+        worker.source,
+        checkpoint_every_s=worker.scenario.checkpoint_every_s,
+        sizing=BatchSizing(worker.args.sizing),
+        **job_options(worker, agent, CHECKPOINT),
+    ) as job:
+        steps = DemoSteps(worker, agent)
+        for inputs, labels in job.batches():
+            steps.stepped(job.step_samples)  # the step before this one
+            steps.train(ddp, inputs, labels)
+        steps.stepped(job.step_samples)
+    steps.finish()
+
+
+def train_plain(worker, agent: Agent) -> None:
+    """The ``static-bsp`` baseline: torch's DDP over a ``DistributedSampler``, no antdt in the
+    loop.
+
+    The agent only reports each step's timing (the demo's timeline). The
+    ledger counts each rank's sampler indices as their steps finish and rank
+    0 sums them at the end, so the baseline is checked like every plan.
+    """
+    scenario, trainer = worker.scenario, worker.trainer
+    ddp = DistributedDataParallel(trainer.model)
+    sampler = DistributedSampler(worker.source, seed=scenario.seed)
+    loader = DataLoader(worker.source, batch_size=scenario.batch_size, sampler=sampler)
+    ledger = SampleLedger(scenario.dataset_size, scenario.epochs)
+    steps = DemoSteps(worker, agent)
+    global_batch = scenario.batch_size * worker.world
+    for epoch in range(scenario.epochs):
+        sampler.set_epoch(epoch)
+        batches = iter(loader)
+        for indices in _in_batches(list(sampler), scenario.batch_size):
+            with agent.data_wait():
+                inputs, labels = next(batches)
+            steps.train(ddp, inputs, labels)
+            agent.step(samples=len(labels))
+            ledger.add(epoch, indices)
+            steps.stepped(global_batch)
+    dist.all_reduce(ledger.counts)
+    if worker.rank == 0:
+        ledger.write(worker.out)
+    steps.finish()
+
+
+def _in_batches(indices: list[int], size: int) -> list[list[int]]:
+    return [indices[start : start + size] for start in range(0, len(indices), size)]
 
 
 class ModelSnapshots:

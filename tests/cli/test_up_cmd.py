@@ -9,6 +9,7 @@ import signal
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -66,6 +67,21 @@ class Up:
                 self.process.kill()
                 self.process.wait(10)
                 raise AssertionError("antdt up did not stop within 60 s of SIGTERM") from None
+
+
+@contextmanager
+def serving(*args: str, last: str = "controller"):
+    """``antdt up *args`` until ``last`` is ready: the settings of its bus, as a user exports them;
+    stopped on exit."""
+    from antdt.settings import load_settings
+
+    up = Up(*args)
+    try:
+        bootstrap = up.until("export ANTDT_BOOTSTRAP_SERVERS=").split("=")[1].split()[0]
+        up.until(f"{last} ready")
+        yield load_settings(bootstrap_servers=bootstrap, broker_profile="embedded")
+    finally:
+        up.close()
 
 
 def gone(pid: int, timeout_s: float = 20.0) -> bool:

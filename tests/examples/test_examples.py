@@ -35,10 +35,11 @@ def logical_lines(path: Path) -> list[str]:
     return lines
 
 
-def test_the_antdt_example_adds_at_most_ten_lines_to_the_plain_one():
+@pytest.mark.parametrize("example", ["ddp_antdt.py", "preduce_antdt.py"])
+def test_an_antdt_example_adds_at_most_ten_lines_to_the_plain_one(example: str):
     plain, antdt = (
         logical_lines(EXAMPLES / "ddp_plain.py"),
-        logical_lines(EXAMPLES / "ddp_antdt.py"),
+        logical_lines(EXAMPLES / example),
     )
     added = [
         line
@@ -78,13 +79,20 @@ def test_the_plain_ddp_example_trains_under_torchrun(tmp_path):
     assert accuracy > 0.5  # ten classes: chance is 0.1
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/torchrun.md"])
-def test_the_docs_show_the_antdt_example_s_own_loop(doc: str):
-    """The docs' ``ElasticJob`` block is an excerpt of examples/ddp_antdt.py, indentation aside."""
+@pytest.mark.parametrize(
+    ("doc", "job", "example"),
+    [
+        ("README.md", "ElasticJob(", "ddp_antdt.py"),
+        ("docs/torchrun.md", "ElasticJob(", "ddp_antdt.py"),
+        ("docs/partial-reduce.md", "PartialReduceJob(", "preduce_antdt.py"),
+    ],
+)
+def test_the_docs_show_the_antdt_example_s_own_loop(doc: str, job: str, example: str):
+    """The docs' block with the job is an excerpt of its example, indentation aside."""
     text = (EXAMPLES.parent / doc).read_text()
-    blocks = [b for b in text.split("```python\n")[1:] if "ElasticJob(" in b.split("```")[0]]
-    assert len(blocks) == 1, f"{doc}: one ElasticJob block expected"
+    blocks = [b for b in text.split("```python\n")[1:] if job in b.split("```")[0]]
+    assert len(blocks) == 1, f"{doc}: one {job} block expected"
     shown = [line.strip() for line in blocks[0].split("```")[0].splitlines() if line.strip()]
-    example = [line.strip() for line in (EXAMPLES / "ddp_antdt.py").read_text().splitlines()]
+    example = [line.strip() for line in (EXAMPLES / example).read_text().splitlines()]
     starts = [i for i, line in enumerate(example) if line == shown[0]]
     assert any(example[i : i + len(shown)] == shown for i in starts), f"{doc} drifted"

@@ -17,9 +17,12 @@ def test_every_exported_name_resolves_to_the_object_its_module_defines(package):
         assert getattr(value, "__name__", name) == name or not callable(value)
 
 
-def test_the_partial_reduce_recipe_imports_as_the_docs_show():
-    from antdt.worker.preduce import GroupAverager, GroupClient
+def test_the_partial_reduce_job_and_its_parts_import_as_the_docs_show():
+    from antdt.worker import PartialReduceJob as from_worker
+    from antdt.worker.preduce import GroupAverager, GroupClient, PartialReduceJob
 
+    assert PartialReduceJob is from_worker
+    assert PartialReduceJob.__module__ == "antdt.worker.preduce.job"
     assert GroupClient.__module__ == "antdt.worker.preduce.client"
     assert GroupAverager.__module__ == "antdt.worker.preduce.averaging"
 

@@ -61,6 +61,10 @@ class ScriptedDataset:
         self.spec = SimpleNamespace(lease_s=60.0)
         self.keepalive_s = self.spec.lease_s / 4
         self.revoked: set = set()
+        self.in_background = False
+
+    def read_in_background(self) -> None:
+        self.in_background = True
 
     def grants(self):
         epoch = self.epochs.pop(0)
@@ -231,3 +235,41 @@ class Labelled:
 
     def __getitem__(self, index: int):
         return torch.tensor([float(index)]), torch.tensor(index)
+
+
+def test_the_feed_s_waits_for_the_others_shards_are_not_booked_on_the_training_thread_s_steps(
+    settings, topics
+):
+    """While the sharder says wait, the feed's thread pauses between requests; those pauses are
+    not the step's synchronisation (they made an epoch's end read as negative compute)."""
+    from antdt.schemas.models import DatasetSpec
+    from antdt.worker import Agent
+    from tests.services.sharder.harness import running_sharder
+
+    spec = DatasetSpec(
+        name="wait", size=40, shard_size=20, epochs=1, shuffle_seed=1, max_attempts=3, lease_s=60
+    )
+    with (
+        running_sharder(settings),
+        Agent("job-wait", "r0", settings=settings, listen_for_commands=False) as holder,
+        Agent("job-wait", "r1", settings=settings, listen_for_commands=False) as waiter,
+    ):
+        held = holder.shards(Labelled(40), spec)
+        held.quota = 2
+        grants = held.grants()
+        first = next(grants)
+        assert len(first.positions) == 20  # the holder holds both shards, commits nothing
+        data = waiter.shards(Labelled(40), spec)
+        feed = ShardFeed(data, lambda: 8).start()
+        pauses = 0
+        for _ in range(400):  # bounded: the sharder answers within a few ms each time
+            assert feed.take(4) is None  # the others hold every shard
+            pauses += data.waiting
+            if pauses >= 100:
+                break
+            threading.Event().wait(0.005)
+        assert pauses >= 100, "the sharder never said wait"
+        record = waiter.step(samples=0)
+        assert record.sync_wait_s == 0.0 and record.compute_s >= 0.0, record
+        feed.close()
+        held.close()

@@ -57,63 +57,48 @@ supported). Model buffers (BatchNorm statistics) follow DDP's own rules.
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from antdt.errors import AntdtError
-from antdt.schemas.models import AckStatus, CommandAction, DatasetSpec, MitigationCommand
+from antdt.schemas.models import AckStatus, CommandAction, MitigationCommand
 from antdt.sizing import BatchSizing
 from antdt.sizing.inband import InBandSizer
-from antdt.worker.agent import Agent
-from antdt.worker.checkpoint import load_checkpoint, save_checkpoint
 from antdt.worker.ddp import (
     CollectiveTimeout,
     StepSizedTimeout,
-    agreed_checkpoint_version,
-    broadcast_int,
-    broke_the_group,
     collective_device,
-    end_broken_group,
     world_size,
 )
 from antdt.worker.ddp_hook import WeightedReduce
 from antdt.worker.elastic.resize import AgreedResize
 from antdt.worker.feeds import ShardFeed
-from antdt.worker.ledger import SampleLedger, SyncedLedger
+from antdt.worker.ledger import SyncedLedger
 from antdt.worker.liveness import PeerLiveness
+from antdt.worker.training_job import TrainingJob
 from antdt.worker.watchdog import StepWatch
 
-log = logging.getLogger(__name__)
-T = TypeVar("T")
-#: How long rank 0 waits for the sharder's checkpoint version (a busy sharder answers late; every
-#: rank waits).
-VERSION_WAIT_S = 30.0
-#: Shards a rank holds: the one it reads and the next, granted while it reads the first, so a
-#: shard boundary never waits for the sharder's answer (with one, every boundary was a round trip
-#: on the step's critical path: 13-15 s against 10.8 s for the user-style job, bench/user_job.py).
+#: Shards a rank holds at least: the one it reads and the next, granted while it reads the first,
+#: so a shard boundary never waits for the sharder's answer (with one, every boundary was a round
+#: trip on the step's critical path: 13-15 s against 10.8 s for the user-style job,
+#: bench/user_job.py). Shards smaller than the feed's two batches need more (:func:`shards_held`).
 SHARDS_HELD = 2
 #: How long a rank's trained samples may wait for their commit: a failure rewinds the job to its
 #: checkpoint anyway, and a checkpoint sends them first.
 COMMIT_EVERY_S = 0.1
-#: A default shard is about 1/64 of the dataset, between 4 and 64 batches: enough shards for the
-#: sharder to balance an epoch's end, each lasting well past the sharder's answer (docs/torchrun.md,
-#: "Where the time goes"). Never the world size: the job's dataset is defined once, and a group
-#: restarted with another world must ask for the same one.
-SHARDS_PER_EPOCH = 64
-SHARD_BATCHES = (4, 64)
 
 
-def default_shard_size(size: int, batch_size: int) -> int:
-    """About ``size / SHARDS_PER_EPOCH`` samples, clamped to ``SHARD_BATCHES`` batches."""
-    low, high = (batches * batch_size for batches in SHARD_BATCHES)
-    return max(low, min(high, size // SHARDS_PER_EPOCH))
+def shards_held(batch_size: int, shard_size: int) -> int:
+    """Shards a rank holds for batches of ``batch_size``: what the feed buffers (two batches) and
+    one more being granted, at least :data:`SHARDS_HELD`; fewer would put a sharder round trip on
+    every step."""
+    return max(SHARDS_HELD, -(-2 * batch_size // shard_size) + 1)
 
 
 def _size(batch) -> int:
@@ -126,7 +111,7 @@ def split_evenly(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if part < total % parts else 0) for part in range(parts)]
 
 
-class ElasticJob:
+class ElasticJob(TrainingJob):
     """One rank's part of a synchronous job under torchrun (module docstring). Use as a context
     manager."""
 
@@ -138,71 +123,47 @@ class ElasticJob:
         *,
         batch_size: int,
         checkpoint: str | Path,
-        epochs: int = 1,
-        shard_size: int | None = None,
-        seed: int = 0,
-        checkpoint_every_s: float | None = None,
-        name: str = "dataset",
-        ledger_dir: str | Path | None = None,
-        agent: Agent | None = None,
         sizing: BatchSizing = BatchSizing.COMMANDS,
+        **options,
     ):
         """``model``: the ``DistributedDataParallel`` the loop trains (the module itself with one
         process); ``batch_size``: each rank's at the first start (the global batch is
-        ``batch_size`` x the world).
+        ``batch_size`` x the world); ``checkpoint`` and the ``options`` (epochs, shard size,
+        seed, checkpoint interval, dataset name, ledger folder, agent) as
+        :class:`~antdt.worker.training_job.TrainingJob` takes them.
 
-        ``checkpoint``: where rank 0 saves (every rank must be able to read it);
-        ``ledger_dir``: where rank 0 writes the ledger at the end (default: beside it).
         ``sizing``: who sizes the batches (module docstring); with ``IN_BAND`` the
         controller's commands are acknowledged IGNORED (set its ``batch_sizing`` to
         ``in-band`` and it sends none).
         """
-        if batch_size < 1:
-            raise AntdtError(f"batch_size must be >= 1, got {batch_size}")
-        self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        self.world = world_size()
-        self.ddp = model if isinstance(model, DistributedDataParallel) else None
-        if self.world > 1 and self.ddp is None:
+        ddp = model if isinstance(model, DistributedDataParallel) else None
+        if world_size() > 1 and ddp is None:
             raise AntdtError(
                 "ElasticJob needs the model wrapped in DistributedDataParallel with more than one "
                 "rank (it weights DDP's all-reduce by batch size): "
                 "ElasticJob(DistributedDataParallel(model), ...)"
             )
-        self.model = self.ddp.module if self.ddp is not None else model
-        self.optimizer, self.dataset = optimizer, dataset
-        self.checkpoint_path = Path(checkpoint)
-        self.ledger_dir = (
-            Path(ledger_dir) if ledger_dir is not None else self.checkpoint_path.parent
+        super().__init__(
+            ddp.module if ddp is not None else model,
+            optimizer,
+            dataset,
+            batch_size=batch_size,
+            checkpoint=checkpoint,
+            **options,
         )
-        self.spec = DatasetSpec(
-            name=name,
-            size=len(dataset),
-            shard_size=shard_size or default_shard_size(len(dataset), batch_size),
-            epochs=epochs,
-            shuffle_seed=seed,
-            max_attempts=3,
-            lease_s=30.0,
-        )
-        self._own_agent = agent is None
-        self.agent = agent if agent is not None else Agent(batch_size=batch_size)
-        self.checkpoint_every_s = checkpoint_every_s or self.agent.settings.checkpoint_every_s
+        self.ddp = ddp
         self.global_batch = batch_size * self.world
         self.sizing = BatchSizing(sizing)
         self.sizes = [batch_size] * self.world  # every rank's, as last known (set by a restore)
         self.sizer: InBandSizer | None = None
         self._timed = (0, 0.0)  # this rank's last step: samples, compute seconds (0: none)
-        self.ledger = SampleLedger(self.spec.size, epochs)
         self.timeout = StepSizedTimeout()
         self.reduce: WeightedReduce | None = None
         self.peers: PeerLiveness | None = None
         self.watch: StepWatch | None = None
         self.counts = SyncedLedger(self.ledger, collective_device())
-        self.data = self.feed = None
         self._next: Any = None  # the batch taken for the next step (None: none)
-        self.finished = False
-        self.samples = 0  # this rank's samples trained (by its own batches)
-        self.restored_step: int | None = None  # the checkpoint's step when this process resumed one
-        self._checkpoint_at = 0.0
+        self.step_samples = 0  # every rank's samples in the last finished step
         self._pending = 0  # samples in the batch handed out, not yet stepped
         self._dry = False  # no rank had a next batch at the last step (the sums)
         self._local_sums: list[int] = []  # this step's sums with one process
@@ -213,11 +174,9 @@ class ElasticJob:
     # ------------------------------------------------------------ lifecycle
 
     def __enter__(self) -> ElasticJob:
-        if self._own_agent:
-            self.agent.__enter__()
+        self._enter_agent()
         try:
-            self.data = self.agent.shards(self.dataset, self.spec)
-            self.data.quota = SHARDS_HELD
+            self.data.quota = shards_held(self.agent.batch_size, self.spec.shard_size)
             self.agent.commit_every_s = COMMIT_EVERY_S
             # set-up holds every rank alike: not the first step's compute
             with self.agent.sync_wait():
@@ -231,6 +190,7 @@ class ElasticJob:
             if self.peers is not None:
                 self.watch = StepWatch(self.peers, self.timeout.limit_s, self._end_hung)
             self.feed = ShardFeed(self.data, lambda: 2 * self.agent.batch_size).start()
+            self.feed.quota = shards_held(self.agent.batch_size, self.spec.shard_size)
             self._next = self._take()
             if self.reduce is not None:
                 with self.agent.sync_wait():
@@ -240,17 +200,9 @@ class ElasticJob:
             raise
         return self
 
-    def __exit__(self, exc_type, exc, traceback) -> None:
-        if exc is not None and broke_the_group(exc):
-            self._end_broken(exc)  # a peer died under this rank's backward(), say
+    def _close_mode(self) -> None:
         if self.peers is not None:
             self.peers.close()
-        if self.feed is not None:
-            self.feed.close()  # closes the dataset too
-        elif self.data is not None:
-            self.data.close()
-        if self._own_agent:
-            self.agent.__exit__(exc_type, exc, traceback)
 
     # ------------------------------------------------------------ the loop
 
@@ -310,6 +262,7 @@ class ElasticJob:
 
     def _end_step(self) -> None:
         sums = self._sums()
+        self.step_samples = self.reduce.total if self.reduce is not None else self._pending
         with_data, checkpoint_due, *rest = sums[1:]
         self._offers, timings = rest[:3], rest[3:]
         self.counts.count(self.agent.pending_tags)  # in every replica now
@@ -323,7 +276,7 @@ class ElasticJob:
         self._timed = (self._pending, record.compute_s) if self._pending else (0, 0.0)
         if self.sizer is not None:
             # from the next batch taken: the one after this step's next
-            self.agent.batch_size = self.sizer.decide(timings)
+            self._set_batch_size(self.sizer.decide(timings))
         else:
             self._switch_if_agreed()
         if with_data and checkpoint_due:
@@ -373,6 +326,11 @@ class ElasticJob:
                 superseded, AckStatus.IGNORED, "superseded by a later batch size"
             )
 
+    def _set_batch_size(self, size: int) -> None:
+        """This rank's batch from the next one taken, and the shards it holds for it."""
+        self.agent.batch_size = size
+        self.feed.quota = shards_held(size, self.spec.shard_size)
+
     def _switch_if_agreed(self) -> None:
         """Apply the pending batch size from the next batch taken once every changed rank holds
         its command (the batch of the step after next: the next one is taken)."""
@@ -380,7 +338,7 @@ class ElasticJob:
         command = self._resize.agreed(self._offers, step, self.global_batch)
         if command is None:
             return
-        self.agent.batch_size = command.batch_size
+        self._set_batch_size(command.batch_size)
         self.global_batch = self._offers[1]
         late = step - (command.effective_step or step)
         self.agent.acknowledge(
@@ -392,49 +350,7 @@ class ElasticJob:
 
     # ------------------------------------------------------------ checkpoints
 
-    def _restore_or_start(self) -> None:
-        """The last checkpoint of this job, shards rewound to it before any rank reads; else a first
-        one.
-
-        Rank 0 decides and tells the others, so the ranks never part ways
-        over a file that changes under them.
-        """
-        info = self._own_checkpoint() if self.rank == 0 else None
-        if not broadcast_int(int(info is not None)):
-            self.data.prepare()  # defines the job's dataset: the sharder can then issue versions
-            self._checkpoint()
-        else:
-            self._resume(info or self._own_checkpoint(required=True))
-        self._same_replicas()
-
-    def _own_checkpoint(self, required: bool = False):
-        """This job's checkpoint, loaded into the model and optimizer; None if there is none (or
-        another job's)."""
-        job = self.agent.spec.job_id
-
-        def ours(info) -> bool:
-            owner = info.extra.get("job_id")
-            if owner != job:
-                log.warning(
-                    "not resuming %s: it is job %r's, this is %r", self.checkpoint_path, owner, job
-                )
-            return owner == job
-
-        info = None
-        if self.checkpoint_path.exists() or required:
-            info = load_checkpoint(
-                self.checkpoint_path, self.model, self.optimizer, map_location="cpu", only_if=ours
-            )
-        if info is None and required:
-            raise AntdtError(
-                f"{self.checkpoint_path} changed while the ranks read it: rank 0 resumed job "
-                f"{job!r} from it, rank {self.rank} found another job's (two jobs share the path?)"
-            )
-        return info
-
-    def _resume(self, info) -> None:
-        extra = info.extra
-        self.ledger.load_state_dict({"counts": extra["ledger"]})
+    def _resume_extra(self, extra: dict) -> None:
         self.global_batch = int(extra["global_batch"])
         sizes = list(extra["batch_sizes"])
         # a re-rendezvous with another world size: keep the global batch
@@ -442,97 +358,21 @@ class ElasticJob:
             sizes = split_evenly(self.global_batch, self.world)
         self.sizes = sizes
         self.agent.batch_size = sizes[self.rank]
-        self.agent.step_count = info.step
-        self.restored_step = info.step
-        if self.rank == 0:
-            self.data.rewind(info.shard_version)
-        if self.world > 1:
-            dist.barrier()  # nobody reads data before the rewind
-        log.info(
-            "resumed %s at step %d with batch %d of %d",
-            self.checkpoint_path,
-            info.step,
-            self.agent.batch_size,
-            self.global_batch,
-        )
 
-    def _checkpoint(self) -> None:
-        """Every rank's commits so far covered by one version; rank 0 saves it with the model and
-        the ledger."""
+    def _checkpoint_extra(self) -> dict:
+        """Every rank's counts summed into the ledger, and every rank's batch size."""
         self.counts.sum()
         sizes = torch.zeros(self.world, dtype=torch.int64, device=collective_device())
         sizes[self.rank] = self.agent.batch_size
         if self.world > 1:
             dist.all_reduce(sizes)
-        client = self.agent.shard_client
-        version = agreed_checkpoint_version(
-            lambda: (self.agent.commit_trained(), client.flush()),
-            lambda: client.checkpoint(
-                self.data.epoch, self.agent.step_count, timeout_s=VERSION_WAIT_S
-            ),
-        )
-        if self.rank == 0:
-            save_checkpoint(
-                self.checkpoint_path,
-                self.model,
-                self.optimizer,
-                version,
-                self.agent.step_count,
-                {
-                    "ledger": self.ledger.counts.clone(),
-                    "batch_sizes": sizes.tolist(),
-                    "global_batch": self.global_batch,
-                    "job_id": self.agent.spec.job_id,
-                    "world": self.world,
-                },
-            )
-        self._checkpoint_at = time.monotonic() + self.checkpoint_every_s
-
-    def _same_replicas(self) -> None:
-        """Rank 0's parameters and buffers everywhere, as DDP's constructor does (a restore loads
-        them alike)."""
-        if self.world == 1:
-            return
-        with torch.no_grad():
-            for tensor in [*self.model.parameters(), *self.model.buffers()]:
-                dist.broadcast(tensor.data, src=0)
+        return {"batch_sizes": sizes.tolist(), "global_batch": self.global_batch}
 
     # ------------------------------------------------------------ the end
 
     def _finish(self) -> None:
         self._collective(self.counts.sum)
-        if self.rank != 0:
-            return
-        self.ledger.write(self.ledger_dir)
-        counts = self.ledger.counts
-        wrong = int((counts != 1).sum())
-        if wrong:
-            log.error(
-                "ledger: %d of %d sample-epochs not trained exactly once (%s)",
-                wrong,
-                counts.numel(),
-                self.ledger_dir,
-            )
-        else:
-            log.info(
-                "ledger: all %d samples of %d epochs trained exactly once (%s)",
-                counts.shape[1],
-                counts.shape[0],
-                self.ledger_dir,
-            )
-
-    def _collective(self, run: Callable[[], T]) -> T:
-        """``run()``; a broken group ends the process for the launcher to restart the group (exit
-        77)."""
-        try:
-            return run()
-        except Exception as exc:
-            if not broke_the_group(exc):
-                raise
-            self._end_broken(exc)
-
-    def _end_broken(self, exc: BaseException) -> NoReturn:
-        end_broken_group(f"{self.agent.spec.worker_id} (rank {self.rank})", exc)
+        self._write_ledger()
 
     def _end_hung(self, reason: str) -> None:
         """The watchdog's verdict (on its thread): a peer stopped, or the wait outlived its cap."""

@@ -23,9 +23,8 @@ import torch
 
 from antdt.embedded.broker import free_port
 from antdt.schemas.models import AckStatus, CommandAction, LifecycleEvent
-from antdt.settings import load_settings
 from antdt.worker.ledger import read_ledgers
-from tests.cli.test_up_cmd import Up
+from tests.cli.test_up_cmd import serving
 from tests.worker.test_agent import read_topic, send_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -38,13 +37,8 @@ RUN_S = 240.0
 @pytest.fixture(scope="module")
 def bus():
     """``antdt up --policy antdt-dd``: the broker and the three services, as a user starts them."""
-    up = Up("--policy", "antdt-dd")
-    try:
-        bootstrap = up.until("export ANTDT_BOOTSTRAP_SERVERS=").split("=")[1].split()[0]
-        up.until("controller ready")
-        yield load_settings(bootstrap_servers=bootstrap, broker_profile="embedded")
-    finally:
-        up.close()
+    with serving("--policy", "antdt-dd") as settings:
+        yield settings
 
 
 def torchrun(
@@ -54,6 +48,7 @@ def torchrun(
     *options: str,
     samples: int = 24000,
     node: str = "n",
+    example: Path = EXAMPLE,
     **env: str,
 ) -> subprocess.Popen:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ANTDT_")}
@@ -71,7 +66,7 @@ def torchrun(
         "-m",
         "torch.distributed.run",
         *options,
-        str(EXAMPLE),
+        str(example),
         "--samples",
         str(samples),
         "--checkpoint",

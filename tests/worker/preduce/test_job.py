@@ -1,4 +1,4 @@
-"""A partial-reduce worker the sharder tells to wait keeps joining groups.
+"""A partial-reduce rank the sharder tells to wait keeps joining groups.
 
 A chaos run hung for good without it: a checkpoint fell due while one rank
 waited for shards the two others held, and they waited at the checkpoint for
@@ -10,7 +10,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from types import SimpleNamespace
 
-from antdt.demo.training_preduce import PartialReduce
+from antdt.worker.preduce.job import PartialReduceJob
 
 
 class Feed:
@@ -30,25 +30,26 @@ class Feed:
         return self.batches.pop(0) if self.batches else None
 
 
-def worker_loop() -> tuple[SimpleNamespace, list[bool]]:
-    """A stand-in for the training object: its agent, and its group rounds recorded."""
+def job_with(feed: Feed) -> tuple[SimpleNamespace, list[bool]]:
+    """A stand-in for the job: its agent and feed, and its group rounds recorded."""
     rounds: list[bool] = []
-    training = SimpleNamespace(
+    job = SimpleNamespace(
         agent=SimpleNamespace(batch_size=4, data_wait=nullcontext),
+        feed=feed,
         _average=lambda finished: rounds.append(finished),
     )
-    return training, rounds
+    return job, rounds
 
 
 def test_a_rank_waiting_for_shards_joins_a_group_round_each_time_it_is_told_to_wait():
-    feed = Feed(waits=3, batches=["batch"])
-    training, rounds = worker_loop()
-    assert PartialReduce._next_batch(training, feed) == "batch"
+    job, rounds = job_with(Feed(waits=3, batches=["batch"]))
+    assert PartialReduceJob._next_batch(job) == "batch"
     assert rounds == [False, False, False]  # never as finished: it still has data to come
 
 
 def test_a_rank_with_data_or_at_the_end_joins_no_extra_round():
-    training, rounds = worker_loop()
-    assert PartialReduce._next_batch(training, Feed(waits=0, batches=["batch"])) == "batch"
-    assert PartialReduce._next_batch(training, Feed(waits=0, batches=[])) is None
+    job, rounds = job_with(Feed(waits=0, batches=["batch"]))
+    assert PartialReduceJob._next_batch(job) == "batch"
+    job.feed = Feed(waits=0, batches=[])
+    assert PartialReduceJob._next_batch(job) is None
     assert rounds == []

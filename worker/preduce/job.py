@@ -1,0 +1,167 @@
+"""Partial reduce under torchrun: what a script swaps in to average models in small groups.
+
+Each rank trains its own replica (a plain module: the loop's optimizer
+step applies its own gradient, no ``DistributedDataParallel``), on dynamic
+shards. After each step the job commits the step's samples (they are in
+this replica now), announces the rank ready to the grouper
+(``antdt grouper``, or ``antdt up --grouper``) and averages the replica
+with the group it forms (:class:`~antdt.worker.preduce.averaging.GroupAverager`):
+a straggler holds up only the group it joins, for one step (Miao et al.,
+SIGMOD 2021).
+
+The rest is every job's (:class:`~antdt.worker.training_job.TrainingJob`),
+in partial reduce's form:
+
+* **checkpoints** come from the grouper: a CHECKPOINT group of every rank
+  averages the replicas, and the ranks agree on a shard-state version that
+  rank 0 saves with the averaged model; a restart loads it on every rank;
+* **the ledger**: each rank counts what it applied to its own replica since
+  the last group of every rank, and such a group (a checkpoint, the end)
+  sums the counts in the same all-reduce that averages the models, so the
+  ledger holds exactly what the averaged model holds;
+* **the end** is the FINAL group of every rank: one model, one ledger;
+* **while the sharder says wait** (others hold the epoch's last shards) a
+  rank goes on joining groups with its replica as it is: a checkpoint
+  gathers every rank, and a rank that only waited for data would hold the
+  others at it while they hold the data it waits for;
+* every wait is bounded (a group: ``group_wait_s``; an exchange: the
+  averager's bound), and a broken group ends the process (exit 77) for
+  torchrun to restart the group (``--max-restarts``).
+
+Use (see ``examples/``)::
+
+    with PartialReduceJob(model, optimizer, dataset, batch_size=32, checkpoint="ckpt.pt") as job:
+        for inputs, labels in job.batches():
+            loss = loss_fn(model(inputs), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from antdt.errors import AntdtError
+from antdt.schemas.models import GroupFormed, GroupReason
+from antdt.worker.elastic.env import TorchrunEnv
+from antdt.worker.feeds import ShardFeed
+from antdt.worker.ledger import SampleLedger
+from antdt.worker.preduce.averaging import GroupAverager
+from antdt.worker.preduce.client import GroupClient
+from antdt.worker.training_job import TrainingJob
+
+#: Longest wait for a group: a checkpoint waits for the slowest rank's step, the end for its last
+#: shards.
+GROUP_WAIT_S = 120.0
+
+
+class PartialReduceJob(TrainingJob):
+    """One rank's part of a partial-reduce job (module docstring). Use as a context manager."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        dataset,
+        *,
+        batch_size: int,
+        checkpoint: str | Path,
+        generation: int | None = None,
+        group_wait_s: float = GROUP_WAIT_S,
+        **options,
+    ):
+        """``model``: this rank's replica, the module itself; ``generation``: how many times the
+        group was restarted (default: torchrun's restart count), which tells this group's groups
+        from a lost one's. The rest as :class:`~antdt.worker.training_job.TrainingJob` takes
+        them (checkpoints come from the grouper: no interval here)."""
+        if isinstance(model, DistributedDataParallel):
+            raise AntdtError(
+                "PartialReduceJob averages whole replicas in groups: pass the module itself, not "
+                "DistributedDataParallel (which would all-reduce every step's gradient)"
+            )
+        super().__init__(
+            model, optimizer, dataset, batch_size=batch_size, checkpoint=checkpoint, **options
+        )
+        if generation is None:
+            env = TorchrunEnv.detect()
+            generation = env.restart_count if env is not None else 0
+        self.generation = generation
+        self.group_wait_s = group_wait_s
+        # this replica's, since the last group of every rank
+        self.applied = SampleLedger(self.spec.size, self.spec.epochs)
+        self.averager = GroupAverager(model)
+        self.groups: GroupClient | None = None
+        self.reasons: dict[str, int] = {}  # groups joined, by reason
+
+    # ------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> PartialReduceJob:
+        self._enter_agent()
+        try:
+            self.groups = GroupClient.for_agent(self.agent, self.generation)
+            # what a rank holds when the epoch's shards run out, the others wait for: kept small
+            self.data.quota = 1
+            with self.agent.sync_wait():  # set-up holds every rank alike
+                self._collective(self._restore_or_start)
+            # one batch read ahead: the next shards arrive while this step computes
+            self.feed = ShardFeed(self.data, lambda: self.agent.batch_size).start()
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    def _close_mode(self) -> None:
+        if self.groups is not None:
+            self.groups.close()
+
+    # ------------------------------------------------------------ the loop
+
+    def batches(self) -> Iterator[tuple]:
+        """This rank's batches until every epoch is done: one forward, backward and optimizer step
+        each, on this replica; each followed here by the commit and a group average."""
+        while (batch := self._next_batch()) is not None:
+            inputs, labels = self.agent.untag(batch)
+            yield inputs, labels
+            self.applied.add_tags(self.agent.pending_tags)
+            self.samples += len(labels)
+            self.agent.step(samples=len(labels))  # commits the samples: they are in this replica
+            self._average(finished=False)
+        group = self._average(finished=True)
+        if group.reason is not GroupReason.FINAL:
+            raise AntdtError(f"the last group was {group.reason.value}, not FINAL")
+        self.finished = True
+        self._write_ledger()
+
+    def _next_batch(self):
+        """The next batch (short while the sharder has no more now), or None once every epoch is
+        done; while the sharder says wait, a group round each time (module docstring)."""
+        while True:
+            with self.agent.data_wait():
+                batch = self.feed.take(self.agent.batch_size)
+            if batch is not None or self.feed.exhausted:
+                return batch
+            self._average(finished=False)
+
+    def _average(self, finished: bool) -> GroupFormed:
+        """Announce, wait for the group, average with it; booked as synchronisation."""
+        with self.agent.sync_wait():
+            group = self._collective(lambda: self._group_round(finished))
+        self.reasons[group.reason.value] = self.reasons.get(group.reason.value, 0) + 1
+        return group
+
+    def _group_round(self, finished: bool) -> GroupFormed:
+        """One group: a whole one also sums the ledgers and, for a checkpoint, saves."""
+        groups = self.groups
+        group = groups.wait(groups.announce(self.agent.step_count, finished), self.group_wait_s)
+        summed = self.averager.average(group, self.applied.counts)
+        if summed is not None:
+            self.applied.counts.zero_()
+            self.ledger.counts += summed.to(torch.int32)  # every rank: the same sums
+        if group.reason is GroupReason.CHECKPOINT:
+            self._checkpoint()
+        return group
