@@ -9,7 +9,8 @@ carried from run to run would measure that, not the job. Plain DDP runs get
 no bus at all.
 
 ``--modes`` picks what is compared with plain DDP: ``dd`` (the script
-through ``ElasticJob``), ``hook`` (plain DDP with antdt's communication hook
+through ``ElasticJob``), ``preduce`` (through ``PartialReduceJob``, with
+``antdt up --mode preduce``: the grouper too), ``hook`` (plain DDP with antdt's communication hook
 alone, no bus) and ``beside`` (plain DDP with ``antdt up`` idle beside it:
 what the services cost the ranks by sharing their cores).
 
@@ -46,18 +47,22 @@ HERE = Path(__file__).parent
 SCRIPT = HERE / "user_job.py"
 #: The bench's modes that run with ``antdt up`` (the others get no bus): ``beside`` is plain DDP
 #: with antdt's services idle beside it, their share of the cores measured alone.
-NEEDS_BUS = {"dd", "beside"}
+NEEDS_BUS = {"dd", "preduce", "beside"}
 #: The user script's mode for each bench mode (the same name, unless here).
 SCRIPT_MODE = {"beside": "plain"}
-MODES = {"dd", "hook", "beside"}
+MODES = {"dd", "preduce", "hook", "beside"}
+#: ``antdt up``'s training mode for each bench mode (``sync`` unless here): partial reduce needs the
+#: grouper.
+UP_MODE = {"preduce": "preduce"}
 #: How long each of ``antdt up``'s services may take to be ready (past it, antdt up exits).
 READY_WITHIN_S = 90
 
 
 @contextmanager
-def antdt_up(log_dir: Path):
-    """``antdt up --policy antdt-dd`` as a user starts it; yields the environment it exports."""
-    command = [sys.executable, "-m", "antdt.cli.main", "up", "--policy", "antdt-dd"]
+def antdt_up(log_dir: Path, mode: str = "sync"):
+    """``antdt up --policy antdt-dd --mode MODE`` as a user starts it; yields the environment it
+    exports."""
+    command = [sys.executable, "-m", "antdt.cli.main", "up", "--policy", "antdt-dd", "--mode", mode]
     process = subprocess.Popen(
         [*command, "--ready-within", str(READY_WITHIN_S), "--log-dir", str(log_dir)],
         stdout=subprocess.PIPE,
@@ -128,7 +133,7 @@ def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
         if mode not in NEEDS_BUS:
             runs.append(run_job(mode, ranks, args, slow, workdir, base))
             continue
-        with antdt_up(workdir / f"up-{uuid.uuid4().hex[:6]}") as exports:
+        with antdt_up(workdir / f"up-{uuid.uuid4().hex[:6]}", UP_MODE.get(mode, "sync")) as exports:
             env = base | exports | {"ANTDT_JOB_ID": f"bench-{uuid.uuid4().hex[:8]}"}
             runs.append(run_job(mode, ranks, args, slow, workdir, env))
     times = [r["train_s"] for r in runs if r["finished"]]
@@ -157,7 +162,8 @@ def main() -> int:
     parser.add_argument(
         "--modes",
         default="dd",
-        help="modes to compare with plain DDP: dd, hook (its all-reduce alone), "
+        help="modes to compare with plain DDP: dd, preduce (partial reduce), hook (its all-reduce "
+        "alone), "
         "beside (plain DDP with antdt up idle beside it)",
     )
     parser.add_argument("--repeat", type=int, default=3)

@@ -3,8 +3,10 @@
 An MLP on synthetic data, written twice the way a script author would:
 ``--mode plain`` is torch's own DDP with ``DistributedSampler`` (the
 baseline), ``--mode dd`` the same loop through :class:`antdt.worker.ElasticJob`
-as docs/torchrun.md shows. Both share the model, the data and the pacing, so
-the two loops are the only difference. ``--mode hook`` (for the breakdown in
+as docs/torchrun.md shows, ``--mode preduce`` the same loop through
+:class:`antdt.worker.preduce.PartialReduceJob` (partial reduce, no DDP). All
+share the model, the data and the pacing, so the loops are the only
+difference. ``--mode hook`` (for the breakdown in
 docs/torchrun.md) is the plain loop with only antdt's weighted all-reduce
 hook added.
 
@@ -16,7 +18,7 @@ it is F times slower per sample, as a slower device would be; a smaller
 batch gets a shorter sleep.
 
 Rank 0 prints one JSON line, ``{"train_s": ..., "steps": ..., "samples": ...}``
-(``dd`` adds ``ledger_all_ones``: every sample trained exactly once): the
+(``dd`` and ``preduce`` add ``ledger_all_ones``: every sample trained exactly once): the
 time from every rank's being ready (model, data and pacing built) to the
 end of training, the job's set-up included (imports are not: a script
 makes them at its top, before torch is even initialised).
@@ -164,10 +166,36 @@ def train_dd(model, optimizer, dataset, args, pacing: Pacing) -> dict:
     return {"steps": steps, "samples": samples, "ledger_all_ones": all_ones}
 
 
+def train_preduce(model, optimizer, dataset, args, pacing: Pacing) -> dict:
+    """The same loop through :class:`antdt.worker.preduce.PartialReduceJob`: no DDP, each rank
+    steps its own replica and the job averages it with the first ranks ready."""
+    from antdt.worker.preduce import PartialReduceJob  # imported before the clock starts (main)
+
+    steps = samples = 0
+    with PartialReduceJob(
+        model,
+        optimizer,
+        dataset,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        checkpoint=args.checkpoint,
+    ) as job:
+        for inputs, labels in job.batches():
+            loss = F.cross_entropy(model(inputs), labels)
+            optimizer.zero_grad()
+            pacing.before_backward(len(labels))
+            loss.backward()
+            optimizer.step()
+            steps, samples = steps + 1, samples + len(labels)
+    all_ones = bool((job.ledger.counts == 1).all())  # every rank holds the summed counts
+    return {"steps": steps, "samples": samples, "ledger_all_ones": all_ones}
+
+
 TRAINERS = {
     "plain": train_plain,
     "hook": functools.partial(train_plain, weighted=True),
     "dd": train_dd,
+    "preduce": train_preduce,
 }
 
 
@@ -188,7 +216,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.mode != "plain":
-        from antdt.worker import ElasticJob  # noqa: F401 - a script imports at its top
+        from antdt.worker import ElasticJob, PartialReduceJob  # noqa: F401 - a script's top
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)

@@ -248,6 +248,7 @@ class Agent:
         self._records: deque[StepRecord] = deque()
         #: The last step's record (None before the first): what a caller's own trace reads.
         self.last_step: StepRecord | None = None
+        self._injected_s = 0.0  # the last step's injected slowdown
         self._inbox: deque[MitigationCommand] = deque()
         self._mark = time.perf_counter()
         self._data_wait = 0.0
@@ -372,6 +373,7 @@ class Agent:
         data, sync = self._data_wait, self._sync_wait
         compute = started - self._mark - data - sync
         injected = 0.0 if self._injector is None else self._injector.after_compute(compute)
+        self._injected_s = injected
         record = StepRecord(
             self.step_count,
             compute + injected,
@@ -393,6 +395,14 @@ class Agent:
         # from the clock reads this call makes anyway: its own time, less slowdown and commands
         self.overhead_s += self._mark - started - injected - applying
         return record
+
+    def compute_so_far(self) -> float:
+        """This step's compute until now: its time less what was booked as waiting, plus the last
+        step's injected slowdown (slept in :meth:`step`, after the step's collectives, so this
+        step's is not known yet). What an in-band sizer sends before the step ends."""
+        return (
+            time.perf_counter() - self._mark - self._data_wait - self._sync_wait + self._injected_s
+        )
 
     def record(self, compute_s: float, samples: int) -> None:
         """One step timed by the caller (a parameter server's applied update); due commands apply

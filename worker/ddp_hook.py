@@ -33,7 +33,7 @@ replica so the optimizer step keeps it equal to the others'.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -101,6 +101,7 @@ class WeightedReduce:
         self._next_local = 0
         self._next_total: int | None = None
         self._control: list[int] | None = None  # this step's integers, to be summed
+        self._late: Callable[[], Sequence[int]] | None = None  # ... and those asked for when sent
         self._summed: torch.Tensor | None = None  # their limbs, summed by the first bucket
         self._carrier: torch.Tensor | None = None
         self._sums: list[int] | None = None
@@ -114,8 +115,18 @@ class WeightedReduce:
         self._next_local, self._next_total = first_batch, int(summed.item())
         return self._next_total
 
-    def begin(self, next_batch: int, integers: Sequence[int] = ()) -> None:
-        """Start a step: the batch announced last step is this one's; announce ``next_batch``."""
+    def begin(
+        self,
+        next_batch: int,
+        integers: Sequence[int] = (),
+        late: Callable[[], Sequence[int]] | None = None,
+    ) -> None:
+        """Start a step: the batch announced last step is this one's; announce ``next_batch``.
+
+        ``late``: more integers, asked for only when they are sent (the first
+        bucket's hook, inside the backward pass): figures of this step itself,
+        such as its compute time so far.
+        """
         if self._next_total is None:
             raise AntdtError("WeightedReduce.prime(first_batch) must run before the first step")
         self.local, self.total = self._next_local, self._next_total
@@ -123,6 +134,7 @@ class WeightedReduce:
         self.backward_done_at = None
         self._summed = self._sums = None
         self._control = [next_batch, *integers]
+        self._late = late
 
     def sums(self) -> list[int]:
         """The step's ``[next step's global batch, *integers]`` summed over the ranks.
@@ -150,7 +162,7 @@ class WeightedReduce:
         if self._control is None:
             raise AntdtError("a step's gradients were reduced before its begin()")
         control, self._control = self._control, None
-        return control
+        return control if self._late is None else [*control, *self._late()]
 
     # ------------------------------------------------------------ the hook's parts
 

@@ -1,4 +1,4 @@
-"""Where a synchronous rank's samples come from: dynamic shards or a static slice.
+"""Where a rank's samples come from: dynamic shards, read without blocking a step.
 
 Under synchronous all-reduce every rank must join every step's collective,
 so a rank may never block on the sharder while the others wait for it: at
@@ -17,11 +17,6 @@ committed (a sample in the buffer when a rank dies was never committed, and
 is granted again). A rank sized to 0 sits steps out: its feed drops what it
 buffered and holds nothing (quota 0: the sharder takes its shards back, and
 grants the rest of them to the others) until it is sized up again.
-
-:class:`StaticFeed` is the baseline's static sharding: rank ``r`` of ``n``
-trains positions ``r, r + n, ...`` of a seeded per-epoch permutation, the
-way ``DistributedSampler`` splits a dataset. Its tags carry epoch and index
-only (there is no sharder to commit to; the ledger still counts them).
 """
 
 from __future__ import annotations
@@ -206,53 +201,3 @@ class ShardFeed:
             self._changed.notify_all()
         self._thread.join(5)
         self.dataset.close()
-
-
-class StaticFeed:
-    """Rank ``rank``'s fixed slice of every epoch, in order: no sharder, no dynamic balance."""
-
-    def __init__(
-        self,
-        inputs: torch.Tensor,
-        labels: torch.Tensor,
-        rank: int,
-        world: int,
-        epochs: int,
-        seed: int,
-    ):
-        order = [
-            torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed + epoch))[
-                rank::world
-            ]
-            for epoch in range(epochs)
-        ]
-        self._positions = torch.cat(order)
-        self._epochs = torch.cat(
-            [torch.full((len(part),), epoch) for epoch, part in enumerate(order)]
-        )
-        self._inputs, self._labels = inputs, labels
-        self._next = 0
-
-    @property
-    def position(self) -> int:
-        """Samples handed out so far (a checkpoint keeps it)."""
-        return self._next
-
-    def skip_to(self, position: int) -> None:
-        self._next = position
-
-    @property
-    def exhausted(self) -> bool:
-        return self._next >= len(self._positions)
-
-    def take(self, wanted: int) -> Tagged | None:
-        chosen = self._positions[self._next : self._next + wanted]
-        epochs = self._epochs[self._next : self._next + wanted]
-        self._next += len(chosen)
-        if not len(chosen):
-            return None
-        tags = tuple(SampleTag(int(e), int(i)) for e, i in zip(epochs, chosen))
-        return Tagged((self._inputs[chosen], self._labels[chosen]), tags)
-
-    def close(self) -> None:
-        pass

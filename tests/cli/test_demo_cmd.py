@@ -106,6 +106,7 @@ def test_a_broker_restart_needs_the_embedded_broker(monkeypatch):
         ),
         (("chaos", "--training", "lockstep"), "'lockstep': choose async, sync or preduce"),
         (("chaos", "--worker-every", "0.5"), "kill workers at most once a second, or 0 for none"),
+        (("up", "--mode", "lockstep"), "'lockstep' is not one of"),
     ],
 )
 def test_bad_arguments_are_one_line(args, expected):

@@ -1,4 +1,4 @@
-"""Sample feeds for synchronous workers: static slices and the non-blocking shard buffer."""
+"""The non-blocking shard buffer a job reads its batches from."""
 
 from __future__ import annotations
 
@@ -9,34 +9,7 @@ import pytest
 import torch
 
 from antdt.worker.dataset import ShardGrant
-from antdt.worker.feeds import ShardFeed, StaticFeed
-
-
-def test_static_slices_partition_every_epoch_across_ranks():
-    size, world, epochs = 24, 3, 2
-    inputs = torch.arange(size, dtype=torch.float32).unsqueeze(1)
-    labels = torch.arange(size)
-    taken = {rank: [] for rank in range(world)}
-    for rank in range(world):
-        feed = StaticFeed(inputs, labels, rank, world, epochs, seed=5)
-        while (batch := feed.take(5)) is not None:
-            got = batch.data[1].tolist()
-            assert [tag.index for tag in batch.tags] == got  # the tags name the samples taken
-            taken[rank] += got
-        assert feed.exhausted
-    assert all(len(samples) == size * epochs // world for samples in taken.values())
-    epochs_taken = [
-        tag.epoch for tag in StaticFeed(inputs, labels, 0, world, epochs, seed=5).take(size).tags
-    ]
-    assert epochs_taken == [0] * (size // world) + [1] * (size // world)
-    per_epoch = size // world
-    for epoch in range(epochs):
-        seen = sorted(
-            x
-            for samples in taken.values()
-            for x in samples[epoch * per_epoch : (epoch + 1) * per_epoch]
-        )
-        assert seen == list(range(size))  # each sample exactly once per epoch
+from antdt.worker.feeds import ShardFeed
 
 
 class Values:

@@ -12,11 +12,11 @@ set up (gloo or NCCL), and instead
   says: the changed ranks switch together at the command's effective step,
   later only if a command is late (agreed in-band,
   :mod:`~antdt.worker.elastic.resize`). Or, with
-  ``sizing=BatchSizing.IN_BAND``, in-band: every rank's last step (samples,
-  compute time) rides in the step's all-reduce and every rank runs the same
-  sizing on the same figures (:class:`~antdt.sizing.inband.InBandSizer`),
-  so a new split takes effect two steps after the step that showed it, with
-  no round trip; it has no calibration step yet, and on short steps whose
+  ``sizing=BatchSizing.IN_BAND``, in-band: each step's samples and compute
+  time so far ride in its first gradient bucket's all-reduce and every rank
+  runs the same sizing on the same figures (:class:`~antdt.sizing.inband.InBandSizer`),
+  so a new split takes effect at the step after next (the next batch is
+  already taken), with no round trip; it has no calibration step yet, and on short steps whose
   fixed costs it has not learnt it gives a slowed rank too little
   (docs/torchrun.md). Either way the global batch never moves;
 * **averages gradients weighted by batch size** inside DDP's own bucketed
@@ -156,7 +156,6 @@ class ElasticJob(TrainingJob):
         self.sizing = BatchSizing(sizing)
         self.sizes = [batch_size] * self.world  # every rank's, as last known (set by a restore)
         self.sizer: InBandSizer | None = None
-        self._timed = (0, 0.0)  # this rank's last step: samples, compute seconds (0: none)
         self.timeout = StepSizedTimeout()
         self.reduce: WeightedReduce | None = None
         self.peers: PeerLiveness | None = None
@@ -238,14 +237,20 @@ class ElasticJob(TrainingJob):
         due = int(self.rank == 0 and time.monotonic() >= self._checkpoint_at)
         with_data = int(self._next is not None or not self.feed.exhausted)
         counters = [with_data, due, *self._resize.offer(self.agent.batch_size)]
-        if self.sizer is not None:
-            counters += self.sizer.encode(*self._timed)
         if self.watch is not None:
             self.watch.waiting(f"step {self.agent.step_count}")
         if self.reduce is None:
             self._local_sums = [_size(self._next), *counters]
         else:
-            self.reduce.begin(_size(self._next), counters)
+            self.reduce.begin(_size(self._next), counters, self._timing)
+
+    def _timing(self) -> list[int]:
+        """In-band sizing's figures of this very step, sent with the first bucket: its samples and
+        its compute so far (the forward pass and the backward's start). The split they give
+        applies from the batch after the next (the next one is taken)."""
+        if self.sizer is None:
+            return []
+        return self.sizer.encode(self._pending, self.agent.compute_so_far())
 
     def _sums(self) -> list[int]:
         return self._local_sums if self.reduce is None else self._collective(self.reduce.sums)
@@ -269,11 +274,10 @@ class ElasticJob(TrainingJob):
         self._book_sync()
         self.timeout.completed(time.monotonic())
         # commits the samples: their update is in the model
-        record = self.agent.step(samples=self._pending)
+        self.agent.step(samples=self._pending)
         if self._next is None:
             self._out_of_data(everyone_dry=not sums[0] and not self._dry)
         self._dry = not sums[0]
-        self._timed = (self._pending, record.compute_s) if self._pending else (0, 0.0)
         if self.sizer is not None:
             # from the next batch taken: the one after this step's next
             self._set_batch_size(self.sizer.decide(timings))
