@@ -144,8 +144,7 @@ def train_dd(model, optimizer, dataset, args, pacing: Pacing) -> dict:
     from antdt.worker import ElasticJob  # imported before the clock starts (main)
 
     ddp = DistributedDataParallel(model)
-    steps = samples = 0
-    with ElasticJob(
+    job = ElasticJob(
         ddp,
         optimizer,
         dataset,
@@ -153,17 +152,8 @@ def train_dd(model, optimizer, dataset, args, pacing: Pacing) -> dict:
         epochs=args.epochs,
         checkpoint=args.checkpoint,
         sizing=args.sizing,
-    ) as job:
-        for inputs, labels in job.batches():
-            loss = F.cross_entropy(ddp(inputs), labels)
-            optimizer.zero_grad()
-            pacing.before_backward(len(labels))
-            loss.backward()
-            optimizer.step()
-            steps, samples = steps + 1, samples + len(labels)
-    # exactly once, by the in-model ledger (every rank holds the summed counts)
-    all_ones = bool((job.ledger.counts == 1).all())
-    return {"steps": steps, "samples": samples, "ledger_all_ones": all_ones}
+    )
+    return train_through(job, ddp, optimizer, pacing)
 
 
 def train_preduce(model, optimizer, dataset, args, pacing: Pacing) -> dict:
@@ -171,15 +161,22 @@ def train_preduce(model, optimizer, dataset, args, pacing: Pacing) -> dict:
     steps its own replica and the job averages it with the first ranks ready."""
     from antdt.worker.preduce import PartialReduceJob  # imported before the clock starts (main)
 
-    steps = samples = 0
-    with PartialReduceJob(
+    job = PartialReduceJob(
         model,
         optimizer,
         dataset,
         batch_size=args.batch_size,
         epochs=args.epochs,
         checkpoint=args.checkpoint,
-    ) as job:
+    )
+    return train_through(job, model, optimizer, pacing)
+
+
+def train_through(job, model, optimizer, pacing: Pacing) -> dict:
+    """The plain loop over an antdt job's batches (the forward through ``model``: the DDP model,
+    or the replica itself); its figures and whether its ledger is all ones."""
+    steps = samples = 0
+    with job:
         for inputs, labels in job.batches():
             loss = F.cross_entropy(model(inputs), labels)
             optimizer.zero_grad()
@@ -187,7 +184,8 @@ def train_preduce(model, optimizer, dataset, args, pacing: Pacing) -> dict:
             loss.backward()
             optimizer.step()
             steps, samples = steps + 1, samples + len(labels)
-    all_ones = bool((job.ledger.counts == 1).all())  # every rank holds the summed counts
+    # exactly once, by the in-model ledger (every rank holds the summed counts)
+    all_ones = bool((job.ledger.counts == 1).all())
     return {"steps": steps, "samples": samples, "ledger_all_ones": all_ones}
 
 
