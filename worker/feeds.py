@@ -129,9 +129,9 @@ class ShardFeed:
 
     @quota.setter
     def quota(self, value: int) -> None:
+        if value == self._quota:  # set at every step by in-band sizing: no lock for no change
+            return
         with self._changed:
-            if value == self._quota:
-                return
             self._quota = value
             if not self._sitting_out:
                 self.dataset.quota = value

@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import NoReturn, Self, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -121,10 +121,22 @@ class TrainingJob:
 
     # ------------------------------------------------------------ lifecycle
 
-    def _enter_agent(self) -> None:
+    def __enter__(self) -> Self:
+        """The agent entered (if the job's own), the data opened, then the mode's start; anything
+        that fails on the way closes what was opened."""
         if self._own_agent:
             self.agent.__enter__()
-        self.data = self.agent.shards(self.dataset, self.spec)
+        try:
+            self.data = self.agent.shards(self.dataset, self.spec)
+            self._start()
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    def _start(self) -> None:
+        """The mode's set-up: restore or start (:meth:`_restore_or_start`), its feed, its parts."""
+        raise NotImplementedError
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         if exc is not None and broke_the_group(exc):

@@ -34,10 +34,9 @@ class ScriptedDataset:
         self.spec = SimpleNamespace(lease_s=60.0)
         self.keepalive_s = self.spec.lease_s / 4
         self.revoked: set = set()
-        self.in_background = False
 
     def read_in_background(self) -> None:
-        self.in_background = True
+        """Nothing is booked here: there is no agent."""
 
     def grants(self):
         epoch = self.epochs.pop(0)

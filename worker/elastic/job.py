@@ -172,32 +172,26 @@ class ElasticJob(TrainingJob):
 
     # ------------------------------------------------------------ lifecycle
 
-    def __enter__(self) -> ElasticJob:
-        self._enter_agent()
-        try:
-            self.data.quota = shards_held(self.agent.batch_size, self.spec.shard_size)
-            self.agent.commit_every_s = COMMIT_EVERY_S
-            # set-up holds every rank alike: not the first step's compute
+    def _start(self) -> None:
+        self.data.quota = shards_held(self.agent.batch_size, self.spec.shard_size)
+        self.agent.commit_every_s = COMMIT_EVERY_S
+        # set-up holds every rank alike: not the first step's compute
+        with self.agent.sync_wait():
+            self._collective(self._restore_or_start)
+        if self.ddp is not None:
+            self.reduce = WeightedReduce(self.ddp)
+        if self.sizing is BatchSizing.IN_BAND and self.world > 1:
+            # never below one sample: a rank sized to 0 would hand its shards back
+            self.sizer = InBandSizer(self.world, self.rank, self.sizes, low=1)
+        self.peers = PeerLiveness.of_default_group()
+        if self.peers is not None:
+            self.watch = StepWatch(self.peers, self.timeout.limit_s, self._end_hung)
+        self.feed = ShardFeed(self.data, lambda: 2 * self.agent.batch_size).start()
+        self._set_batch_size(self.agent.batch_size)  # as restored: the shards held for it
+        self._next = self._take()
+        if self.reduce is not None:
             with self.agent.sync_wait():
-                self._collective(self._restore_or_start)
-            if self.ddp is not None:
-                self.reduce = WeightedReduce(self.ddp)
-            if self.sizing is BatchSizing.IN_BAND and self.world > 1:
-                # never below one sample: a rank sized to 0 would hand its shards back
-                self.sizer = InBandSizer(self.world, self.rank, self.sizes, low=1)
-            self.peers = PeerLiveness.of_default_group()
-            if self.peers is not None:
-                self.watch = StepWatch(self.peers, self.timeout.limit_s, self._end_hung)
-            self.feed = ShardFeed(self.data, lambda: 2 * self.agent.batch_size).start()
-            self.feed.quota = shards_held(self.agent.batch_size, self.spec.shard_size)
-            self._next = self._take()
-            if self.reduce is not None:
-                with self.agent.sync_wait():
-                    self._collective(lambda: self.reduce.prime(_size(self._next)))
-        except BaseException as exc:
-            self.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        return self
+                self._collective(lambda: self.reduce.prime(_size(self._next)))
 
     def _close_mode(self) -> None:
         if self.peers is not None:

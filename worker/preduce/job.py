@@ -100,20 +100,14 @@ class PartialReduceJob(TrainingJob):
 
     # ------------------------------------------------------------ lifecycle
 
-    def __enter__(self) -> PartialReduceJob:
-        self._enter_agent()
-        try:
-            self.groups = GroupClient.for_agent(self.agent, self.generation)
-            # what a rank holds when the epoch's shards run out, the others wait for: kept small
-            self.data.quota = 1
-            with self.agent.sync_wait():  # set-up holds every rank alike
-                self._collective(self._restore_or_start)
-            # one batch read ahead: the next shards arrive while this step computes
-            self.feed = ShardFeed(self.data, lambda: self.agent.batch_size).start()
-        except BaseException as exc:
-            self.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        return self
+    def _start(self) -> None:
+        self.groups = GroupClient.for_agent(self.agent, self.generation)
+        # what a rank holds when the epoch's shards run out, the others wait for: kept small
+        self.data.quota = 1
+        with self.agent.sync_wait():  # set-up holds every rank alike
+            self._collective(self._restore_or_start)
+        # one batch read ahead: the next shards arrive while this step computes
+        self.feed = ShardFeed(self.data, lambda: self.agent.batch_size).start()
 
     def _close_mode(self) -> None:
         if self.groups is not None:
