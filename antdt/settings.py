@@ -19,7 +19,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from antdt.errors import ConfigError
 
 ENV_PREFIX = "ANTDT_"
-_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+#: What an id (job, worker, topic prefix, client) may look like.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 class SecurityProtocol(str, Enum):
@@ -73,8 +74,8 @@ class Settings(BaseSettings):
     schema_registry_url: str | None = Field(
         None, description="Confluent schema registry; unset = Avro single-object encoding"
     )
-    job_id: str = Field("default", pattern=_NAME_PATTERN, max_length=128)
-    topic_prefix: str = Field("antdt", pattern=_NAME_PATTERN, max_length=64)
+    job_id: str = Field("default", pattern=NAME_PATTERN, max_length=128)
+    topic_prefix: str = Field("antdt", pattern=NAME_PATTERN, max_length=64)
     report_interval_s: float = Field(1.0, gt=0, le=3600)
     signing_key: SecretStr | None = Field(
         None, description="HMAC-SHA256 key for command signatures"
@@ -85,10 +86,10 @@ class Settings(BaseSettings):
     control_previous_key: SecretStr | None = Field(
         None, description="the control key being rotated out: still accepted, never used to sign"
     )
-    client_id: str = Field("antdt", pattern=_NAME_PATTERN, max_length=128)
+    client_id: str = Field("antdt", pattern=NAME_PATTERN, max_length=128)
     worker_id: str | None = Field(
         None,
-        pattern=_NAME_PATTERN,
+        pattern=NAME_PATTERN,
         max_length=128,
         description="agent identity; default rank-<RANK>",
     )
@@ -104,6 +105,11 @@ class Settings(BaseSettings):
     )
     checkpoint_every_s: float = Field(
         30.0, gt=0, description="how often a synchronous job (ElasticJob) checkpoints"
+    )
+    ps_servers: str | None = Field(
+        None,
+        description="asynchronous training: the job's parameter-server shards, host:port,... in "
+        "shard order (antdt up --mode async prints them)",
     )
     slowdown: str | None = Field(
         None, description="straggler injection: a factor, or episodes start-end:factor,..."
@@ -126,10 +132,10 @@ class Settings(BaseSettings):
             else None
         )
 
-    @field_validator("bootstrap_servers")
+    @field_validator("bootstrap_servers", "ps_servers")
     @classmethod
-    def _check_bootstrap(cls, value: str) -> str:
-        for server in value.split(","):
+    def _check_addresses(cls, value: str | None) -> str | None:
+        for server in value.split(",") if value is not None else ():
             host, sep, port = server.strip().rpartition(":")
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"expected host:port[,host:port], got {server.strip()!r}")

@@ -4,7 +4,8 @@
 :mod:`antdt.worker.ddp` adds per-worker batch sizes under DDP and
 :mod:`antdt.worker.checkpoint` saves the shard-state version with the model;
 ``ElasticJob`` is synchronous training under torchrun (:mod:`antdt.worker.elastic`),
-``PartialReduceJob`` partial reduce (:mod:`antdt.worker.preduce`), the same loop.
+``PartialReduceJob`` partial reduce (:mod:`antdt.worker.preduce`) and
+``ParameterServerJob`` asynchronous training (:mod:`antdt.worker.ps`), the same loop.
 Names are imported lazily, so services that only need the shard client do
 not pay for importing torch.
 """
@@ -23,6 +24,7 @@ __all__, __getattr__ = lazy_exports(
         "ShardedDataset": "antdt.worker.dataset",
         "ElasticJob": "antdt.worker.elastic.job",
         "PartialReduceJob": "antdt.worker.preduce.job",
+        "ParameterServerJob": "antdt.worker.ps.job",
         "BatchSizing": "antdt.sizing",
         "ShardClient": "antdt.worker.shard_client",
     },

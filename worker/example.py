@@ -7,9 +7,9 @@ same clusters). Each step is real torch work; ``step_sleep_s`` adds a
 calibrated sleep so that several workers fit on a small machine, and the
 straggler injector (``--slowdown``) makes chosen workers slower.
 
-With parameter-server addresses the workers share one model (pull, push;
-:mod:`antdt.worker.ps`); without, each trains its own, and a sample counts
-once its local optimizer step has run.
+With parameter-server addresses the workers share one model, through the
+public :class:`~antdt.worker.ps.job.ParameterServerJob`; without, each
+trains its own, and a sample counts once its local optimizer step has run.
 
 Batches are cut from the sample stream with the agent's *current* batch
 size, so an ADJUST_BATCH_SIZE command takes effect at the next step.
@@ -30,6 +30,7 @@ from antdt.schemas.models import DatasetSpec
 from antdt.worker.agent import Agent
 
 log = logging.getLogger(__name__)
+DATASET = "synthetic-clusters"
 
 
 class SyntheticClassification(torch.utils.data.Dataset):
@@ -111,59 +112,13 @@ def train(agent: Agent, config: ExampleConfig, report=print) -> dict:
     figures."""
     torch.manual_seed(config.seed)
     source = SyntheticClassification(config.samples, seed=config.seed)
-    spec = DatasetSpec(
-        name="synthetic-clusters",
-        size=config.samples,
-        shard_size=config.shard_size,
-        epochs=config.epochs,
-        shuffle_seed=config.seed,
-        max_attempts=3,
-        lease_s=30.0,
-    )
     model = make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    data = agent.shards(source, spec)
-    server = None
+    started = time.monotonic()
+    losses = EpochLosses(agent, report)
     if config.parameter_servers:
-        from antdt.worker.ps.client import ParameterClient
-
-        # defines the job's dataset: the servers take their first checkpoint once it exists
-        data.prepare()
-        server = ParameterClient(agent, list(config.parameter_servers), model).start()
-    elif config.checkpoint is not None:
-        agent.on_restart(lambda: agent.save_checkpoint(config.checkpoint, model, optimizer, data))
-        if config.checkpoint.exists():
-            agent.restore_checkpoint(config.checkpoint, model, optimizer, data)
-    loss_fn = nn.CrossEntropyLoss()
-    started, trained, losses = time.monotonic(), 0, []
-    while not data.finished:
-        for inputs, labels in batches(agent, iter(data)):
-            pushed = False
-            while not pushed:
-                if server is not None:
-                    server.pull()
-                loss = loss_fn(model(inputs), labels)
-                optimizer.zero_grad()
-                loss.backward()
-                if config.step_sleep_s:
-                    time.sleep(config.step_sleep_s)
-                if server is None:
-                    optimizer.step()
-                # False: computed on stale parameters, again
-                pushed = server is None or server.push()
-            losses.append(loss.item())
-            trained += len(labels)
-            agent.step(samples=len(labels))
-        if losses:
-            report(
-                f"{agent.spec.worker_id} epoch {data.epoch}: {len(losses)} steps, "
-                f"mean loss {sum(losses) / len(losses):.3f}"
-            )
-            losses = []
-    if server is not None:
-        server.pull()
-        server.close()
-    data.close()
+        trained = _on_servers(agent, config, source, model, losses)
+    else:
+        trained = _locally(agent, config, source, model, losses)
     elapsed = time.monotonic() - started
     loss, accuracy = evaluate(model, source.heldout(2048))
     return {
@@ -173,3 +128,87 @@ def train(agent: Agent, config: ExampleConfig, report=print) -> dict:
         "heldout_loss": loss,
         "heldout_accuracy": accuracy,
     }
+
+
+class EpochLosses:
+    """Each epoch's mean training loss, reported as the next one starts (and at the end)."""
+
+    def __init__(self, agent: Agent, report):
+        self.agent, self.report = agent, report
+        self.epoch: int | None = None
+        self.losses: list[float] = []
+
+    def add(self, epoch: int, loss: float) -> None:
+        if epoch != self.epoch:
+            self.flush()
+            self.epoch = epoch
+        self.losses.append(loss)
+
+    def flush(self) -> None:
+        if self.losses:
+            self.report(
+                f"{self.agent.spec.worker_id} epoch {self.epoch}: {len(self.losses)} steps, "
+                f"mean loss {sum(self.losses) / len(self.losses):.3f}"
+            )
+        self.losses = []
+
+
+def _on_servers(agent: Agent, config: ExampleConfig, source, model, losses: EpochLosses) -> int:
+    """One shared model on the parameter servers, through the public job (they apply the SGD)."""
+    from antdt.worker.ps.job import ParameterServerJob
+
+    loss_fn = nn.CrossEntropyLoss()
+    with ParameterServerJob(
+        model,
+        source,
+        batch_size=agent.batch_size,
+        servers=config.parameter_servers,
+        epochs=config.epochs,
+        shard_size=config.shard_size,
+        seed=config.seed,
+        name=DATASET,
+        agent=agent,
+    ) as job:
+        for inputs, labels in job.batches():
+            loss = loss_fn(model(inputs), labels)
+            loss.backward()
+            if config.step_sleep_s:
+                time.sleep(config.step_sleep_s)
+            losses.add(job.data.epoch, loss.item())
+    losses.flush()
+    return job.samples
+
+
+def _locally(agent: Agent, config: ExampleConfig, source, model, losses: EpochLosses) -> int:
+    """This worker's own model: a sample counts once its local optimizer step has run."""
+    spec = DatasetSpec(
+        name=DATASET,
+        size=config.samples,
+        shard_size=config.shard_size,
+        epochs=config.epochs,
+        shuffle_seed=config.seed,
+        max_attempts=3,
+        lease_s=30.0,
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    data = agent.shards(source, spec)
+    if config.checkpoint is not None:
+        agent.on_restart(lambda: agent.save_checkpoint(config.checkpoint, model, optimizer, data))
+        if config.checkpoint.exists():
+            agent.restore_checkpoint(config.checkpoint, model, optimizer, data)
+    loss_fn = nn.CrossEntropyLoss()
+    trained = 0
+    while not data.finished:
+        for inputs, labels in batches(agent, iter(data)):
+            loss = loss_fn(model(inputs), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            if config.step_sleep_s:
+                time.sleep(config.step_sleep_s)
+            optimizer.step()
+            losses.add(data.epoch, loss.item())
+            trained += len(labels)
+            agent.step(samples=len(labels))
+    losses.flush()
+    data.close()
+    return trained

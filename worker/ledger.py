@@ -133,36 +133,3 @@ def _gather_uneven(values: torch.Tensor, group) -> torch.Tensor:
     dist.all_gather(parts, padded, group=group)
     gathered = torch.cat(parts)
     return gathered[gathered >= 0]
-
-
-class LedgerSlots:
-    """The ledger's share of a synchronous step's all-reduce: every rank's samples, summed in.
-
-    Each rank writes the samples of its batch into its own ``cap`` slots of a
-    ``world * cap`` integer vector (``epoch * size + index + 1``, 0 for an
-    empty slot), zeros elsewhere; the all-reduce that averages the gradients
-    sums the vectors, so every rank learns every rank's samples of the step
-    and counts them in its copy of the ledger. The ledger stays identical on
-    every rank and costs ``world * cap`` numbers per step, whatever the
-    dataset's size. ``cap`` bounds a rank's batch (the global batch is a safe one).
-    """
-
-    def __init__(self, ledger: SampleLedger, world: int, rank: int, cap: int):
-        self.ledger, self.world, self.rank, self.cap = ledger, world, rank, cap
-
-    def encode(self, tags) -> list[int]:
-        if len(tags) > self.cap:
-            raise AntdtError(
-                f"a batch of {len(tags)} samples "
-                f"does not fit the ledger's {self.cap} slots per rank"
-            )
-        slots = [0] * (self.world * self.cap)
-        base, size = self.rank * self.cap, self.ledger.size
-        for offset, tag in enumerate(tags):
-            slots[base + offset] = tag.epoch * size + tag.index + 1
-        return slots
-
-    def add(self, summed: Iterable[int]) -> None:
-        """Count the samples of every rank, from the summed slots."""
-        size = self.ledger.size
-        self.ledger.add_samples(divmod(int(value) - 1, size) for value in summed if value)

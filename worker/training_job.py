@@ -26,6 +26,7 @@ checkpoint figures (:meth:`_checkpoint_extra`, :meth:`_resume_extra`).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,6 +68,13 @@ def default_shard_size(size: int, batch_size: int) -> int:
     return max(low, min(high, size // SHARDS_PER_EPOCH))
 
 
+def _rank() -> int:
+    """The process group's rank; without one (a mode that needs no group), torchrun's ``RANK``."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
 class TrainingJob:
     """One rank's part of a job (module docstring): a mode subclasses it. Use as a context
     manager."""
@@ -78,7 +86,7 @@ class TrainingJob:
         dataset,
         *,
         batch_size: int,
-        checkpoint: str | Path,
+        checkpoint: str | Path | None,
         epochs: int = 1,
         shard_size: int | None = None,
         seed: int = 0,
@@ -88,17 +96,18 @@ class TrainingJob:
         agent: Agent | None = None,
     ):
         """``model``: the module whose parameters are checkpointed; ``batch_size``: each rank's at
-        the first start; ``checkpoint``: where rank 0 saves (every rank must be able to read it);
-        ``ledger_dir``: where rank 0 writes the ledger at the end (default: beside it)."""
+        the first start; ``checkpoint``: where rank 0 saves (every rank must be able to read it;
+        None for a mode whose servers keep the checkpoints); ``ledger_dir``: where rank 0 writes
+        the ledger at the end (default: beside the checkpoint)."""
         if batch_size < 1:
             raise AntdtError(f"batch_size must be >= 1, got {batch_size}")
-        self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.rank = _rank()
         self.world = world_size()
         self.model, self.optimizer, self.dataset = model, optimizer, dataset
-        self.checkpoint_path = Path(checkpoint)
-        self.ledger_dir = (
-            Path(ledger_dir) if ledger_dir is not None else self.checkpoint_path.parent
-        )
+        self.checkpoint_path = Path(checkpoint) if checkpoint is not None else None
+        self.ledger_dir = Path(ledger_dir) if ledger_dir is not None else None
+        if self.ledger_dir is None and self.checkpoint_path is not None:
+            self.ledger_dir = self.checkpoint_path.parent
         self.spec = DatasetSpec(
             name=name,
             size=len(dataset),

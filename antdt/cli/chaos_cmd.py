@@ -155,7 +155,7 @@ def chaos_figures(result, the_chaos) -> dict:
         "scenario": result.scenario.name,
         "epochs": result.scenario.epochs,
         "job_id": result.job_id,
-        "training": result.plan.training,
+        "training": result.plan.training.value,
         "plan": result.plan.name,
         "wall_s": round(result.wall_s, 3),
         "ideal_s": round(result.ideal_s, 3),

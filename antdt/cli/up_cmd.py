@@ -3,23 +3,27 @@
 It starts the embedded broker (or uses ``ANTDT_BOOTSTRAP_SERVERS`` when set),
 creates the topics, starts ``antdt monitor``, ``antdt sharder`` and
 ``antdt controller`` (and what the training mode adds: ``antdt grouper`` for
-partial reduce, ``--mode preduce``) as child processes configured exactly as
-in a deployment, waits for each one's ``/readyz`` and prints where
-everything is.
+partial reduce, ``--mode preduce``; the job's parameter-server shards,
+``antdt ps``, for asynchronous training, ``--mode async``) as child
+processes configured exactly as in a deployment, waits for each one's
+``/readyz`` and prints where everything is.
 Then it watches them: Ctrl-C or SIGTERM stops everything cleanly (exit 0),
 and a service that dies is reported at once with its log file (exit 1).
 """
 
 from __future__ import annotations
 
+import re
 import tempfile
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 
 from antdt.errors import AntdtError
 from antdt.runtime.shutdown import stop_on_signals
+from antdt.settings import NAME_PATTERN
 from antdt.training import TrainingMode
 
 SERVICES = ("monitor", "sharder", "controller")
@@ -38,7 +42,20 @@ def up(
     mode: TrainingMode = typer.Option(
         TrainingMode.SYNC,
         "--mode",
-        help="The jobs' training mode: preduce adds the grouper (partial reduce).",
+        help="The jobs' training mode: preduce adds the grouper (partial reduce), async the job's "
+        "parameter servers.",
+    ),
+    job: str | None = typer.Option(
+        None, "--job", help="async: the job the parameter servers serve (default ANTDT_JOB_ID)."
+    ),
+    ps_shards: int = typer.Option(
+        1, "--ps-shards", min=1, max=64, help="async: how many parameter-server shards."
+    ),
+    ps_lr: float = typer.Option(
+        0.05, "--ps-lr", min=0.0, help="async: the servers' SGD learning rate."
+    ),
+    ps_momentum: float = typer.Option(
+        0.0, "--ps-momentum", min=0.0, max=1.0, help="async: the servers' SGD momentum."
     ),
     ready_within: float = typer.Option(
         60.0, "--ready-within", min=1.0, help="Seconds each service may take to be ready."
@@ -53,6 +70,7 @@ def up(
     """Run the bus and the monitor, sharder and controller until Ctrl-C or SIGTERM."""
     from antdt.demo.environment import bus_and_broker
 
+    job = _job_name(job)
     logs = log_dir or Path(tempfile.mkdtemp(prefix="antdt-up-"))
     logs.mkdir(parents=True, exist_ok=True)
     with stop_on_signals() as stop, ExitStack() as stack:
@@ -65,10 +83,22 @@ def up(
             )
         typer.echo(f"export {TORCHRUN_FIX}  # for torchrun's restarts (docs/torchrun.md)")
         running = _services(stack, settings, policy, mode, logs, ready_within)
+        if mode is TrainingMode.ASYNC:
+            served = job or settings.job_id
+            servers = ParameterServers(served, ps_shards, ps_lr, ps_momentum)
+            running |= servers.start(stack, settings, logs, ready_within)
         typer.echo(f"logs: {logs}; Ctrl-C stops everything")
         while not stop.wait(0.2):
             _check(running)
         typer.echo("stopping")
+
+
+def _job_name(job: str | None) -> str | None:
+    if job is not None and not re.fullmatch(NAME_PATTERN, job):
+        raise typer.BadParameter(
+            f"{job!r} is not a job name ({NAME_PATTERN})", param_hint="'--job'"
+        )
+    return job
 
 
 def _services(
@@ -83,6 +113,11 @@ def _services(
         )
         for name in (*SERVICES, *mode.extra_services)
     }
+    _wait_ready(running, ready_within)
+    return running
+
+
+def _wait_ready(running: dict, ready_within: float) -> None:
     for name, service in running.items():
         try:
             service.wait_ready(ready_within)
@@ -93,7 +128,43 @@ def _services(
         typer.echo(
             f"{name} ready (pid {service.process.pid}, http://127.0.0.1:{service.http_port}/metrics)"
         )
-    return running
+
+
+@dataclass(frozen=True)
+class ParameterServers:
+    """One job's parameter-server shards (``antdt ps``), as ``--mode async`` starts them: their
+    checkpoints and the ledger they write under the log folder."""
+
+    job: str
+    shards: int
+    lr: float
+    momentum: float
+
+    def start(self, stack: ExitStack, settings, logs: Path, ready_within: float) -> dict:
+        from antdt.embedded.broker import free_port
+        from antdt.runtime.launch import service_process
+
+        served = settings.model_copy(update={"job_id": self.job})
+        ports = [free_port() for _ in range(self.shards)]
+        running = {
+            f"ps-{shard}": stack.enter_context(
+                service_process(served, "ps", *self._arguments(shard, port, logs), log_dir=logs)
+            )
+            for shard, port in enumerate(ports)
+        }
+        _wait_ready(running, ready_within)
+        addresses = ",".join(f"127.0.0.1:{port}" for port in ports)
+        typer.echo(f"export ANTDT_JOB_ID={self.job} ANTDT_PS_SERVERS={addresses}")
+        typer.echo(f"ledger: {logs / 'ledger'} (ps-<shard>/ledger-epoch<E>.npy)")
+        return running
+
+    def _arguments(self, shard: int, port: int, logs: Path) -> list[str]:
+        return [
+            *("--shard", str(shard), "--shards", str(self.shards), "--port", str(port)),
+            *("--checkpoint-dir", str(logs / "ps-checkpoints")),
+            *("--out", str(logs / "ledger")),
+            *("--lr", str(self.lr), "--momentum", str(self.momentum)),
+        ]
 
 
 def _check(running: dict) -> None:

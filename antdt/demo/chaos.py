@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from antdt.demo.phases import Phase, read_phase
 from antdt.demo.training_preduce import CHECKPOINT as PREDUCE_CHECKPOINT
 from antdt.demo.training_sync import CHECKPOINT as SYNC_CHECKPOINT
+from antdt.training import TrainingMode
 
 if TYPE_CHECKING:
     from antdt.demo.pool import WorkerPool
@@ -50,6 +51,12 @@ if TYPE_CHECKING:
 #: How long a mid-step kill waits for its victim to enter the exchange before it gives up on that
 #: victim.
 MID_STEP_WAIT_S = 5.0
+#: What a kill in each mode's exchange interrupts, for the report.
+EXCHANGE = {
+    TrainingMode.ASYNC: "push",
+    TrainingMode.SYNC: "all-reduce",
+    TrainingMode.PREDUCE: "group average",
+}
 
 
 @dataclass(frozen=True)
@@ -196,8 +203,9 @@ class Chaos:
         phase = None
         waited = time.monotonic()
         if every and (self._worker_kills + 1) % every == 0:
-            wanted = Phase.PUSH if pool.plan.training == "async" else Phase.ALLREDUCE
-            phase = {"async": "push", "sync": "all-reduce"}.get(pool.plan.training, "group average")
+            asynchronous = pool.plan.training is TrainingMode.ASYNC
+            wanted = Phase.PUSH if asynchronous else Phase.ALLREDUCE
+            phase = EXCHANGE[pool.plan.training]
             if not _wait_for_phase(pool, rank, wanted):
                 # it never got there (too slow): killed all the same, not counted mid-step
                 phase = None

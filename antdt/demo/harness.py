@@ -41,6 +41,7 @@ from antdt.demo.trainer import LR
 from antdt.errors import AntdtError
 from antdt.services.sharder.audit import LedgerCheck, check_ledgers
 from antdt.settings import Settings
+from antdt.training import TrainingMode
 from antdt.worker.ledger import FILE_PATTERN
 
 
@@ -182,7 +183,7 @@ def run_plan(
         if on_tick is not None:
             on_tick(timeline, wall)
     report = _audit(settings, job_id, run_dir) if plan.uses_sharder else None
-    groups = _groups(settings, job_id) if plan.training == "preduce" else None
+    groups = _groups(settings, job_id) if plan.training is TrainingMode.PREDUCE else None
     server_restarts = sum(1 for move in placement.moves if move.process in scenario.server_names)
     return RunResult(
         plan,
@@ -199,7 +200,7 @@ def run_plan(
         heldout,
         evaluator.curve,
         services.exits,
-        loss_per_step(run_dir, scenario) if plan.training == "sync" else [],
+        loss_per_step(run_dir, scenario) if plan.training is TrainingMode.SYNC else [],
         list(placement.moves),
         groups,
     )

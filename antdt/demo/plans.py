@@ -18,19 +18,29 @@ the replicas, which the last group of every rank makes the one model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from antdt.demo.scenario import ClusterMode, Scenario
 from antdt.errors import ConfigError
+from antdt.sizing import BatchSizing
+from antdt.training import TrainingMode
+
+
+class Sharding(str, Enum):
+    """Who decides which worker reads which samples."""
+
+    DYNAMIC = "dynamic"  # the sharder, shard by shard
+    STATIC = "static"  # fixed before training: DistributedSampler's slices, or owned shards
 
 
 @dataclass(frozen=True)
 class RunPlan:
     name: str
-    training: str  # "async" (parameter server), "sync" (all-reduce) or "preduce" (partial reduce)
-    sharding: str  # "dynamic" or "static"
+    training: TrainingMode
+    sharding: Sharding
     policy: str | None  # a controller policy, or None for no controller
-    # sync: "in-band" sizes the local batches at every step (antdt.sizing.inband)
-    sizing: str = "commands"
+    # sync: who sizes the local batches (in-band: every step, antdt.sizing.inband)
+    sizing: BatchSizing = BatchSizing.COMMANDS
     #: Monitor settings the plan runs with on every scenario (printed in the report with the
     #: scenario's own).
     monitor: tuple[tuple[str, str], ...] = ()
@@ -39,13 +49,13 @@ class RunPlan:
     def uses_sharder(self) -> bool:
         """Dynamic sharding, and every parameter-server plan: the servers apply what the shard log
         commits."""
-        return self.sharding == "dynamic" or self.training == "async"
+        return self.sharding is Sharding.DYNAMIC or self.training is TrainingMode.ASYNC
 
     @property
     def grouped(self) -> bool:
         """The ranks share one process group: one rank's death restarts them all from the last
         checkpoint."""
-        return self.training in ("sync", "preduce")
+        return self.training in (TrainingMode.SYNC, TrainingMode.PREDUCE)
 
     @property
     def label(self) -> str:
@@ -60,16 +70,18 @@ class RunPlan:
         }.get(self.name, self.name)
 
 
+SYNC, ASYNC, PREDUCE = TrainingMode.SYNC, TrainingMode.ASYNC, TrainingMode.PREDUCE
+DYNAMIC, STATIC = Sharding.DYNAMIC, Sharding.STATIC
 PLANS = {
-    "static-bsp": RunPlan("static-bsp", "sync", "static", None),
-    "static-async": RunPlan("static-async", "async", "static", None),
-    "dynamic": RunPlan("dynamic", "async", "dynamic", None),
+    "static-bsp": RunPlan("static-bsp", SYNC, STATIC, None),
+    "static-async": RunPlan("static-async", ASYNC, STATIC, None),
+    "dynamic": RunPlan("dynamic", ASYNC, DYNAMIC, None),
     # The runs last about a minute: a straggler 10 s old is persistent on that scale (the default,
     # 30 s, suits jobs of hours), so a persistent one is moved while moving it still pays.
-    "nd": RunPlan("nd", "async", "dynamic", "antdt-nd", monitor=(("persistent_s", "10"),)),
-    "dd": RunPlan("dd", "sync", "dynamic", "antdt-dd", "in-band"),
-    "dd-commands": RunPlan("dd-commands", "sync", "dynamic", "antdt-dd"),
-    "partial-reduce": RunPlan("partial-reduce", "preduce", "dynamic", None),
+    "nd": RunPlan("nd", ASYNC, DYNAMIC, "antdt-nd", monitor=(("persistent_s", "10"),)),
+    "dd": RunPlan("dd", SYNC, DYNAMIC, "antdt-dd", BatchSizing.IN_BAND),
+    "dd-commands": RunPlan("dd-commands", SYNC, DYNAMIC, "antdt-dd"),
+    "partial-reduce": RunPlan("partial-reduce", PREDUCE, DYNAMIC, None),
 }
 POLICIES = ("nd", "dd", "off")
 
@@ -77,21 +89,19 @@ POLICIES = ("nd", "dd", "off")
 def demo_plan(scenario: Scenario, policy: str | None) -> RunPlan:
     """The demo's plan: the scenario's cluster mode, with ``policy`` (default: the mode's own) or
     none."""
-    training = "async" if scenario.mode is ClusterMode.ND else "sync"
+    training = ASYNC if scenario.mode is ClusterMode.ND else SYNC
     chosen = policy or scenario.mode.value
     if chosen not in POLICIES:
         raise ConfigError(f"policy {chosen!r}: choose one of {', '.join(POLICIES)}")
     if chosen == "off":
-        return RunPlan(
-            "dynamic" if training == "async" else "sync-dynamic", training, "dynamic", None
-        )
+        return RunPlan("dynamic" if training is ASYNC else "sync-dynamic", training, DYNAMIC, None)
     # the policy's own mode: its bench plan, sizing included
-    own = PLANS[chosen].training == training
+    own = PLANS[chosen].training is training
     return RunPlan(
         chosen if own else f"{chosen}-on-{scenario.mode.value}",
         training,
-        "dynamic",
+        DYNAMIC,
         f"antdt-{chosen}",
-        PLANS[chosen].sizing if own else "commands",
+        PLANS[chosen].sizing if own else BatchSizing.COMMANDS,
         PLANS[chosen].monitor,
     )

@@ -33,6 +33,7 @@ from antdt.demo.scenario import Scenario
 from antdt.errors import AntdtError
 from antdt.runtime.launch import settings_env
 from antdt.settings import Settings
+from antdt.training import TrainingMode
 
 
 class WorkerPool:
@@ -84,9 +85,9 @@ class WorkerPool:
             "--node",
             node,
             "--training",
-            self.plan.training,
+            self.plan.training.value,
             "--sharding",
-            self.plan.sharding,
+            self.plan.sharding.value,
             "--handshake",
             str(self.handshake),
             "--out",
@@ -96,7 +97,7 @@ class WorkerPool:
             "--generation",
             str(self.generation),
             "--sizing",
-            self.plan.sizing,
+            self.plan.sizing.value,
         ]
         self.processes[rank] = WorkerProcess(argv, env, self.log_dir / f"worker-{worker.name}.log")
 
@@ -136,7 +137,7 @@ class WorkerPool:
     def _outside_the_collective(self) -> str:
         """Synchronous runs: the live ranks that are not in the step's all-reduce (the stuck ones,
         if any)."""
-        if self.plan.training != "sync":
+        if self.plan.training is not TrainingMode.SYNC:
             return ""
         names = [
             self.scenario.workers[r].name

@@ -22,6 +22,8 @@ from antdt.embedded.broker import free_port
 from antdt.errors import AntdtError
 from antdt.runtime.launch import ServiceProcess, service_process, settings_env
 from antdt.settings import Settings
+from antdt.sizing import BatchSizing
+from antdt.training import TrainingMode
 
 
 def set_args(values: dict[str, str]) -> list[str]:
@@ -81,10 +83,10 @@ def service_settings(plan: RunPlan, scenario: Scenario) -> dict[str, dict[str, s
     if plan.policy is not None:
         job = {"policy": plan.policy}
         # the job's global batch, which a synchronous policy keeps whatever restarts
-        if plan.training == "sync":
+        if plan.training is TrainingMode.SYNC:
             job["global_batch_size"] = str(scenario.batch_size * len(scenario.workers))
-        if plan.sizing == "in-band":
-            job["batch_sizing"] = "in-band"
+        if plan.sizing is BatchSizing.IN_BAND:
+            job["batch_sizing"] = BatchSizing.IN_BAND.value
         settings["controller"] = {**scenario.controller, **job}
     return settings
 
@@ -106,9 +108,9 @@ def wanted_services(
         wanted["sharder"] = ["sharder"]
     if "controller" in settings:
         wanted["controller"] = ["controller", *set_args(settings["controller"])]
-    if plan.training == "async":
+    if plan.training is TrainingMode.ASYNC:
         wanted.update(parameter_servers(scenario, run_dir, lr, scenario_path, handshake))
-    if plan.training == "preduce":
+    if plan.training is TrainingMode.PREDUCE:
         wanted["grouper"] = grouper_args(scenario)
     return wanted
 

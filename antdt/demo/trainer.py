@@ -48,9 +48,12 @@ from antdt.bus.config import describe_profile
 from antdt.demo.handshake import done_file, ready_file, wait_for_start, write_atomically
 from antdt.demo.pacing import Pacer
 from antdt.demo.phases import PhaseWriter
+from antdt.demo.plans import Sharding
 from antdt.demo.scenario import Scenario
 from antdt.schemas.models import DatasetSpec
 from antdt.settings import load_settings
+from antdt.sizing import BatchSizing
+from antdt.training import TrainingMode
 from antdt.worker.agent import Agent, WorkerExit
 from antdt.worker.example import SyntheticClassification, make_model
 
@@ -61,8 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="antdt demo worker (started by the harness)")
     parser.add_argument("--scenario", required=True)
     parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--training", choices=("async", "sync", "preduce"), required=True)
-    parser.add_argument("--sharding", choices=("dynamic", "static"), required=True)
+    parser.add_argument("--training", type=TrainingMode, choices=list(TrainingMode), required=True)
+    parser.add_argument("--sharding", type=Sharding, choices=list(Sharding), required=True)
     parser.add_argument(
         "--handshake", required=True, help="the run's handshake directory (ready, go, done files)"
     )
@@ -80,8 +83,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--sizing",
-        choices=("commands", "in-band"),
-        default="commands",
+        type=BatchSizing,
+        choices=list(BatchSizing),
+        default=BatchSizing.COMMANDS,
         help="sync: who sizes the local batches (the controller's commands, or every step in-band)",
     )
     return parser.parse_args(argv)
@@ -129,7 +133,8 @@ class Worker:
         self.handshake, self.out = Path(args.handshake), Path(args.out)
         self.source = SyntheticClassification(self.scenario.dataset_size, seed=self.scenario.seed)
         self.spec = dataset_spec(
-            self.scenario, static=args.training == "async" and args.sharding == "static"
+            self.scenario,
+            static=args.training is TrainingMode.ASYNC and args.sharding is Sharding.STATIC,
         )
         self.trainer = Trainer(self.scenario.seed)
         self.phases = PhaseWriter(self.handshake, self.rank)
@@ -151,14 +156,14 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings()
     print(f"{settings.worker_id}: {describe_profile(settings)}", flush=True)
     try:
-        if args.training == "async":
+        if args.training is TrainingMode.ASYNC:
             from antdt.demo.training_async import train_async
 
             with Agent(
                 settings=settings, rank=worker.rank, batch_size=worker.scenario.batch_size
             ) as agent:
                 train_async(worker, agent, [a for a in args.ps.split(",") if a])
-        elif args.training == "preduce":
+        elif args.training is TrainingMode.PREDUCE:
             from antdt.demo.training_preduce import run_preduce
 
             run_preduce(worker, settings, started)

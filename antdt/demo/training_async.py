@@ -1,50 +1,36 @@
-"""A demo worker's asynchronous training (AntDT-ND's shared cluster): dynamic shards, one parameter
-server.
+"""A demo worker's asynchronous training (AntDT-ND's shared cluster): the user's loop over the
+public :class:`~antdt.worker.ps.job.ParameterServerJob`.
 
-Each step pulls the parameters, computes the gradient of the batch (real
-torch work, then paced to the speed of the node it runs on; the pull and
-the push are not part of that, so a slow server adds to every step), and
-pushes it as an update
-that the parameter server applies once the shard log records its commit.
-The worker never waits for another: a slow one simply pulls fewer shards.
+Each step pulls the parameters, computes the gradient of the batch and
+pushes it as an update that the parameter servers apply once the shard log
+records its commit; the worker never waits for another, and a slow one
+simply reads fewer shards. The demo adds what it adds to the synchronous
+loop (:class:`~antdt.demo.training_sync.DemoSteps`: pacing of the
+computation, not of the pull and push, so a slow server adds to every
+step; the phase file, ``PUSH`` from the backward to the next batch; the
+step trace). The ``static-async`` baseline is the same job on static
+shards (each worker reads only its own).
 """
 
 from __future__ import annotations
 
-from antdt.demo.phases import Phase
+from antdt.demo.training_sync import DemoSteps, job_options
 from antdt.worker.agent import Agent
-from antdt.worker.example import batches
-from antdt.worker.ps.client import ParameterClient
+from antdt.worker.ps.job import ParameterServerJob
 
 
 def train_async(worker, agent: Agent, addresses: list[str]) -> None:
-    data = agent.shards(worker.source, worker.spec)
-    data.prepare()  # the job's first contact with the sharder, before the clock starts
-    server = ParameterClient(agent, addresses, worker.trainer.model).start()
-    try:
-        pacer = worker.ready_and_wait()
-        trained = _steps(worker, agent, data, server, pacer)
-        worker.finish(agent, pacer, trained)
-    finally:
-        server.close()
-        data.close()
-
-
-def _steps(worker, agent: Agent, data, server: ParameterClient, pacer) -> int:
-    """Pull, compute, push until the sharder says every epoch is done; returns the samples
-    trained."""
-    trained = 0
-    while not data.finished:
-        for inputs, labels in batches(agent, iter(data)):
-            pushed = False
-            while not pushed:  # a push refused for staleness is recomputed on fresh parameters
-                server.pull()
-                # the node's speed paces the computation, not the wait for the server
-                started = pacer.now_s()
-                worker.trainer.backward(inputs, labels)
-                pacer.pace(len(labels), started)
-                with worker.phases.during(Phase.PUSH):
-                    pushed = server.push()
-            trained += len(labels)
-            agent.step(samples=len(labels))
-    return trained
+    options = job_options(worker, agent, checkpoint=None)
+    with ParameterServerJob(
+        worker.trainer.model,
+        worker.source,
+        servers=addresses,
+        owners=worker.spec.owners,
+        **options,
+    ) as job:
+        steps = DemoSteps(worker, agent)
+        for inputs, labels in job.batches():
+            steps.stepped(agent.batch_size)  # the step before this one
+            steps.train(worker.trainer.model, inputs, labels)
+        steps.stepped(agent.batch_size)
+    steps.finish()

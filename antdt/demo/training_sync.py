@@ -34,9 +34,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from antdt.demo.phases import Phase
+from antdt.demo.plans import Sharding
 from antdt.demo.steptrace import StepTrace, trace_path
 from antdt.settings import Settings
-from antdt.sizing import BatchSizing
+from antdt.training import TrainingMode
 from antdt.worker.agent import Agent
 from antdt.worker.checkpoint import save_atomically
 from antdt.worker.ddp import broke_the_group, end_broken_group
@@ -50,7 +51,7 @@ CHECKPOINT = "sync-checkpoint.pt"
 
 
 def run_sync(worker, settings: Settings, started: float) -> None:
-    train = train_plain if worker.args.sharding == "static" else train_elastic
+    train = train_plain if worker.args.sharding is Sharding.STATIC else train_elastic
     run_in_group(worker, settings, started, lambda agent: train(worker, agent))
 
 
@@ -98,6 +99,8 @@ class DemoSteps:
 
     def __init__(self, worker, agent: Agent):
         self.worker, self.agent = worker, agent
+        # the servers apply an asynchronous update and hold the model the evaluator reads
+        self.asynchronous = worker.args.training is TrainingMode.ASYNC
         self.pacer = worker.ready_and_wait()
         self.trace = StepTrace(trace_path(worker.out, worker.scenario.workers[worker.rank].name))
         self.snapshots = ModelSnapshots(worker)
@@ -106,12 +109,13 @@ class DemoSteps:
         self._traced: int | None = None  # the last step traced
 
     def train(self, model, inputs, labels) -> None:
-        """Forward, paced, backward and the optimizer step.
+        """Forward, paced, backward and the optimizer step (asynchronous: the servers' step).
 
         From the backward until the next batch the rank is in the job's
         exchange (the all-reduce inside ``backward()``, then the step's
-        sums; or partial reduce's group average after the step): the phase
-        file says ``ALLREDUCE`` for chaos.
+        sums; partial reduce's group average after the step; the push to
+        the parameter servers): the phase file says ``ALLREDUCE`` (``PUSH``)
+        for chaos.
         """
         trainer, phases = self.worker.trainer, self.worker.phases
         phases.set(Phase.OTHER)
@@ -119,9 +123,10 @@ class DemoSteps:
         loss = trainer.loss_fn(model(inputs), labels)
         trainer.optimizer.zero_grad()
         self.pacer.pace(len(labels), started)
-        phases.set(Phase.ALLREDUCE)
+        phases.set(Phase.PUSH if self.asynchronous else Phase.ALLREDUCE)
         loss.backward()
-        trainer.optimizer.step()
+        if not self.asynchronous:
+            trainer.optimizer.step()
         self.trained += len(labels)
         self._loss = float(loss.detach())
 
@@ -147,30 +152,34 @@ class DemoSteps:
                 self._loss if record.samples else None,
             )
         self._loss = None
-        with self.agent.sync_wait():
-            self.snapshots.maybe()
+        if not self.asynchronous:
+            with self.agent.sync_wait():
+                self.snapshots.maybe()
 
     def finish(self) -> None:
         self.worker.phases.set(Phase.OTHER)
         self.trace.close()
-        self.snapshots.maybe(final=True)
+        if not self.asynchronous:
+            self.snapshots.maybe(final=True)
         self.worker.finish(self.agent, self.pacer, self.trained)
 
 
-def job_options(worker, agent: Agent, checkpoint: str) -> dict:
-    """What a demo job is given, whatever its mode: the scenario's dataset and batch, the
-    handshake folder's checkpoint, the run's ledger folder, the worker's agent."""
+def job_options(worker, agent: Agent, checkpoint: str | None) -> dict:
+    """What a demo job is given, whatever its mode: the scenario's dataset and batch, the worker's
+    agent, and where the mode keeps them, the handshake folder's checkpoint and the run's ledger
+    folder (none for the parameter server, whose servers keep both)."""
     scenario = worker.scenario
-    return {
+    options = {
         "batch_size": scenario.batch_size,
-        "checkpoint": worker.handshake / checkpoint,
         "epochs": scenario.epochs,
         "shard_size": scenario.shard_size,
         "seed": scenario.seed,
         "name": worker.spec.name,
-        "ledger_dir": worker.out,
         "agent": agent,
     }
+    if checkpoint is not None:
+        options |= {"checkpoint": worker.handshake / checkpoint, "ledger_dir": worker.out}
+    return options
 
 
 def train_elastic(worker, agent: Agent) -> None:
@@ -182,7 +191,7 @@ def train_elastic(worker, agent: Agent) -> None:
         trainer.optimizer,
         worker.source,
         checkpoint_every_s=worker.scenario.checkpoint_every_s,
-        sizing=BatchSizing(worker.args.sizing),
+        sizing=worker.args.sizing,
         **job_options(worker, agent, CHECKPOINT),
     ) as job:
         steps = DemoSteps(worker, agent)

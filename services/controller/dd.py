@@ -4,8 +4,8 @@ style).
 In synchronous training every step waits for the slowest worker, so the
 controller sizes each worker's batch so that all finish a step together.
 Gradients are averaged with weights proportional to the local batch sizes
-(:class:`antdt.worker.ddp.WeightedGradientAverager`), so the update equals
-that of the global batch.
+(:class:`antdt.worker.ddp_hook.WeightedReduce`, inside DDP's own all-reduce),
+so the update equals that of the global batch.
 
 * **a step-time model**: each worker's step is a fixed part plus a per-sample part
   (:mod:`step_model`), measured from its reports; the split minimises the slowest predicted step and

@@ -77,11 +77,24 @@ def serving(*args: str, last: str = "controller"):
 
     up = Up(*args)
     try:
-        bootstrap = up.until("export ANTDT_BOOTSTRAP_SERVERS=").split("=")[1].split()[0]
         up.until(f"{last} ready")
-        yield load_settings(bootstrap_servers=bootstrap, broker_profile="embedded")
+        if "async" in args:
+            up.until("ANTDT_PS_SERVERS=")  # printed once the job's parameter servers are ready
+        yield load_settings(**exported(up.seen))
     finally:
         up.close()
+
+
+def exported(lines: list[str]) -> dict[str, str]:
+    """The settings the ``export ANTDT_...`` lines printed so far set, by field name."""
+    fields = {}
+    for line in lines:
+        if line.startswith("export "):
+            for assignment in line.split("#")[0].split()[1:]:
+                name, _, value = assignment.partition("=")
+                if name.startswith("ANTDT_"):
+                    fields[name.removeprefix("ANTDT_").lower()] = value
+    return fields
 
 
 def gone(pid: int, timeout_s: float = 20.0) -> bool:

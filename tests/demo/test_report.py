@@ -11,6 +11,7 @@ from antdt.demo.scenario import ClusterMode, Scenario
 from antdt.demo.timeline import CommandLine, Marker, Point, Timeline
 from antdt.services.sharder.audit import LedgerCheck
 from antdt.settings import load_settings
+from antdt.training import TrainingMode
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -96,7 +97,8 @@ def test_the_demo_plan_follows_the_scenario_mode_and_the_policy():
     assert demo_plan(short, "off") == PLANS["dynamic"]
     dd = short.model_copy(update={"mode": ClusterMode.DD})
     assert demo_plan(dd, None) == PLANS["dd"]
-    assert demo_plan(dd, "off").training == "sync" and demo_plan(dd, "off").policy is None
+    off = demo_plan(dd, "off")
+    assert off.training is TrainingMode.SYNC and off.policy is None
 
 
 def test_the_dashboard_shows_workers_commands_and_progress():

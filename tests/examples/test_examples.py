@@ -35,7 +35,7 @@ def logical_lines(path: Path) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("example", ["ddp_antdt.py", "preduce_antdt.py"])
+@pytest.mark.parametrize("example", ["ddp_antdt.py", "preduce_antdt.py", "ps_antdt.py"])
 def test_an_antdt_example_adds_at_most_ten_lines_to_the_plain_one(example: str):
     plain, antdt = (
         logical_lines(EXAMPLES / "ddp_plain.py"),
@@ -85,6 +85,7 @@ def test_the_plain_ddp_example_trains_under_torchrun(tmp_path):
         ("README.md", "ElasticJob(", "ddp_antdt.py"),
         ("docs/torchrun.md", "ElasticJob(", "ddp_antdt.py"),
         ("docs/partial-reduce.md", "PartialReduceJob(", "preduce_antdt.py"),
+        ("docs/parameter-server.md", "ParameterServerJob(", "ps_antdt.py"),
     ],
 )
 def test_the_docs_show_the_antdt_example_s_own_loop(doc: str, job: str, example: str):

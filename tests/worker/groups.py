@@ -44,3 +44,23 @@ def rank_0_outcome(rank_main: Callable, tmp_path: Path, fault: str, limit_s: flo
         for process in context.processes:
             if process.is_alive():
                 process.kill()
+
+
+def bounded_all_reduce(tensor: torch.Tensor, timeout, step: int, peers=None) -> None:
+    """One all-reduce waited for within the job's step-sized bound (``timeout``, a
+    :class:`~antdt.worker.ddp.StepSizedTimeout`), as the exchanges of antdt's own wait
+    (:func:`~antdt.worker.ddp.wait_within`); a completed step feeds the bound."""
+    import time
+
+    from antdt.worker.ddp import wait_within
+
+    work = dist.all_reduce(tensor, async_op=True)
+    limit = timeout.limit_s()
+    wait_within(
+        [work],
+        limit,
+        f"the all-reduce of step {step}",
+        f"{limit:.1f} s: {timeout.describe()}",
+        peers=peers,
+    )
+    timeout.completed(time.monotonic())

@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 from antdt.errors import AntdtError
-from antdt.worker.ledger import LedgerSlots, SampleLedger, SyncedLedger, read_ledgers
+from antdt.worker.ledger import SampleLedger, SyncedLedger, read_ledgers
 from antdt.worker.provenance import SampleTag
 from tests.worker.groups import join_gloo
 
@@ -38,26 +38,6 @@ def test_a_ledger_restores_only_into_its_own_shape():
     assert torch.equal(restored.counts, ledger.counts)
     with pytest.raises(AntdtError, match="does not fit"):
         SampleLedger(5, 1).load_state_dict(ledger.state_dict())
-
-
-def test_slots_from_every_rank_sum_into_every_samples_count():
-    """What the all-reduce does to the slots: a plain sum of each rank's vector."""
-    world, cap = 3, 4
-    ledgers = [SampleLedger(10, 2) for _ in range(world)]
-    slots = [LedgerSlots(ledgers[r], world, r, cap) for r in range(world)]
-    batches = [
-        [SampleTag(0, 9), SampleTag(0, 0)],
-        [],
-        [SampleTag(1, 3), SampleTag(1, 4), SampleTag(1, 5)],
-    ]
-    summed = [sum(values) for values in zip(*(slots[r].encode(batches[r]) for r in range(world)))]
-    for rank_slots in slots:
-        rank_slots.add(summed)
-    for ledger in ledgers:
-        assert ledger.counts[0].tolist() == [1, 0, 0, 0, 0, 0, 0, 0, 0, 1]
-        assert ledger.counts[1].tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 0, 0]
-    with pytest.raises(AntdtError, match="does not fit"):
-        slots[0].encode([SampleTag(0, i) for i in range(cap + 1)])
 
 
 def synced_rank(rank: int, init_file: str, out_dir: str) -> None:

@@ -2,7 +2,8 @@
 
 One or more server processes (:mod:`server`, ``antdt ps``) hold the model's
 parameters, split between them (:mod:`layout`); workers (:mod:`client`)
-pull parameters and push gradients at their own pace. An update is applied
+pull parameters and push gradients at their own pace (a script under
+torchrun: :class:`~antdt.worker.ps.job.ParameterServerJob`). An update is applied
 exactly when the shard log records its commit, so the model and the log
 cannot disagree (docs/parameter-server.md).
 """
@@ -16,6 +17,7 @@ __all__, __getattr__ = lazy_exports(
     {
         "Layout": "antdt.worker.ps.layout",
         "ParameterClient": "antdt.worker.ps.client",
+        "ParameterServerJob": "antdt.worker.ps.job",
         "ParameterServer": "antdt.worker.ps.server",
         "ServerSpec": "antdt.worker.ps.server",
     },

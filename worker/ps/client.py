@@ -117,6 +117,12 @@ class ParameterClient:
         server's."""
         for shard in range(len(self.addresses)):
             hello, _ = self._call(shard, {"op": "hello"})
+            job = self.agent.spec.job_id
+            if hello.get("job", job) != job:
+                raise AntdtError(
+                    f"{self.addresses[shard]} serves job {hello['job']!r}, this worker is job "
+                    f"{job!r}: set ANTDT_JOB_ID to the servers' job (antdt up prints it)"
+                )
             if hello["shards"] != len(self.addresses) or hello["shard"] != shard:
                 raise AntdtError(
                     f"{self.addresses[shard]} is shard {hello['shard']} of {hello['shards']}, "
@@ -227,12 +233,18 @@ class ParameterClient:
                 pending = self.agent.committer.resend(pending)
                 self._outstanding[0] = pending
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Collect what is still outstanding (bounded), then close the connections."""
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Collect the answers still outstanding, for at most ``timeout_s``; whether none is
+        left."""
         deadline = time.monotonic() + timeout_s
         while self._outstanding and time.monotonic() < deadline:
             self._settle(block=False)
             time.sleep(0.01)
+        return not self._outstanding
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Collect what is still outstanding (bounded), then close the connections."""
+        self.flush(timeout_s)
         for shard in range(len(self.addresses)):
             self._drop(shard)
 

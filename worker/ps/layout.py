@@ -48,9 +48,10 @@ class Layout:
         return sum(prod(self.shapes[i]) for i in self.members(shard))
 
     def gather(self, tensors: list[torch.Tensor], shard: int) -> torch.Tensor:
-        """Shard ``shard``'s tensors as one flat float32 tensor (zeros for a missing gradient)."""
+        """Shard ``shard``'s tensors as one flat float32 tensor in host memory, as the wire sends it
+        (zeros for a missing gradient); a model on a GPU is copied off it here."""
         parts = [
-            tensors[i].detach().reshape(-1)
+            tensors[i].detach().reshape(-1).cpu()
             if tensors[i] is not None
             else torch.zeros(prod(self.shapes[i]))
             for i in self.members(shard)

@@ -327,6 +327,7 @@ class ParameterServer:
         if op == "hello":
             return {
                 "ok": True,
+                "job": self.spec.job_id,
                 "shard": self.spec.shard,
                 "shards": self.spec.shards,
                 "state": self.state.value,

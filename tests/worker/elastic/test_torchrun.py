@@ -49,13 +49,17 @@ def torchrun(
     samples: int = 24000,
     node: str = "n",
     example: Path = EXAMPLE,
+    checkpointed: bool = True,
     **env: str,
 ) -> subprocess.Popen:
+    """``torchrun *options example`` for ``job`` on ``settings``' bus (its parameter servers too,
+    if any); ``checkpointed``: the example takes ``--checkpoint``."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ANTDT_")}
     environment.update(
         ANTDT_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
         ANTDT_BROKER_PROFILE="embedded",
         ANTDT_JOB_ID=job,
+        **({"ANTDT_PS_SERVERS": settings.ps_servers} if settings.ps_servers else {}),
         NODE_NAME=node,
         OMP_NUM_THREADS="1",
         TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
@@ -69,8 +73,7 @@ def torchrun(
         str(example),
         "--samples",
         str(samples),
-        "--checkpoint",
-        str(workdir / "checkpoints" / "example.pt"),
+        *(("--checkpoint", str(workdir / "checkpoints" / "example.pt")) if checkpointed else ()),
     ]
     log = open(workdir / f"torchrun-{node}.log", "w")
     return subprocess.Popen(

@@ -22,9 +22,10 @@ from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.audit import audit_log, compare_with_ledger
 from antdt.services.sharder.state import fold
 from antdt.worker import Agent
-from antdt.worker.example import SyntheticClassification, batches, evaluate, make_model
+from antdt.worker.example import SyntheticClassification, evaluate, make_model
 from antdt.worker.ledger import read_ledgers
-from antdt.worker.ps.client import ParameterClient, read_parameters
+from antdt.worker.ps.client import read_parameters
+from antdt.worker.ps.job import ParameterServerJob
 from antdt.worker.ps.server import ParameterServer, ServerSpec, ServerState
 from tests.services.sharder.harness import job_log, running_sharder
 
@@ -53,26 +54,28 @@ def server(
 def train(
     settings, name: str, addresses: list[str], source, trained: dict, pace_s: float = 0.0
 ) -> None:
+    """One worker: the user's loop over :class:`ParameterServerJob` (a stale push is recomputed by
+    the job)."""
     torch.manual_seed(0)
     model = make_model()
+    loss_fn = torch.nn.CrossEntropyLoss()
     with Agent(settings=settings, worker_id=name, listen_for_commands=False) as agent:
-        data = agent.shards(source, SPEC)
-        data.prepare()
-        client = ParameterClient(agent, addresses, model, timeout_s=60).start()
-        loss_fn = torch.nn.CrossEntropyLoss()
-        while not data.finished:
-            for inputs, labels in batches(agent, iter(data)):
-                pushed = False
-                while not pushed:
-                    client.pull()
-                    model.zero_grad()
-                    loss_fn(model(inputs), labels).backward()
-                    time.sleep(pace_s)
-                    pushed = client.push()
-                trained[name] = trained.get(name, 0) + len(labels)
-                agent.step(samples=len(labels))
-        client.close()
-        data.close()
+        with ParameterServerJob(
+            model,
+            source,
+            batch_size=agent.batch_size,
+            servers=addresses,
+            epochs=SPEC.epochs,
+            shard_size=SPEC.shard_size,
+            seed=SPEC.shuffle_seed,
+            name=SPEC.name,
+            agent=agent,
+            server_timeout_s=60,
+        ) as job:
+            for inputs, labels in job.batches():
+                loss_fn(model(inputs), labels).backward()
+                time.sleep(pace_s)
+    trained[name] = job.samples
 
 
 def run_workers(settings, addresses, source, count: int, pace_s: float = 0.0, during=None) -> dict:
