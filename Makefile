@@ -28,7 +28,7 @@ bench-e2e: $(STAMP)
 
 # A user's own script under torchrun, plain DDP against ElasticJob (about 4 minutes).
 bench-torchrun: $(STAMP)
-	$(BIN)/python bench/torchrun_bench.py --ranks 2 --repeat 3 --modes beside,hook,dd,preduce --json
+	$(BIN)/python bench/torchrun_bench.py --ranks 2 --repeat 3 --modes beside,hook,dd,preduce,ps --json
 
 bench: $(STAMP)
 	$(BIN)/python bench/codec_bench.py

@@ -10,9 +10,12 @@ no bus at all.
 
 ``--modes`` picks what is compared with plain DDP: ``dd`` (the script
 through ``ElasticJob``), ``preduce`` (through ``PartialReduceJob``, with
-``antdt up --mode preduce``: the grouper too), ``hook`` (plain DDP with antdt's communication hook
-alone, no bus) and ``beside`` (plain DDP with ``antdt up`` idle beside it:
-what the services cost the ranks by sharing their cores).
+``antdt up --mode preduce``: the grouper too), ``ps`` (through
+``ParameterServerJob``, with ``antdt up --mode async``: the job's parameter
+server; its ledger read from the server's files), ``hook`` (plain DDP with
+antdt's communication hook alone, no bus) and ``beside`` (plain DDP with
+``antdt up`` idle beside it: what the services cost the ranks by sharing
+their cores).
 
 Each (mode, health) is run ``--repeat`` times; the JSON gives the training
 time (rank 0: process group up to the end, set-up included) as median, min
@@ -47,22 +50,27 @@ HERE = Path(__file__).parent
 SCRIPT = HERE / "user_job.py"
 #: The bench's modes that run with ``antdt up`` (the others get no bus): ``beside`` is plain DDP
 #: with antdt's services idle beside it, their share of the cores measured alone.
-NEEDS_BUS = {"dd", "preduce", "beside"}
+NEEDS_BUS = {"dd", "preduce", "ps", "beside"}
 #: The user script's mode for each bench mode (the same name, unless here).
 SCRIPT_MODE = {"beside": "plain"}
-MODES = {"dd", "preduce", "hook", "beside"}
-#: ``antdt up``'s training mode for each bench mode (``sync`` unless here): partial reduce needs the
-#: grouper.
-UP_MODE = {"preduce": "preduce"}
+MODES = {"dd", "preduce", "ps", "hook", "beside"}
+#: ``antdt up``'s options for each bench mode (``--mode sync`` unless here): partial reduce needs
+#: the grouper, asynchronous training the job's parameter server (SGD as the script's optimizer).
+UP_OPTIONS = {
+    "preduce": ["--mode", "preduce"],
+    "ps": ["--mode", "async", "--ps-lr", "0.05", "--ps-momentum", "0.9"],
+}
+#: How long the servers may take to write the last epoch's ledger once the job has ended.
+LEDGER_WITHIN_S = 30.0
 #: How long each of ``antdt up``'s services may take to be ready (past it, antdt up exits).
 READY_WITHIN_S = 90
 
 
 @contextmanager
-def antdt_up(log_dir: Path, mode: str = "sync"):
-    """``antdt up --policy antdt-dd --mode MODE`` as a user starts it; yields the environment it
+def antdt_up(log_dir: Path, options: list[str]):
+    """``antdt up --policy antdt-dd OPTIONS`` as a user starts it; yields the environment it
     exports."""
-    command = [sys.executable, "-m", "antdt.cli.main", "up", "--policy", "antdt-dd", "--mode", mode]
+    command = [sys.executable, "-m", "antdt.cli.main", "up", "--policy", "antdt-dd", *options]
     process = subprocess.Popen(
         [*command, "--ready-within", str(READY_WITHIN_S), "--log-dir", str(log_dir)],
         stdout=subprocess.PIPE,
@@ -133,9 +141,15 @@ def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
         if mode not in NEEDS_BUS:
             runs.append(run_job(mode, ranks, args, slow, workdir, base))
             continue
-        with antdt_up(workdir / f"up-{uuid.uuid4().hex[:6]}", UP_MODE.get(mode, "sync")) as exports:
-            env = base | exports | {"ANTDT_JOB_ID": f"bench-{uuid.uuid4().hex[:8]}"}
-            runs.append(run_job(mode, ranks, args, slow, workdir, env))
+        logs = workdir / f"up-{uuid.uuid4().hex[:6]}"
+        job = f"bench-{uuid.uuid4().hex[:8]}"
+        options = [*UP_OPTIONS.get(mode, ["--mode", "sync"]), "--job", job]
+        with antdt_up(logs, options) as exports:
+            run = run_job(mode, ranks, args, slow, workdir, base | exports | {"ANTDT_JOB_ID": job})
+            if mode == "ps" and run["finished"]:  # the servers' ledger: exactly once
+                run["ledger_all_ones"] = servers_ledger(logs / "ledger")
+                run["ok"] = run["ok"] and run["ledger_all_ones"]
+        runs.append(run)
     times = [r["train_s"] for r in runs if r["finished"]]
     return {
         "mode": mode,
@@ -146,6 +160,22 @@ def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
         "aborted_at_exit": sum(r["finished"] and not r["ok"] for r in runs),
         "runs": runs,
     }
+
+
+def servers_ledger(ledger: Path, epochs: int = 1) -> bool:
+    """Whether every shard's ledger is all ones, once the servers have written every epoch's
+    (within ``LEDGER_WITHIN_S``; the user job trains one epoch)."""
+    import numpy as np
+
+    def written() -> list[Path]:
+        shards = sorted(ledger.glob("ps-*"))
+        paths = [shard / f"ledger-epoch{e}.npy" for shard in shards for e in range(epochs)]
+        return paths if shards and all(p.exists() for p in paths) else []
+
+    deadline = time.monotonic() + LEDGER_WITHIN_S
+    while not (paths := written()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return bool(paths) and all((np.load(p) == 1).all() for p in paths)
 
 
 def failures(result: dict) -> int:

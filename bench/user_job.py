@@ -4,7 +4,9 @@ An MLP on synthetic data, written twice the way a script author would:
 ``--mode plain`` is torch's own DDP with ``DistributedSampler`` (the
 baseline), ``--mode dd`` the same loop through :class:`antdt.worker.ElasticJob`
 as docs/torchrun.md shows, ``--mode preduce`` the same loop through
-:class:`antdt.worker.preduce.PartialReduceJob` (partial reduce, no DDP). All
+:class:`antdt.worker.preduce.PartialReduceJob` (partial reduce, no DDP),
+``--mode ps`` through :class:`antdt.worker.ps.ParameterServerJob`
+(asynchronous training on the servers ``antdt up --mode async`` starts). All
 share the model, the data and the pacing, so the loops are the only
 difference. ``--mode hook`` (for the breakdown in
 docs/torchrun.md) is the plain loop with only antdt's weighted all-reduce
@@ -18,7 +20,8 @@ it is F times slower per sample, as a slower device would be; a smaller
 batch gets a shorter sleep.
 
 Rank 0 prints one JSON line, ``{"train_s": ..., "steps": ..., "samples": ...}``
-(``dd`` and ``preduce`` add ``ledger_all_ones``: every sample trained exactly once): the
+(``dd`` and ``preduce`` add ``ledger_all_ones``: every sample trained exactly once; ``ps``
+leaves that to the bench, which reads the servers' ledger): the
 time from every rank's being ready (model, data and pacing built) to the
 end of training, the job's set-up included (imports are not: a script
 makes them at its top, before torch is even initialised).
@@ -172,6 +175,22 @@ def train_preduce(model, optimizer, dataset, args, pacing: Pacing) -> dict:
     return train_through(job, model, optimizer, pacing)
 
 
+def train_ps(model, optimizer, dataset, args, pacing: Pacing) -> dict:
+    """The loop through :class:`antdt.worker.ps.ParameterServerJob`: no DDP and no optimizer step
+    (the servers ``antdt up --mode async`` starts apply each push); the ledger is the servers'
+    (the bench reads it)."""
+    from antdt.worker.ps import ParameterServerJob  # imported before the clock starts (main)
+
+    steps = samples = 0
+    with ParameterServerJob(model, dataset, batch_size=args.batch_size, epochs=args.epochs) as job:
+        for inputs, labels in job.batches():
+            loss = F.cross_entropy(model(inputs), labels)
+            pacing.before_backward(len(labels))
+            loss.backward()
+            steps, samples = steps + 1, samples + len(labels)
+    return {"steps": steps, "samples": samples}
+
+
 def train_through(job, model, optimizer, pacing: Pacing) -> dict:
     """The plain loop over an antdt job's batches (the forward through ``model``: the DDP model,
     or the replica itself); its figures and whether its ledger is all ones."""
@@ -194,6 +213,7 @@ TRAINERS = {
     "hook": functools.partial(train_plain, weighted=True),
     "dd": train_dd,
     "preduce": train_preduce,
+    "ps": train_ps,
 }
 
 
@@ -214,7 +234,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.mode != "plain":
-        from antdt.worker import ElasticJob, PartialReduceJob  # noqa: F401 - a script's top
+        from antdt.worker import (  # noqa: F401 - a script's top
+            ElasticJob,
+            ParameterServerJob,
+            PartialReduceJob,
+        )
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)

@@ -33,6 +33,18 @@ from antdt.worker.shard_client import NoAnswer
 log = logging.getLogger(__name__)
 
 RETRY_S = 0.05
+#: Gradient bytes a worker may have held on the servers, waiting for their commits' answers: the
+#: answers take a bus round trip (tens of ms), so on short steps a few updates must be in flight
+#: or every push waits for one; on a big model fewer, so the servers' memory stays bounded.
+HELD_BYTES = 64 << 20
+OUTSTANDING = (2, 32)
+
+
+def outstanding_for(update_bytes: int) -> int:
+    """How many updates may await their commit's answer: ``HELD_BYTES`` of them, within
+    ``OUTSTANDING``."""
+    low, high = OUTSTANDING
+    return max(low, min(high, HELD_BYTES // max(1, update_bytes)))
 
 
 class ServerUnavailable(AntdtError):
@@ -49,7 +61,7 @@ class ParameterClient:
         model: torch.nn.Module,
         *,
         timeout_s: float = 120.0,
-        max_outstanding: int = 2,
+        max_outstanding: int | None = None,
         answer_timeout_s: float = 10.0,
     ):
         if not addresses:
@@ -59,7 +71,9 @@ class ParameterClient:
         named = dict(model.named_parameters())
         self.params = [named[name] for name in self.layout.names]
         self.versions = [0] * len(addresses)
-        self.max_outstanding, self.answer_timeout_s = max_outstanding, answer_timeout_s
+        update_bytes = 4 * sum(self.layout.size(shard) for shard in range(len(addresses)))
+        self.max_outstanding = max_outstanding or outstanding_for(update_bytes)
+        self.answer_timeout_s = answer_timeout_s
         self.pushed = self.stale = 0
         self._sockets: list[socket.socket | None] = [None] * len(addresses)
         self._outstanding: deque[PendingUpdate] = deque()
