@@ -71,6 +71,12 @@ def up(
     from antdt.demo.environment import bus_and_broker
 
     job = _job_name(job)
+    servers_asked = job is not None or ps_shards != 1 or ps_lr != 0.05 or ps_momentum != 0.0
+    if servers_asked and mode is not TrainingMode.ASYNC:
+        raise typer.BadParameter(
+            "--job and --ps-* configure the parameter servers of --mode async",
+            param_hint="'--mode'",
+        )
     logs = log_dir or Path(tempfile.mkdtemp(prefix="antdt-up-"))
     logs.mkdir(parents=True, exist_ok=True)
     with stop_on_signals() as stop, ExitStack() as stack:

@@ -39,6 +39,8 @@ def test_help_lists_the_commands(capsys):
         (["ps", "--shard", "2", "--shards", "2"], "shard 2 of 2: shards are numbered from 0"),
         (["ps", "--max-staleness", "-1"], "--max-staleness"),
         (["audit", "--job", "j", "--ledger", "/no/such/dir"], "--ledger"),
+        (["up", "--mode", "async", "--job", "no good"], "'no good' is not a job name"),
+        (["up", "--ps-shards", "2"], "configure the parameter servers of --mode async"),
     ],
 )
 def test_bad_arguments_are_one_line(capsys, argv, expected):
