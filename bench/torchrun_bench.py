@@ -143,7 +143,9 @@ def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
             continue
         logs = workdir / f"up-{uuid.uuid4().hex[:6]}"
         job = f"bench-{uuid.uuid4().hex[:8]}"
-        options = [*UP_OPTIONS.get(mode, ["--mode", "sync"]), "--job", job]
+        options = UP_OPTIONS.get(mode, ["--mode", "sync"])
+        if mode == "ps":
+            options = [*options, "--job", job]  # the servers serve this job
         with antdt_up(logs, options) as exports:
             run = run_job(mode, ranks, args, slow, workdir, base | exports | {"ANTDT_JOB_ID": job})
             if mode == "ps" and run["finished"]:  # the servers' ledger: exactly once
