@@ -1,7 +1,9 @@
 """The Agent: what a training script embeds to take part in antdt.
 
-A training script adds about ten lines (under torchrun, :class:`ElasticJob
-<antdt.worker.elastic.job.ElasticJob>` does all of this for a DDP loop)::
+A training script adds about ten lines (under torchrun, a training mode's
+job does all of this: :class:`~antdt.worker.elastic.job.ElasticJob` for a
+DDP loop, :class:`~antdt.worker.preduce.job.PartialReduceJob`,
+:class:`~antdt.worker.ps.job.ParameterServerJob`)::
 
     with Agent(job_id="resnet", worker_id=f"rank-{rank}") as agent:
         data = agent.shards(train_set, DatasetSpec(...))   # dynamic sharding
