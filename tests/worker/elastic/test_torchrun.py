@@ -22,7 +22,9 @@ import pytest
 import torch
 
 from antdt.embedded.broker import free_port
+from antdt.schemas.codec import make_codec
 from antdt.schemas.models import AckStatus, CommandAction, LifecycleEvent
+from antdt.services.sharder.replay import audit_job, replay_events
 from antdt.worker.ledger import read_ledgers
 from tests.cli.test_up_cmd import serving
 from tests.worker.test_agent import read_topic, send_command
@@ -152,6 +154,15 @@ def test_a_slowed_rank_is_given_less_at_one_step_agreed_by_every_rank(bus, tmp_p
     assert applied and all(len(steps) == 1 for steps in applied.values()), dict(applied)
     last = {c.target_worker: c.batch_size for c in sorted(commands, key=lambda c: c.effective_step)}
     assert last.get("n-2", GLOBAL_BATCH // 3) < GLOBAL_BATCH // 3 < max(last.values()), last
+    assert_audit_clean(bus, "tr-dd")
+
+
+def assert_audit_clean(settings, job: str) -> None:
+    """The job's shard log, folded independently: every sample trained exactly once per epoch."""
+    codec = make_codec(settings.schema_registry_url)
+    events = [event for _, _, event in replay_events(settings, job, codec)]
+    report = audit_job(settings, job, events, codec)
+    assert report.ok, report.violations
 
 
 def test_a_rank_killed_is_restarted_by_torchrun_and_training_goes_on_exactly_once(bus, tmp_path):

@@ -13,11 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from antdt.schemas.codec import make_codec
-from antdt.services.sharder.replay import audit_job, replay_events
 from antdt.worker.ledger import read_ledgers
 from tests.cli.test_up_cmd import serving
-from tests.worker.elastic.test_torchrun import finish, torchrun, until
+from tests.worker.elastic.test_torchrun import assert_audit_clean, finish, torchrun, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -55,10 +53,7 @@ def test_with_a_rank_slowed_every_sample_is_in_the_servers_model_once_and_the_lo
     assert finish(run, tmp_path) == 0
     log = (tmp_path / "torchrun-n.log").read_text()
     assert "held-out accuracy" in log, log[-2000:]
-    codec = make_codec(settings.schema_registry_url)
-    events = [event for _, _, event in replay_events(settings, JOB, codec)]
-    report = audit_job(settings, JOB, events, codec)
-    assert report.ok, report.violations
+    assert_audit_clean(settings, JOB)
     # the server writes an epoch's ledger when it reads the epoch's close, a moment after the
     # sharder logged it
     until(lambda: (ledger / "ledger-epoch1.npy").exists(), "the server's last ledger", 30.0)
