@@ -34,6 +34,7 @@ from typing import NoReturn, Self, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from antdt.errors import AntdtError
 from antdt.schemas.models import DatasetSpec
@@ -66,6 +67,16 @@ def default_shard_size(size: int, batch_size: int) -> int:
     """About ``size / SHARDS_PER_EPOCH`` samples, clamped to ``SHARD_BATCHES`` batches."""
     low, high = (batches * batch_size for batches in SHARD_BATCHES)
     return max(low, min(high, size // SHARDS_PER_EPOCH))
+
+
+def require_module_itself(model: torch.nn.Module, mode: str) -> None:
+    """A mode whose ranks do not all-reduce every step's gradient takes the module itself; ``mode``
+    says what it does instead (one clear error for a ``DistributedDataParallel``)."""
+    if isinstance(model, DistributedDataParallel):
+        raise AntdtError(
+            f"{mode}: pass the module itself, not DistributedDataParallel (which would all-reduce "
+            "every step's gradient)"
+        )
 
 
 def _rank() -> int:

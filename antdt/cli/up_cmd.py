@@ -48,14 +48,14 @@ def up(
     job: str | None = typer.Option(
         None, "--job", help="async: the job the parameter servers serve (default ANTDT_JOB_ID)."
     ),
-    ps_shards: int = typer.Option(
-        1, "--ps-shards", min=1, max=64, help="async: how many parameter-server shards."
+    ps_shards: int | None = typer.Option(
+        None, "--ps-shards", min=1, max=64, help="async: how many parameter-server shards (1)."
     ),
-    ps_lr: float = typer.Option(
-        0.05, "--ps-lr", min=0.0, help="async: the servers' SGD learning rate."
+    ps_lr: float | None = typer.Option(
+        None, "--ps-lr", min=0.0, help="async: the servers' SGD learning rate (antdt ps's, 0.05)."
     ),
-    ps_momentum: float = typer.Option(
-        0.0, "--ps-momentum", min=0.0, max=1.0, help="async: the servers' SGD momentum."
+    ps_momentum: float | None = typer.Option(
+        None, "--ps-momentum", min=0.0, max=1.0, help="async: the servers' SGD momentum (0)."
     ),
     ready_within: float = typer.Option(
         60.0, "--ready-within", min=1.0, help="Seconds each service may take to be ready."
@@ -71,7 +71,7 @@ def up(
     from antdt.demo.environment import bus_and_broker
 
     job = _job_name(job)
-    servers_asked = job is not None or ps_shards != 1 or ps_lr != 0.05 or ps_momentum != 0.0
+    servers_asked = any(option is not None for option in (job, ps_shards, ps_lr, ps_momentum))
     if servers_asked and mode is not TrainingMode.ASYNC:
         raise typer.BadParameter(
             "--job and --ps-* configure the parameter servers of --mode async",
@@ -91,7 +91,7 @@ def up(
         running = _services(stack, settings, policy, mode, logs, ready_within)
         if mode is TrainingMode.ASYNC:
             served = job or settings.job_id
-            servers = ParameterServers(served, ps_shards, ps_lr, ps_momentum)
+            servers = ParameterServers(served, ps_shards or 1, ps_lr, ps_momentum)
             running |= servers.start(stack, settings, logs, ready_within)
         typer.echo(f"logs: {logs}; Ctrl-C stops everything")
         while not stop.wait(0.2):
@@ -139,12 +139,13 @@ def _wait_ready(running: dict, ready_within: float) -> None:
 @dataclass(frozen=True)
 class ParameterServers:
     """One job's parameter-server shards (``antdt ps``), as ``--mode async`` starts them: their
-    checkpoints and the ledger they write under the log folder."""
+    checkpoints and the ledger they write under the log folder; SGD as ``antdt ps`` has it unless
+    given."""
 
     job: str
     shards: int
-    lr: float
-    momentum: float
+    lr: float | None
+    momentum: float | None
 
     def start(self, stack: ExitStack, settings, logs: Path, ready_within: float) -> dict:
         from antdt.embedded.broker import free_port
@@ -169,7 +170,8 @@ class ParameterServers:
             *("--shard", str(shard), "--shards", str(self.shards), "--port", str(port)),
             *("--checkpoint-dir", str(logs / "ps-checkpoints")),
             *("--out", str(logs / "ledger")),
-            *("--lr", str(self.lr), "--momentum", str(self.momentum)),
+            *(("--lr", str(self.lr)) if self.lr is not None else ()),
+            *(("--momentum", str(self.momentum)) if self.momentum is not None else ()),
         ]
 
 

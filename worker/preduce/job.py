@@ -44,7 +44,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from antdt.errors import AntdtError
 from antdt.schemas.models import GroupFormed, GroupReason
@@ -53,7 +52,7 @@ from antdt.worker.feeds import ShardFeed
 from antdt.worker.ledger import SampleLedger
 from antdt.worker.preduce.averaging import GroupAverager
 from antdt.worker.preduce.client import GroupClient
-from antdt.worker.training_job import TrainingJob
+from antdt.worker.training_job import TrainingJob, require_module_itself
 
 #: Longest wait for a group: a checkpoint waits for the slowest rank's step, the end for its last
 #: shards.
@@ -79,11 +78,7 @@ class PartialReduceJob(TrainingJob):
         group was restarted (default: torchrun's restart count), which tells this group's groups
         from a lost one's. The rest as :class:`~antdt.worker.training_job.TrainingJob` takes
         them (checkpoints come from the grouper: no interval here)."""
-        if isinstance(model, DistributedDataParallel):
-            raise AntdtError(
-                "PartialReduceJob averages whole replicas in groups: pass the module itself, not "
-                "DistributedDataParallel (which would all-reduce every step's gradient)"
-            )
+        require_module_itself(model, "PartialReduceJob averages whole replicas in groups")
         super().__init__(
             model, optimizer, dataset, batch_size=batch_size, checkpoint=checkpoint, **options
         )

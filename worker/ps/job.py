@@ -39,12 +39,11 @@ import time
 from collections.abc import Iterator, Sequence
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from antdt.errors import AntdtError
 from antdt.worker.feeds import ShardFeed
 from antdt.worker.ps.client import ParameterClient
-from antdt.worker.training_job import TrainingJob
+from antdt.worker.training_job import TrainingJob, require_module_itself
 
 #: While the sharder says wait (others hold the epoch's last shards), how often to look again.
 WAIT_POLL_S = 0.05
@@ -73,12 +72,9 @@ class ParameterServerJob(TrainingJob):
         its owner (the static baseline; default: dynamic); ``server_timeout_s``: how long a server
         may be away before the job fails naming it. The rest as
         :class:`~antdt.worker.training_job.TrainingJob` takes them."""
-        if isinstance(model, DistributedDataParallel):
-            raise AntdtError(
-                "ParameterServerJob pushes each rank's own gradient to the servers: pass the "
-                "module itself, not DistributedDataParallel (which would all-reduce every step's "
-                "gradient)"
-            )
+        require_module_itself(
+            model, "ParameterServerJob pushes each rank's own gradient to the servers"
+        )
         super().__init__(
             model,
             None,
