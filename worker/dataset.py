@@ -125,7 +125,7 @@ class ShardedDataset(IterableDataset):
             raise ValueError(f"the dataset has {len(source)} samples but the spec says {spec.size}")
         self.source, self.spec, self.settings = source, spec, settings
         self.job_id, self.worker_id = job_id, worker_id
-        self._quota, self._woken = quota, threading.Event()
+        self._quota, self._holding, self._woken = quota, True, threading.Event()
         self._waiting_for_others = waiting_for_others
         self.shuffle, self.prefetch = shuffle, prefetch
         #: True while the sharder has nothing for this worker yet (others hold the epoch's last
@@ -153,16 +153,35 @@ class ShardedDataset(IterableDataset):
 
     @property
     def quota(self) -> int:
-        """Shards to read at once. 0: hold nothing (the sharder takes back what is held) until it is
-        raised again."""
+        """Shards to read at once while :attr:`holding`. 0: hold nothing (the sharder takes back
+        what is held) until it is raised again. The controller's SET_SHARD_QUOTA sets it."""
         return self._quota
 
     @quota.setter
     def quota(self, value: int) -> None:
-        if value and not self._quota:
+        self._hold(value, self._holding)
+
+    @property
+    def holding(self) -> bool:
+        """False while the worker sits steps out (a rank sized to 0): it asks for no shard then,
+        whatever its quota, and asks for its quota again once holding."""
+        return self._holding
+
+    @holding.setter
+    def holding(self, value: bool) -> None:
+        self._hold(self._quota, value)
+
+    @property
+    def asked_quota(self) -> int:
+        """The quota asked of the sharder: 0 while not holding."""
+        return self._quota if self._holding else 0
+
+    def _hold(self, quota: int, holding: bool) -> None:
+        held_nothing = not self.asked_quota
+        self._quota, self._holding = quota, holding
+        if self.asked_quota and held_nothing:
             # not known yet: the sharder has not answered a request for shards since
             self.waiting = False
-        self._quota = value
         # a wait between requests ends now, so a raised quota is asked for at once
         self._woken.set()
 
@@ -283,7 +302,7 @@ class ShardedDataset(IterableDataset):
                 if early:
                     answer = client.wait_answer(ahead[0], self.request_timeout_s, flush=False)
                 else:
-                    asked = self.quota
+                    asked = self.asked_quota
                     answer = client.request(
                         epoch,
                         quota=asked,
@@ -345,7 +364,7 @@ class ShardedDataset(IterableDataset):
             shard = fresh[0]
             if self.prefetch:
                 ahead = (
-                    client.ask(epoch, quota=self.quota, read_shards=sorted(self._read)),
+                    client.ask(epoch, quota=self.asked_quota, read_shards=sorted(self._read)),
                     time.monotonic(),
                 )
             yield shard, answer.epoch
@@ -379,7 +398,8 @@ class ShardedDataset(IterableDataset):
         moment; doing it here keeps that out of the first training step.
         The shards granted stay held and are the first ones read.
         """
-        self._client_for_this_process().request(self.epoch, quota=self.quota, timeout_s=timeout_s)
+        client = self._client_for_this_process()
+        client.request(self.epoch, quota=self.asked_quota, timeout_s=timeout_s)
 
     def checkpoint_version(self, step: int | None = None) -> int:
         """The shard-state version to store with a model checkpoint (the commits sent so far flushed

@@ -74,7 +74,6 @@ class ShardFeed:
         self._source_done = False
         self._stopped = False
         self._sitting_out = False
-        self._quota = dataset.quota
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._fill, name="antdt-shard-feed", daemon=True)
 
@@ -124,17 +123,16 @@ class ShardFeed:
 
     @property
     def quota(self) -> int:
-        """Shards the rank holds while it is not sitting out."""
-        return self._quota
+        """Shards the rank holds while it is not sitting out: the dataset's, which a
+        SET_SHARD_QUOTA command may also set (one owner: the feed keeps no copy)."""
+        return self.dataset.quota
 
     @quota.setter
     def quota(self, value: int) -> None:
-        if value == self._quota:  # set at every step by in-band sizing: no lock for no change
+        if value == self.dataset.quota:  # set every step by in-band sizing: no lock for no change
             return
         with self._changed:
-            self._quota = value
-            if not self._sitting_out:
-                self.dataset.quota = value
+            self.dataset.quota = value
 
     def _sit_out(self, out: bool) -> None:
         """Start or end sitting out (module docstring); called with the lock held."""
@@ -143,9 +141,7 @@ class ShardFeed:
         self._sitting_out = out
         if out:
             self._buffer.clear()
-            self.dataset.quota = 0
-        else:
-            self.dataset.quota = self._quota
+        self.dataset.holding = not out
         self._changed.notify_all()
 
     @property

@@ -125,6 +125,35 @@ def test_a_revoked_grants_samples_are_dropped_untrained():
     feed.close()
 
 
+def test_a_quota_commanded_while_sitting_out_holds_once_sized_up_again(settings):
+    """The controller's SET_SHARD_QUOTA sets the dataset's quota, the job's sizing the feed's: one
+    value, so sitting out and back does not restore a stale one."""
+    from antdt.worker.dataset import ShardedDataset
+
+    data = ShardedDataset(
+        list(range(10)), spec_of(10), settings=settings, job_id="j", worker_id="w", quota=2
+    )
+    feed = ShardFeed(data, capacity=4)
+    with feed._changed:
+        feed._sit_out(True)
+    assert (data.asked_quota, data.quota) == (0, 2)
+    data.quota = 5  # a SET_SHARD_QUOTA command, while the rank sits out
+    assert data.asked_quota == 0
+    with feed._changed:
+        feed._sit_out(False)
+    assert (feed.quota, data.asked_quota) == (5, 5)
+    feed.quota = 3  # the job's sizing
+    assert data.asked_quota == 3
+
+
+def spec_of(size: int):
+    from antdt.schemas.models import DatasetSpec
+
+    return DatasetSpec(
+        name="q", size=size, shard_size=5, epochs=1, shuffle_seed=1, max_attempts=3, lease_s=60
+    )
+
+
 def test_an_error_in_the_feed_reaches_the_training_thread():
     class Broken(ScriptedDataset):
         def grants(self):
