@@ -19,15 +19,19 @@ their cores).
 
 Each (mode, health) is run ``--repeat`` times; the JSON gives the training
 time (rank 0: process group up to the end, set-up included) as median, min
-and max, the overhead of each antdt mode over plain DDP healthy and its
-speedup with the slowed rank, and each run's exit code and, for antdt runs,
-whether its ledger is all ones. A run that fails (an exit code other than
-0, or a sample not trained exactly once) fails the benchmark (exit 1), and
-so does a figure past the targets given; but a plain DDP run that finished
-training and then aborted at exit (torch and gloo's teardown, "terminate
-called without an active exception", seen in 1 of 16 plain runs here) is
-counted in ``aborted_at_exit`` and timed: it is the baseline users get
-(antdt's own runs must exit 0).
+and max, the CPU seconds the job's processes used (torchrun and its ranks,
+start to exit: ``job_cpu_s``) and, for modes with ``antdt up``, those its
+services and broker used meanwhile (``services_cpu_s``): on a machine whose
+cores the ranks fill, every CPU second beside the ranks' compute is time
+they wait for a core (docs/torchrun.md); the overhead of each antdt mode
+over plain DDP healthy and its speedup with the slowed rank; and each run's
+exit code and, for antdt runs, whether its ledger is all ones. A run that
+fails (an exit code other than 0, or a sample not trained exactly once)
+fails the benchmark (exit 1), and so does a figure past the targets given;
+but a plain DDP run that finished training and then aborted at exit (torch
+and gloo's teardown, "terminate called without an active exception", seen in
+1 of 16 plain runs here) is counted in ``aborted_at_exit`` and timed: it is
+the baseline users get (antdt's own runs must exit 0).
 
     python bench/torchrun_bench.py --ranks 2 --repeat 3 --json
 """
@@ -37,11 +41,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchlib import bench_parser, numbers, spread, stop_process
@@ -66,10 +72,40 @@ LEDGER_WITHIN_S = 30.0
 READY_WITHIN_S = 90
 
 
+@dataclass
+class Bus:
+    """A running ``antdt up``: the environment it exports, and its process (for its CPU)."""
+
+    exports: dict[str, str]
+    process: subprocess.Popen | None = None
+
+    def cpu_s(self) -> float | None:
+        """CPU seconds used so far by ``antdt up`` and everything it started (None: no bus)."""
+        if self.process is None:
+            return None
+        import psutil
+
+        total = 0.0
+        root = psutil.Process(self.process.pid)
+        for process in [root, *root.children(recursive=True)]:
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return total
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's waited-for descendants (a torchrun and its ranks, once
+    exited)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 @contextmanager
 def antdt_up(log_dir: Path, options: list[str]):
-    """``antdt up --policy antdt-dd OPTIONS`` as a user starts it; yields the environment it
-    exports."""
+    """``antdt up --policy antdt-dd OPTIONS`` as a user starts it; yields the :class:`Bus`."""
     command = [sys.executable, "-m", "antdt.cli.main", "up", "--policy", "antdt-dd", *options]
     process = subprocess.Popen(
         [*command, "--ready-within", str(READY_WITHIN_S), "--log-dir", str(log_dir)],
@@ -87,13 +123,13 @@ def antdt_up(log_dir: Path, options: list[str]):
                 break
         else:
             raise RuntimeError(f"antdt up exited with code {process.wait()} before it was ready")
-        yield exports
+        yield Bus(exports, process)
     finally:
         stop_process(process, 30)
 
 
-def run_job(mode: str, ranks: int, args, slow: bool, workdir: Path, env: dict) -> dict:
-    """One torchrun of the user script; its rank 0's figures, or the failure."""
+def run_job(mode: str, ranks: int, args, slow: bool, workdir: Path, env: dict, bus: Bus) -> dict:
+    """One torchrun of the user script; its rank 0's figures and the CPU used, or the failure."""
     command = [
         sys.executable,
         "-m",
@@ -117,13 +153,16 @@ def run_job(mode: str, ranks: int, args, slow: bool, workdir: Path, env: dict) -
     ]
     if slow:
         command += ["--slow-rank", "1", "--slow-factor", str(args.slow_factor)]
-    began = time.perf_counter()
+    began, job_cpu, bus_cpu = time.perf_counter(), children_cpu_s(), bus.cpu_s()
     done = subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=args.run_limit_s, cwd=workdir
     )
     wall_s = time.perf_counter() - began
+    cpu = {"job_cpu_s": round(children_cpu_s() - job_cpu, 2)}
+    if bus_cpu is not None:
+        cpu["services_cpu_s"] = round(bus.cpu_s() - bus_cpu, 2)
     figures = [line for line in done.stdout.splitlines() if line.startswith('{"train_s"')]
-    run = {"exit": done.returncode, "finished": bool(figures), "wall_s": round(wall_s, 2)}
+    run = {"exit": done.returncode, "finished": bool(figures), "wall_s": round(wall_s, 2), **cpu}
     if figures:
         run |= json.loads(figures[-1])
     # an antdt run also proves exactly once (its ledger); a plain run cannot
@@ -139,15 +178,16 @@ def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
     runs = []
     for _ in range(args.repeat):
         if mode not in NEEDS_BUS:
-            runs.append(run_job(mode, ranks, args, slow, workdir, base))
+            runs.append(run_job(mode, ranks, args, slow, workdir, base, Bus({})))
             continue
         logs = workdir / f"up-{uuid.uuid4().hex[:6]}"
         job = f"bench-{uuid.uuid4().hex[:8]}"
         options = UP_OPTIONS.get(mode, ["--mode", "sync"])
         if mode == "ps":
             options = [*options, "--job", job]  # the servers serve this job
-        with antdt_up(logs, options) as exports:
-            run = run_job(mode, ranks, args, slow, workdir, base | exports | {"ANTDT_JOB_ID": job})
+        with antdt_up(logs, options) as bus:
+            environment = base | bus.exports | {"ANTDT_JOB_ID": job}
+            run = run_job(mode, ranks, args, slow, workdir, environment, bus)
             if mode == "ps" and run["finished"]:  # the servers' ledger: exactly once
                 run["ledger_all_ones"] = servers_ledger(logs / "ledger")
                 run["ok"] = run["ok"] and run["ledger_all_ones"]
@@ -158,9 +198,19 @@ def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
         "ranks": ranks,
         "slowed": slow,
         "train_s": spread(times) if times else None,
+        **cpu_spreads(runs),
         "failed": sum(not r["ok"] for r in runs),
         "aborted_at_exit": sum(r["finished"] and not r["ok"] for r in runs),
         "runs": runs,
+    }
+
+
+def cpu_spreads(runs: list[dict]) -> dict:
+    """Median, min and max of each CPU figure the runs have."""
+    return {
+        key: spread([r[key] for r in runs])
+        for key in ("job_cpu_s", "services_cpu_s")
+        if runs and all(key in r for r in runs)
     }
 
 
