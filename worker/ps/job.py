@@ -131,13 +131,20 @@ class ParameterServerJob(TrainingJob):
 
     def _next_batch(self):
         """The next batch (short while the sharder has no more now), or None once every epoch is
-        done; while the sharder says wait, look again shortly."""
-        with self.agent.data_wait():
-            while (batch := self.feed.take(self.agent.batch_size)) is None:
-                if self.feed.exhausted:
-                    return None
+        done; while the sharder says wait, look again shortly.
+
+        That pause is booked as waiting for the others (they hold the epoch's
+        last shards), not for data: booked as data, a whole epoch's end
+        raised every worker's time per sample in the monitor's window, and
+        the workers that had waited read as leaders against it.
+        """
+        while True:
+            with self.agent.data_wait():
+                batch = self.feed.take(self.agent.batch_size)
+            if batch is not None or self.feed.exhausted:
+                return batch
+            with self.agent.sync_wait() if self.data.waiting else self.agent.data_wait():
                 time.sleep(WAIT_POLL_S)
-        return batch
 
 
 def _addresses(servers: str | Sequence[str] | None, configured: str | None) -> list[str]:

@@ -1,7 +1,9 @@
-"""``ParameterServerJob``'s bad input: one clear error before anything starts (its training is in
-test_server.py and, under torchrun, test_torchrun.py)."""
+"""``ParameterServerJob``'s bad input (one clear error before anything starts) and how its waits are
+booked (its training is in test_server.py and, under torchrun, test_torchrun.py)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -45,3 +47,32 @@ def test_a_configured_address_that_is_not_host_port_is_one_line_naming_the_varia
     monkeypatch.setenv("ANTDT_PS_SERVERS", "ps-0")
     with pytest.raises(ConfigError, match="^ANTDT_PS_SERVERS: expected host:port"):
         load_settings()
+
+
+class EpochEndFeed:
+    """A feed with nothing for ``empty`` takes (the sharder saying wait: the others hold the
+    epoch's last shards), then one batch."""
+
+    def __init__(self, empty: int):
+        self.empty = empty
+        self.exhausted = False
+
+    def take(self, wanted: int):
+        if self.empty:
+            self.empty -= 1
+            return None
+        return "batch"
+
+
+def test_waiting_for_the_others_at_an_epoch_s_end_is_booked_as_synchronisation_not_data():
+    """Booked as data, an epoch's end made every waiting worker look slow per sample to the monitor
+    (and, once the window moved on, everyone a leader)."""
+    from antdt.worker import Agent
+
+    agent = Agent("job-book", "w0", listen_for_commands=False)
+    job = SimpleNamespace(
+        agent=agent, feed=EpochEndFeed(empty=4), data=SimpleNamespace(waiting=True)
+    )
+    assert ParameterServerJob._next_batch(job) == "batch"
+    record = agent.step(samples=32)
+    assert record.sync_wait_s >= 4 * 0.05 > record.data_wait_s, record
