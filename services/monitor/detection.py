@@ -13,7 +13,8 @@ latest ``window_end`` seen) and judges each worker on each of its reports:
 * **baseline**: median and MAD, across the job's workers, of their statistic
   over the hopping window (``window_s`` wide, default 10 s).
 * **scores**: the worker's *recent* statistic (its last ``recent_reports``
-  reports, so an onset is seen within a couple of report intervals) against
+  reports, so an onset is seen within a couple of report intervals; a
+  report with no samples is not judged: the worker only waited) against
   the baseline: ``speed_ratio`` = recent / median, ``relative_score`` =
   robust z = (recent - median) / (1.4826 MAD); ``individual_score`` =
   window statistic / the worker's own best window so far.
@@ -290,6 +291,10 @@ class JobDetector:
         track.ticks_seen += 1
         # no time measured (all of it at a barrier): nothing to compare against
         if median <= MEASURABLE_S:
+            return []
+        if track.reports and not track.reports[-1].samples:
+            # it trained nothing since its last report (it waited for the others at an epoch's
+            # end, say): no speed to judge; its window alone would still show an episode over
             return []
         window_stat = track.window_stat() or self.stats[track.worker_id]
         recent = track.recent_stat(config.recent_reports) or window_stat

@@ -106,3 +106,26 @@ def test_slow_hardware_is_deterministic_however_late_its_verdict_and_a_slowdown_
     assert onsets["w1"] is StragglerClass.DETERMINISTIC  # as slow as it has ever been
     # slower than its own past
     assert onsets["w3"] in (StragglerClass.TRANSIENT, StragglerClass.PERSISTENT)
+
+
+def test_reports_in_which_a_worker_only_waited_are_not_judged():
+    """At an epoch's end the workers wait for the last shards and report no samples; the one whose
+    episode just ended must not be judged on its window, which still holds the episode."""
+    from antdt.schemas.models import StepTimeStats
+
+    idle = StepTimeStats(sum_s=0.0, min_s=0.0, max_s=0.0, p50_s=0.0, p90_s=0.0)
+    start = next(iter(generate(TraceSpec(seconds=1), 0))).window_end
+
+    def waits_from_20_to_24_s(report):
+        if not 20 <= (report.window_end - start).total_seconds() < 24:
+            return report
+        return report.model_copy(
+            update={"samples": 0, "step_count": 0, "compute": idle, "sync_wait_s": 1.0}
+        )
+
+    verdicts = verdicts_for(
+        TraceSpec(seconds=30, episodes=[TraceSlowdown("w2", 8, 18, 3.0)]),
+        mutate=waits_from_20_to_24_s,
+    )
+    kinds = [v.kind for v in verdicts if v.worker_id == "w2"]
+    assert kinds == [VerdictKind.STRAGGLER, VerdictKind.CLEARED], kinds
