@@ -15,7 +15,9 @@ through ``ElasticJob``), ``preduce`` (through ``PartialReduceJob``, with
 server; its ledger read from the server's files), ``hook`` (plain DDP with
 antdt's communication hook alone, no bus) and ``beside`` (plain DDP with
 ``antdt up`` idle beside it: what the services cost the ranks by sharing
-their cores).
+their cores), and ``lightning-dd`` (the model fitted by Lightning's
+``Trainer`` with ``AntdtStrategy``), which is compared with Lightning's own
+DDP instead of plain DDP.
 
 Each (mode, health) is run ``--repeat`` times; the JSON gives the training
 time (rank 0: process group up to the end, set-up included) as median, min
@@ -56,10 +58,13 @@ HERE = Path(__file__).parent
 SCRIPT = HERE / "user_job.py"
 #: The bench's modes that run with ``antdt up`` (the others get no bus): ``beside`` is plain DDP
 #: with antdt's services idle beside it, their share of the cores measured alone.
-NEEDS_BUS = {"dd", "preduce", "ps", "beside"}
+NEEDS_BUS = {"dd", "preduce", "ps", "beside", "lightning-dd"}
 #: The user script's mode for each bench mode (the same name, unless here).
 SCRIPT_MODE = {"beside": "plain"}
-MODES = {"dd", "preduce", "ps", "hook", "beside"}
+MODES = {"dd", "preduce", "ps", "hook", "beside", "lightning-dd"}
+#: What each mode is compared with: what its users would otherwise run (``plain``: torch's DDP with
+#: ``DistributedSampler``, unless here).
+BASELINE = {"lightning-dd": "lightning"}
 #: ``antdt up``'s options for each bench mode (``--mode sync`` unless here): partial reduce needs
 #: the grouper, asynchronous training the job's parameter server (SGD as the script's optimizer).
 UP_OPTIONS = {
@@ -178,7 +183,7 @@ def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
     runs = []
     for _ in range(args.repeat):
         if mode not in NEEDS_BUS:
-            runs.append(run_job(mode, ranks, args, slow, workdir, base, Bus({})))
+            runs.append(progress(run_job(mode, ranks, args, slow, workdir, base, Bus({})), mode))
             continue
         logs = workdir / f"up-{uuid.uuid4().hex[:6]}"
         job = f"bench-{uuid.uuid4().hex[:8]}"
@@ -191,7 +196,7 @@ def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
             if mode == "ps" and run["finished"]:  # the servers' ledger: exactly once
                 run["ledger_all_ones"] = servers_ledger(logs / "ledger")
                 run["ok"] = run["ok"] and run["ledger_all_ones"]
-        runs.append(run)
+        runs.append(progress(run, mode))
     times = [r["train_s"] for r in runs if r["finished"]]
     return {
         "mode": mode,
@@ -203,6 +208,12 @@ def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
         "aborted_at_exit": sum(r["finished"] and not r["ok"] for r in runs),
         "runs": runs,
     }
+
+
+def progress(run: dict, mode: str) -> dict:
+    """``run``, after a line on stderr saying how it went (a run of minutes shows it moves)."""
+    print(f"{mode}: exit {run['exit']}, train {run.get('train_s')} s", file=sys.stderr, flush=True)
+    return run
 
 
 def cpu_spreads(runs: list[dict]) -> dict:
@@ -233,7 +244,7 @@ def servers_ledger(ledger: Path, epochs: int = 1) -> bool:
 def failures(result: dict) -> int:
     """Runs that count against the benchmark: any failed antdt run; a baseline run only if it
     did not finish training (torch's own abort at exit is reported, not ours to fail on)."""
-    if SCRIPT_MODE.get(result["mode"], result["mode"]) == "plain":
+    if result["mode"] in ("plain", *BASELINE.values()):
         return result["failed"] - result["aborted_at_exit"]
     return result["failed"]
 
@@ -245,8 +256,8 @@ def main() -> int:
         "--modes",
         default="dd",
         help="modes to compare with plain DDP: dd, preduce (partial reduce), hook (its all-reduce "
-        "alone), "
-        "beside (plain DDP with antdt up idle beside it)",
+        "alone), beside (plain DDP with antdt up idle beside it); lightning-dd (AntdtStrategy) is "
+        "compared with Lightning's own DDP",
     )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--samples", type=int, default=96_000)
@@ -281,9 +292,15 @@ def main() -> int:
         for slow in [False, True]:
             if ("slow" if slow else "healthy") not in parts:
                 continue
-            plain = measure("plain", ranks, slow, args, args.workdir) if args.baseline else None
-            results += [plain] if plain else []
+            baselines: dict[str, dict] = {}
             for mode in args.modes.split(","):
+                plain = None
+                if args.baseline:
+                    name = BASELINE.get(mode, "plain")
+                    if name not in baselines:
+                        baselines[name] = measure(name, ranks, slow, args, args.workdir)
+                        results.append(baselines[name])
+                    plain = baselines[name]
                 ours = measure(mode, ranks, slow, args, args.workdir)
                 results.append(ours)
                 if plain and plain["train_s"] and ours["train_s"]:

@@ -8,7 +8,9 @@ as docs/torchrun.md shows, ``--mode preduce`` the same loop through
 ``--mode ps`` through :class:`antdt.worker.ps.ParameterServerJob`
 (asynchronous training on the servers ``antdt up --mode async`` starts). All
 share the model, the data and the pacing, so the loops are the only
-difference. ``--mode hook`` (for the breakdown in
+difference. ``--mode lightning`` and ``--mode lightning-dd`` fit the same
+model with PyTorch Lightning's ``Trainer``, with its own DDP and with
+``AntdtStrategy``. ``--mode hook`` (for the breakdown in
 docs/torchrun.md) is the plain loop with only antdt's weighted all-reduce
 hook added.
 
@@ -35,6 +37,7 @@ import functools
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -208,8 +211,67 @@ def train_through(job, model, optimizer, pacing: Pacing) -> dict:
     return {"steps": steps, "samples": samples, "ledger_all_ones": all_ones}
 
 
+def train_lightning(model, optimizer, dataset, args, pacing: Pacing, antdt: bool = False) -> dict:
+    """The model as a ``LightningModule`` fitted by Lightning's ``Trainer`` on the process group
+    already up: ``--mode lightning`` with Lightning's own DDP (the baseline a Lightning user has),
+    ``--mode lightning-dd`` with ``AntdtStrategy`` (docs/frameworks.md): the one line that
+    differs."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from torch.utils.data import DataLoader
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model, self.steps, self.samples = model, 0, 0
+
+        def training_step(self, batch, batch_idx):
+            inputs, labels = batch
+            loss = F.cross_entropy(self.model(inputs), labels)
+            pacing.before_backward(len(labels))
+            self.steps, self.samples = self.steps + 1, self.samples + len(labels)
+            return loss
+
+        def configure_optimizers(self):
+            return optimizer
+
+        def train_dataloader(self):
+            return DataLoader(dataset, batch_size=args.batch_size, shuffle=True)
+
+    if antdt:
+        from antdt.worker.lightning import AntdtStrategy
+
+        strategy = AntdtStrategy(sizing=args.sizing)
+    else:
+        strategy = "ddp"
+    module = Module()
+    folder = Path(args.checkpoint).with_suffix("")
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=dist.get_world_size(),
+        strategy=strategy,
+        max_epochs=args.epochs,
+        callbacks=[ModelCheckpoint(folder, save_last=True, every_n_train_steps=500)],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, ckpt_path="last")
+    figures = {"steps": module.steps, "samples": module.samples}
+    if antdt:
+        from antdt.worker.ledger import read_ledgers
+
+        ledgers = read_ledgers(folder)
+        figures["ledger_all_ones"] = len(ledgers) == args.epochs and all(
+            bool((counts == 1).all()) for counts in ledgers.values()
+        )
+    return figures
+
+
 TRAINERS = {
     "plain": train_plain,
+    "lightning": train_lightning,
+    "lightning-dd": functools.partial(train_lightning, antdt=True),
     "hook": functools.partial(train_plain, weighted=True),
     "dd": train_dd,
     "preduce": train_preduce,
@@ -233,7 +295,11 @@ def main() -> None:
         "--sizing", default="commands", choices=["commands", "in-band"], help="dd's batch sizing"
     )
     args = parser.parse_args()
-    if args.mode != "plain":
+    if args.mode.startswith("lightning"):
+        import lightning.pytorch  # noqa: F401 - a script's top
+    if args.mode == "lightning-dd":
+        from antdt.worker.lightning import AntdtStrategy  # noqa: F401 - a script's top
+    if args.mode not in ("plain", "lightning"):
         from antdt.worker import (  # noqa: F401 - a script's top
             ElasticJob,
             ParameterServerJob,

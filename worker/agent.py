@@ -251,6 +251,7 @@ class Agent:
         #: The last step's record (None before the first): what a caller's own trace reads.
         self.last_step: StepRecord | None = None
         self._injected_s = 0.0  # the last step's injected slowdown
+        self._stepped = False  # this process has finished a step
         self._inbox: deque[MitigationCommand] = deque()
         self._mark = time.perf_counter()
         self._data_wait = 0.0
@@ -369,12 +370,18 @@ class Agent:
         commands; returns the step's record (its time split).
 
         An injected slowdown (``ANTDT_SLOWDOWN``, sleep mode) is booked as
-        compute, as a slower device's would be.
+        compute, as a slower device's would be. It spares the process's first
+        step: its one-time costs (imports, the first allocations) are not the
+        device's speed, as the monitor's warm-up says, and multiplied they
+        would hold a slowed worker back for seconds before it first reports.
         """
         started = time.perf_counter()
         data, sync = self._data_wait, self._sync_wait
         compute = started - self._mark - data - sync
-        injected = 0.0 if self._injector is None else self._injector.after_compute(compute)
+        warm, self._stepped = self._stepped, True
+        injected = 0.0
+        if self._injector is not None and warm:
+            injected = self._injector.after_compute(compute)
         self._injected_s = injected
         record = StepRecord(
             self.step_count,

@@ -240,6 +240,22 @@ class TrainingJob:
     def _checkpoint(self) -> None:
         """Every rank's commits so far covered by one version; rank 0 saves it with the model, the
         ledger and the mode's figures (every rank calls this at the same point)."""
+        version, extra = self._agreed_state()
+        if self.rank == 0:
+            save_checkpoint(
+                self.checkpoint_path,
+                self.model,
+                self.optimizer,
+                version,
+                self.agent.step_count,
+                extra,
+            )
+        self._checkpoint_at = time.monotonic() + self.checkpoint_every_s
+
+    def _agreed_state(self) -> tuple[int, dict]:
+        """The shard-state version covering every rank's commits so far, and what a checkpoint
+        holds beside the model: the ledger, the job, the world, the mode's figures (a
+        collective)."""
         extra = self._checkpoint_extra()
         client = self.agent.shard_client
         version = agreed_checkpoint_version(
@@ -248,21 +264,12 @@ class TrainingJob:
                 self.data.epoch, self.agent.step_count, timeout_s=VERSION_WAIT_S
             ),
         )
-        if self.rank == 0:
-            save_checkpoint(
-                self.checkpoint_path,
-                self.model,
-                self.optimizer,
-                version,
-                self.agent.step_count,
-                {
-                    "ledger": self.ledger.counts.clone(),
-                    "job_id": self.agent.spec.job_id,
-                    "world": self.world,
-                    **extra,
-                },
-            )
-        self._checkpoint_at = time.monotonic() + self.checkpoint_every_s
+        return version, {
+            "ledger": self.ledger.counts.clone(),
+            "job_id": self.agent.spec.job_id,
+            "world": self.world,
+            **extra,
+        }
 
     def _same_replicas(self) -> None:
         """Rank 0's parameters and buffers everywhere, as DDP's constructor does (a restore loads

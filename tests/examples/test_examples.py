@@ -35,10 +35,18 @@ def logical_lines(path: Path) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("example", ["ddp_antdt.py", "preduce_antdt.py", "ps_antdt.py"])
-def test_an_antdt_example_adds_at_most_ten_lines_to_the_plain_one(example: str):
+@pytest.mark.parametrize(
+    ("plain_example", "example"),
+    [
+        ("ddp_plain.py", "ddp_antdt.py"),
+        ("ddp_plain.py", "preduce_antdt.py"),
+        ("ddp_plain.py", "ps_antdt.py"),
+        ("lightning_plain.py", "lightning_antdt.py"),
+    ],
+)
+def test_an_antdt_example_adds_at_most_ten_lines_to_the_plain_one(plain_example, example):
     plain, antdt = (
-        logical_lines(EXAMPLES / "ddp_plain.py"),
+        logical_lines(EXAMPLES / plain_example),
         logical_lines(EXAMPLES / example),
     )
     added = [
@@ -86,6 +94,7 @@ def test_the_plain_ddp_example_trains_under_torchrun(tmp_path):
         ("docs/torchrun.md", "ElasticJob(", "ddp_antdt.py"),
         ("docs/partial-reduce.md", "PartialReduceJob(", "preduce_antdt.py"),
         ("docs/parameter-server.md", "ParameterServerJob(", "ps_antdt.py"),
+        ("docs/frameworks.md", "AntdtStrategy(", "lightning_antdt.py"),
     ],
 )
 def test_the_docs_show_the_antdt_example_s_own_loop(doc: str, job: str, example: str):

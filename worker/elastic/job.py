@@ -58,6 +58,7 @@ supported). Model buffers (BatchNorm statistics) follow DDP's own rules.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -161,7 +162,8 @@ class ElasticJob(TrainingJob):
         self.peers: PeerLiveness | None = None
         self.watch: StepWatch | None = None
         self.counts = SyncedLedger(self.ledger, collective_device())
-        self._next: Any = None  # the batch taken for the next step (None: none)
+        # batches taken, oldest first, not yet begun: the next step's first (None: none)
+        self._ahead: deque[Any] = deque([None])
         self.step_samples = 0  # every rank's samples in the last finished step
         self._pending = 0  # samples in the batch handed out, not yet stepped
         self._dry = False  # no rank had a next batch at the last step (the sums)
@@ -188,7 +190,7 @@ class ElasticJob(TrainingJob):
             self.watch = StepWatch(self.peers, self.timeout.limit_s, self._end_hung)
         self.feed = ShardFeed(self.data, lambda: 2 * self.agent.batch_size).start()
         self._set_batch_size(self.agent.batch_size)  # as restored: the shards held for it
-        self._next = self._take()
+        self._ahead = deque([self._take()])
         if self.reduce is not None:
             with self.agent.sync_wait():
                 self._collective(lambda: self.reduce.prime(_size(self._next)))
@@ -209,16 +211,26 @@ class ElasticJob(TrainingJob):
         process from here.
         """
         while not self.finished:
-            batch = self._next
-            self._next = self._take()
-            self._begin_step(batch)
+            batch = self._advance()
             if batch is None:
                 self._idle_step()
             else:
-                inputs, labels = self.agent.untag(batch)
-                yield inputs, labels
-                self.samples += self._pending
+                yield batch
             self._end_step()
+
+    @property
+    def _next(self):
+        """The batch taken for the next step (None: none)."""
+        return self._ahead[0]
+
+    def _advance(self):
+        """Begin the next step: its batch (its samples this step's, None: none), the one after
+        taken if a loader has not taken it already, the step's sums started."""
+        batch = self._ahead.popleft()
+        if not self._ahead:
+            self._ahead.append(self._take())
+        self._begin_step(batch)
+        return None if batch is None else self.agent.untag(batch)
 
     def _take(self):
         """The next step's batch, taken a step ahead: its size is announced in this step's sums."""
@@ -265,6 +277,7 @@ class ElasticJob(TrainingJob):
         with_data, checkpoint_due, *rest = sums[1:]
         self._offers, timings = rest[:3], rest[3:]
         self.counts.count(self.agent.pending_tags)  # in every replica now
+        self.samples += self._pending
         self._book_sync()
         self.timeout.completed(time.monotonic())
         # commits the samples: their update is in the model

@@ -52,10 +52,11 @@ def torchrun(
     node: str = "n",
     example: Path = EXAMPLE,
     checkpointed: bool = True,
+    script_args: tuple[str, ...] = (),
     **env: str,
 ) -> subprocess.Popen:
-    """``torchrun *options example`` for ``job`` on ``settings``' bus (its parameter servers too,
-    if any); ``checkpointed``: the example takes ``--checkpoint``."""
+    """``torchrun *options example *script_args`` for ``job`` on ``settings``' bus (its parameter
+    servers too, if any); ``checkpointed``: the example takes ``--checkpoint``."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ANTDT_")}
     environment.update(
         ANTDT_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
@@ -76,6 +77,7 @@ def torchrun(
         "--samples",
         str(samples),
         *(("--checkpoint", str(workdir / "checkpoints" / "example.pt")) if checkpointed else ()),
+        *script_args,
     ]
     log = open(workdir / f"torchrun-{node}.log", "w")
     return subprocess.Popen(
