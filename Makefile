@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev,lightning]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,lightning,hf]'
 	touch $(STAMP)
 
 clean:

@@ -25,17 +25,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from antdt.worker.dataset import ShardedDataset, ShardGrant
-from antdt.worker.provenance import SampleTag, Tagged
+from antdt.worker.provenance import Tagged
 
 
-def _stacked(samples: list, tags: tuple[SampleTag, ...]) -> Tagged:
-    inputs = torch.stack([sample[0] for sample in samples])
-    labels = torch.stack([sample[1] for sample in samples])
-    return Tagged((inputs, labels), tags)
+def stack_pairs(samples: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """The default batch of ``(input, target)`` samples: each side stacked."""
+    return torch.stack([sample[0] for sample in samples]), torch.stack([s[1] for s in samples])
 
 
 class _Reading:
@@ -62,10 +62,17 @@ class ShardFeed:
     thread; batches are read from the source on the training thread, as a ``DataLoader`` without
     worker processes reads them."""
 
-    def __init__(self, dataset: ShardedDataset, capacity: int | Callable[[], int]):
+    def __init__(
+        self,
+        dataset: ShardedDataset,
+        capacity: int | Callable[[], int],
+        collate: Callable[[list], Any] = stack_pairs,
+    ):
         """``capacity``: samples buffered before another grant is asked for; a callable is asked
-        each time (say, twice the current batch)."""
+        each time (say, twice the current batch); ``collate``: a list of samples to a batch (a
+        ``DataLoader``'s ``collate_fn``; by default ``(input, target)`` pairs stacked)."""
         self.dataset = dataset
+        self.collate = collate
         dataset.read_in_background()
         self.capacity = capacity if callable(capacity) else (lambda: capacity)
         self._keepalive_s = dataset.keepalive_s
@@ -174,7 +181,7 @@ class ShardFeed:
         # read on this thread, outside the lock: the user's __getitem__, as a DataLoader would
         source = self.dataset.source
         tags = tuple(grant.tag(position) for grant, position in chosen)
-        return _stacked([source[position] for _, position in chosen], tags)
+        return Tagged(self.collate([source[position] for _, position in chosen]), tags)
 
     def _choose(self, wanted: int) -> list[tuple[ShardGrant, int]]:
         """Up to ``wanted`` (grant, position) pairs from the head of the buffer, revoked grants

@@ -42,6 +42,8 @@ def logical_lines(path: Path) -> list[str]:
         ("ddp_plain.py", "preduce_antdt.py"),
         ("ddp_plain.py", "ps_antdt.py"),
         ("lightning_plain.py", "lightning_antdt.py"),
+        ("hf_plain.py", "hf_antdt.py"),
+        ("accelerate_plain.py", "accelerate_antdt.py"),
     ],
 )
 def test_an_antdt_example_adds_at_most_ten_lines_to_the_plain_one(plain_example, example):
@@ -95,6 +97,8 @@ def test_the_plain_ddp_example_trains_under_torchrun(tmp_path):
         ("docs/partial-reduce.md", "PartialReduceJob(", "preduce_antdt.py"),
         ("docs/parameter-server.md", "ParameterServerJob(", "ps_antdt.py"),
         ("docs/frameworks.md", "AntdtStrategy(", "lightning_antdt.py"),
+        ("docs/frameworks.md", "AntdtTrainer(", "hf_antdt.py"),
+        ("docs/frameworks.md", "ElasticJob(", "accelerate_antdt.py"),
     ],
 )
 def test_the_docs_show_the_antdt_example_s_own_loop(doc: str, job: str, example: str):

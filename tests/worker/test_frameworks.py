@@ -16,15 +16,25 @@ def test_a_missing_framework_names_the_extra_to_install():
         require("antdt_no_such_framework", "nope")
 
 
-def test_importing_the_lightning_integration_without_lightning_is_one_import_error():
-    blocked = "import sys; sys.modules['lightning'] = None; import antdt.worker.lightning"
+@pytest.mark.parametrize(
+    ("integration", "framework", "extra"),
+    [
+        ("antdt.worker.lightning", "lightning", "lightning"),
+        ("antdt.worker.hf", "transformers", "hf"),
+        ("antdt.worker.hf", "accelerate", "hf"),
+    ],
+)
+def test_importing_an_integration_without_its_framework_is_one_import_error(
+    integration, framework, extra
+):
+    blocked = f"import sys; sys.modules[{framework!r}] = None; import {integration}"
     result = subprocess.run(
         [sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
-        "antdt.worker.frameworks.MissingExtra: this antdt integration needs lightning: "
-        "pip install 'antdt[lightning]'"
+        f"antdt.worker.frameworks.MissingExtra: this antdt integration needs {framework}: "
+        f"pip install 'antdt[{extra}]'"
     )
 
 
@@ -32,4 +42,6 @@ def test_the_base_install_pulls_no_framework_and_each_extra_its_own():
     project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
     base = " ".join(project["dependencies"]).lower()
     assert not {"lightning", "transformers", "accelerate"} & set(re.findall(r"[a-z-]+", base))
-    assert [r.split(">")[0] for r in project["optional-dependencies"]["lightning"]] == ["lightning"]
+    extras = project["optional-dependencies"]
+    assert [r.split(">")[0] for r in extras["lightning"]] == ["lightning"]
+    assert [r.split(">")[0] for r in extras["hf"]] == ["transformers", "accelerate"]

@@ -50,16 +50,17 @@ Use (see ``examples/``): the loop of a plain DDP script, the batches from the jo
             loss.backward()
             optimizer.step()
 
-Samples are ``(input, target)`` tensor pairs. Each step's one backward pass
-goes through the DDP model (not ``no_sync()``: gradient accumulation is not
-supported). Model buffers (BatchNorm statistics) follow DDP's own rules.
+Samples are ``(input, target)`` tensor pairs (any others with a
+``collate``). Each step's one backward pass goes through the DDP model (not
+``no_sync()``: gradient accumulation is not supported). Model buffers
+(BatchNorm statistics) follow DDP's own rules.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ from antdt.worker.ddp import (
 )
 from antdt.worker.ddp_hook import WeightedReduce
 from antdt.worker.elastic.resize import AgreedResize
-from antdt.worker.feeds import ShardFeed
+from antdt.worker.feeds import ShardFeed, stack_pairs
 from antdt.worker.ledger import SyncedLedger
 from antdt.worker.liveness import PeerLiveness
 from antdt.worker.training_job import TrainingJob
@@ -125,6 +126,7 @@ class ElasticJob(TrainingJob):
         batch_size: int,
         checkpoint: str | Path,
         sizing: BatchSizing = BatchSizing.COMMANDS,
+        collate: Callable[[list], Any] = stack_pairs,
         **options,
     ):
         """``model``: the ``DistributedDataParallel`` the loop trains (the module itself with one
@@ -135,14 +137,16 @@ class ElasticJob(TrainingJob):
 
         ``sizing``: who sizes the batches (module docstring); with ``IN_BAND`` the
         controller's commands are acknowledged IGNORED (set its ``batch_sizing`` to
-        ``in-band`` and it sends none).
+        ``in-band`` and it sends none). ``collate``: a list of samples to a batch (a
+        ``DataLoader``'s ``collate_fn``; by default ``(input, target)`` pairs stacked).
         """
         ddp = model if isinstance(model, DistributedDataParallel) else None
         if world_size() > 1 and ddp is None:
             raise AntdtError(
                 "ElasticJob needs the model wrapped in DistributedDataParallel with more than one "
                 "rank (it weights DDP's all-reduce by batch size): "
-                "ElasticJob(DistributedDataParallel(model), ...)"
+                "ElasticJob(DistributedDataParallel(model), ...); with Accelerate on CPUs, "
+                "Accelerator(cpu=True) (without it each rank trains alone)"
             )
         super().__init__(
             ddp.module if ddp is not None else model,
@@ -155,6 +159,7 @@ class ElasticJob(TrainingJob):
         self.ddp = ddp
         self.global_batch = batch_size * self.world
         self.sizing = BatchSizing(sizing)
+        self.collate = collate
         self.sizes = [batch_size] * self.world  # every rank's, as last known (set by a restore)
         self.sizer: InBandSizer | None = None
         self.timeout = StepSizedTimeout()
@@ -188,7 +193,7 @@ class ElasticJob(TrainingJob):
         self.peers = PeerLiveness.of_default_group()
         if self.peers is not None:
             self.watch = StepWatch(self.peers, self.timeout.limit_s, self._end_hung)
-        self.feed = ShardFeed(self.data, lambda: 2 * self.agent.batch_size).start()
+        self.feed = ShardFeed(self.data, lambda: 2 * self.agent.batch_size, self.collate).start()
         self._set_batch_size(self.agent.batch_size)  # as restored: the shards held for it
         self._ahead = deque([self._take()])
         if self.reduce is not None:

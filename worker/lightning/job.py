@@ -1,154 +1,32 @@
-"""An :class:`~antdt.worker.elastic.job.ElasticJob` driven by Lightning's fit loop instead of a
-``for`` loop of the script's own.
+"""The :class:`~antdt.worker.elastic.driven.DrivenJob` under PyTorch Lightning: what differs is
+only where checkpoints live.
 
-The synchronous job's step is kept whole: its batches from the sharder, the
-batch sizes, the weighted all-reduce with the step's sums in its first
-bucket, the ledger, the bounded waits. Only who calls it differs:
-
-* Lightning **takes a batch ahead** of the step it trains (its fetcher
-  pre-fetches one to know the epoch's last), which is what the job does
-  anyway: the batches the loader took wait, oldest first, in the job's
-  queue, and each step begins with the oldest (:meth:`loader_batch`,
-  :meth:`begin`). A batch's samples count for the step that trains it,
-  never for the one during which the loader took it;
-* a rank **without samples** while others train still runs Lightning's
-  step, on a placeholder batch: its weight in the all-reduce is 0, so the
-  step's gradient is the others' (what ``ElasticJob`` does without a
-  forward pass, which Lightning's loop cannot skip);
-* the job **ends** through ``trainer.should_stop`` at the step whose sums
-  say no rank has data, on every rank at once;
-* **checkpoints** are Lightning's own: each holds the shard-state version,
-  the summed ledger and the batch sizes (:meth:`state`, under
-  ``checkpoint["antdt"]``), and a restart that loads one rewinds the shards
-  to it. A first start saves ``last.ckpt`` before training, so a group
-  killed before its first checkpoint restarts from the beginning of the
-  data, not from wherever the sharder had got to.
+Lightning's ``ModelCheckpoint(save_last=True)`` keeps ``last.ckpt``: a
+first start saves it before training, and a first start that finds one of
+the same job refuses to train its samples again on a fresh model.
+antdt's state lives under ``checkpoint["antdt"]`` (:data:`CHECKPOINT_KEY`).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from antdt.errors import AntdtError
-from antdt.worker.checkpoint import CheckpointInfo
-from antdt.worker.ddp import broadcast_int
-from antdt.worker.elastic.job import ElasticJob
+from antdt.worker.elastic.driven import DrivenJob
 
-#: The key of antdt's figures in a Lightning checkpoint.
+#: The key of antdt's state in a Lightning checkpoint.
 CHECKPOINT_KEY = "antdt"
 
 
-def placeholder_batch(dataset) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two real samples stacked: what a rank without samples trains with weight 0 (two, so a
-    BatchNorm layer in training mode accepts it)."""
-    samples = [dataset[0], dataset[min(1, len(dataset) - 1)]]
-    return torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples])
+def checkpoint_job(path: Path) -> str | None:
+    """The job id of antdt's state in the Lightning checkpoint at ``path`` (None: none)."""
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    return saved.get(CHECKPOINT_KEY, {}).get("job_id")
 
 
-class LightningJob(ElasticJob):
+class LightningJob(DrivenJob):
     """One rank's synchronous job under a Lightning ``Trainer`` (module docstring)."""
 
-    def __init__(
-        self,
-        ddp,
-        optimizer,
-        dataset,
-        *,
-        batch_size: int,
-        first_checkpoint: Path,
-        save: Callable[[Path], None],
-        restored: dict | None,
-        **options,
-    ):
-        """``first_checkpoint``: where a first start saves (``last.ckpt`` of the trainer's
-        checkpoint callback); ``save``: the trainer's ``save_checkpoint``; ``restored``: antdt's
-        figures from the checkpoint Lightning restored (None: a first start)."""
-        super().__init__(
-            ddp, optimizer, dataset, batch_size=batch_size, checkpoint=first_checkpoint, **options
-        )
-        self._save = save
-        self._restored = restored
-        self._placeholder = placeholder_batch(dataset)
-        self._handed = 0  # batches of the queue the loader has taken
-
-    # ------------------------------------------------------------ the loader and the step
-
-    def loader_batch(self) -> Any:
-        """The loader's next batch: one taken ahead already, or a new one (a placeholder when this
-        rank has none: its weight is 0)."""
-        if self.finished:
-            raise StopIteration
-        if self._handed == len(self._ahead):
-            self._ahead.append(self._take())
-        batch = self._ahead[self._handed]
-        self._handed += 1
-        return self._placeholder if batch is None else batch.data
-
-    def begin(self) -> None:
-        """Begin the step of the loader's oldest batch (the one Lightning trains now)."""
-        if not self._handed:
-            raise AntdtError("a step began with no batch from the antdt loader")
-        self._handed -= 1
-        self._advance()
-
-    def end(self) -> bool:
-        """End the step (after its optimizer step); whether the job is over."""
-        self._end_step()
-        return self.finished
-
-    @property
-    def nobody_trains(self) -> bool:
-        """No rank has samples this step (each trains a placeholder): no optimizer step."""
-        return self.reduce is not None and not self.reduce.total
-
-    # ------------------------------------------------------------ checkpoints
-
-    def _start(self) -> None:
-        super()._start()
-        self._checkpoint_at = math.inf  # Lightning's checkpoint callback decides when
-
-    def _restore_or_start(self) -> None:
-        if self._restored is None:
-            self._refuse_own_leftover()
-            self.data.prepare()
-            self._checkpoint()
-        else:
-            state = self._restored
-            self._resume(CheckpointInfo(state["shard_version"], state["step"], state))
-        self._same_replicas()
-
-    def _refuse_own_leftover(self) -> None:
-        """A first start of a job that has a checkpoint would train its samples again on a fresh
-        model: refuse (rank 0 looks; every rank raises)."""
-        path = self.checkpoint_path
-        own = False
-        if self.rank == 0 and path.exists():
-            saved = torch.load(path, map_location="cpu", weights_only=False)
-            own = saved.get(CHECKPOINT_KEY, {}).get("job_id") == self.agent.spec.job_id
-        if broadcast_int(int(own)):
-            raise AntdtError(
-                f"{path} is a checkpoint of job {self.agent.spec.job_id!r}: resume it with "
-                "trainer.fit(model, ckpt_path='last'), or start a new job id"
-            )
-
-    def _checkpoint(self) -> None:
-        """The first start's checkpoint, through Lightning (which asks :meth:`state`)."""
-        self._save(self.checkpoint_path)
-
-    def state(self) -> dict:
-        """antdt's figures for a Lightning checkpoint, the same on every rank (a collective: every
-        rank saves at the same step)."""
-        version, extra = self._agreed_state()
-        return {"shard_version": version, "step": self.agent.step_count, **extra}
-
-    def close(self, exc: BaseException | None = None) -> None:
-        """Leave the job: the ledger written if the loop stopped before the data ran out (a
-        ``max_steps``, say), the agent's last report, the shards handed back."""
-        if exc is None and not self.finished:
-            self._finish()
-        self.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
+    def __init__(self, ddp, optimizer, dataset, **options):
+        super().__init__(ddp, optimizer, dataset, leftover_job=checkpoint_job, **options)

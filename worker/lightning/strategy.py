@@ -32,7 +32,6 @@ dataloader of ``(input, target)`` samples, no gradient accumulation
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,37 +42,26 @@ from torch.utils.data import IterableDataset
 
 from antdt.errors import AntdtError
 from antdt.sizing import BatchSizing
+from antdt.worker.elastic.driven import DrivenLoader
 from antdt.worker.lightning.job import CHECKPOINT_KEY, LightningJob
 
 
-class AntdtLoader:
-    """The training batches Lightning iterates: the job's (its dataset and batch size are the
-    ``DataLoader``'s the module returned). No length: the sharder decides when data runs out."""
-
-    def __init__(self, dataloader, start: Callable[[Any, int], LightningJob]):
-        if getattr(dataloader, "batch_size", None) is None:
-            raise AntdtError(
-                "AntdtStrategy needs a training DataLoader with a batch_size (each rank's at the "
-                "first start), not a batch_sampler"
-            )
-        if not hasattr(dataloader.dataset, "__len__") or isinstance(
-            dataloader.dataset, IterableDataset
-        ):
-            raise AntdtError(
-                "AntdtStrategy shards a map-style dataset (len() and [index]); the training "
-                f"DataLoader holds a {type(dataloader.dataset).__name__}"
-            )
-        self.dataset, self.batch_size = dataloader.dataset, dataloader.batch_size
-        self._start = start
-        self.job: LightningJob | None = None
-
-    def __iter__(self) -> Iterator[Any]:
-        if self.job is None:
-            self.job = self._start(self.dataset, self.batch_size)
-        return self
-
-    def __next__(self) -> Any:
-        return self.job.loader_batch()
+def training_data(dataloader) -> tuple[Any, int]:
+    """The dataset and batch size of the training ``DataLoader`` the module returned (each rank's
+    batch size at the first start), or an error saying what the strategy needs instead."""
+    if getattr(dataloader, "batch_size", None) is None:
+        raise AntdtError(
+            "AntdtStrategy needs a training DataLoader with a batch_size (each rank's at the "
+            "first start), not a batch_sampler"
+        )
+    if not hasattr(dataloader.dataset, "__len__") or isinstance(
+        dataloader.dataset, IterableDataset
+    ):
+        raise AntdtError(
+            "AntdtStrategy shards a map-style dataset (len() and [index]); the training "
+            f"DataLoader holds a {type(dataloader.dataset).__name__}"
+        )
+    return dataloader.dataset, dataloader.batch_size
 
 
 class AntdtStrategy(DDPStrategy):
@@ -140,7 +128,8 @@ class AntdtStrategy(DDPStrategy):
     def process_dataloader(self, dataloader: object) -> object:
         dataloader = super().process_dataloader(dataloader)
         if self.lightning_module.trainer.training:
-            return AntdtLoader(dataloader, self._start_job)
+            dataset, batch_size = training_data(dataloader)
+            return DrivenLoader(lambda: self._start_job(dataset, batch_size))
         return dataloader
 
     def _start_job(self, dataset, batch_size: int) -> LightningJob:

@@ -1,5 +1,6 @@
-"""The example under torchrun with ``antdt up``: DD batch sizes, a rank killed, a node evicted
-(gloo, CPU); NCCL on GPUs.
+"""The example under torchrun with ``antdt up``: DD batch sizes, a node evicted (gloo, CPU);
+NCCL on GPUs. A rank killed and the group restarted from ElasticJob's checkpoint is
+tests/examples/test_framework_examples.py's Accelerate case (its loop is ElasticJob's).
 
 Real torchrun, real gloo groups, the real services: what a user runs with
 ``antdt up`` and ``torchrun ... examples/ddp_antdt.py``. Every wait is bounded.
@@ -8,7 +9,6 @@ Real torchrun, real gloo groups, the real services: what a user runs with
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,13 +17,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import torch
 
 from antdt.embedded.broker import free_port
 from antdt.schemas.codec import make_codec
-from antdt.schemas.models import AckStatus, CommandAction, LifecycleEvent
+from antdt.schemas.models import AckStatus, CommandAction
 from antdt.services.sharder.replay import audit_job, replay_events
 from antdt.worker.ledger import read_ledgers
 from tests.cli.test_up_cmd import serving
@@ -165,41 +164,6 @@ def assert_audit_clean(settings, job: str) -> None:
     events = [event for _, _, event in replay_events(settings, job, codec)]
     report = audit_job(settings, job, events, codec)
     assert report.ok, report.violations
-
-
-def test_a_rank_killed_is_restarted_by_torchrun_and_training_goes_on_exactly_once(bus, tmp_path):
-    run = torchrun(
-        bus,
-        "tr-kill",
-        tmp_path,
-        "--standalone",
-        "--nproc-per-node",
-        "3",
-        "--max-restarts",
-        "2",
-        ANTDT_CHECKPOINT_EVERY_S="2",
-    )
-    checkpoint = tmp_path / "checkpoints" / "example.pt"
-    first = until(
-        lambda: checkpoint.exists() and checkpoint.stat().st_mtime_ns, "no first checkpoint"
-    )
-    until(lambda: checkpoint.stat().st_mtime_ns != first, "no periodic checkpoint")
-    victim = until(
-        lambda: [
-            p
-            for p in psutil.Process(run.pid).children(recursive=True)
-            if "ddp_antdt" in " ".join(p.cmdline())
-        ],
-        "no rank running",
-    )[1]
-    victim.send_signal(signal.SIGKILL)
-    assert finish(run, tmp_path) == 0
-    assert_ledger_all_ones(tmp_path)
-    joined = [
-        e for e in job_records(bus, "lifecycle", "tr-kill") if e.event is LifecycleEvent.JOINED
-    ]
-    assert len({e.incarnation for e in joined}) >= 6, "the group was not started again"
-    assert victim.pid in {e.pid for e in joined}
 
 
 def test_an_evicted_node_leaves_an_elastic_job_which_goes_on_with_the_same_global_batch(

@@ -1,0 +1,178 @@
+"""The framework examples under torchrun with ``antdt up``: a rank 3x slower is given less at one
+agreed step, and a rank killed is restarted from the framework's own checkpoint, exactly once.
+
+Real torchrun, real gloo, a real Lightning ``Trainer`` or transformers ``Trainer`` and the real
+services: what a user runs with ``antdt up`` and ``torchrun ... examples/<framework>_antdt.py``.
+Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from antdt.schemas.models import AckStatus, CommandAction, LifecycleEvent
+from tests.cli.test_up_cmd import serving
+from tests.worker.elastic.test_torchrun import (
+    assert_audit_clean,
+    assert_ledger_all_ones,
+    finish,
+    job_records,
+    torchrun,
+    until,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+GLOBAL_BATCH = 96  # 3 ranks x the examples' 32
+
+
+@dataclass(frozen=True)
+class Framework:
+    """An example, the module it needs, and where its newest antdt state is saved."""
+
+    example: str
+    module: str
+    newest_state: Callable[[Path], Path | None]  # the checkpoints folder -> antdt's newest file
+    script_args: tuple[str, ...] = ()
+    checkpointed: bool = False  # the example takes --checkpoint (ElasticJob's own file)
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def lightning_last(folder: Path) -> Path | None:
+    last = folder / "last.ckpt"
+    return last if last.exists() else None
+
+
+def hf_newest(folder: Path) -> Path | None:
+    from antdt.worker.hf.trainer import STATE_FILE, complete_checkpoints
+
+    found = complete_checkpoints(folder)
+    return found[-1] / STATE_FILE if found else None
+
+
+def elastic_job_s(folder: Path) -> Path | None:
+    path = folder / "example.pt"
+    return path if path.exists() else None
+
+
+def saved_state(path: Path) -> dict:
+    """antdt's state in a checkpoint: Lightning's ``["antdt"]``, ElasticJob's ``["extra"]``, or
+    the file itself (AntdtTrainer's ``antdt.pt``)."""
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    return saved.get("antdt") or saved.get("extra") or saved
+
+
+FRAMEWORKS = {
+    "lightning": Framework(
+        "lightning_antdt.py", "lightning", lightning_last, ("--save-every", "20")
+    ),
+    "hf": Framework(
+        "hf_antdt.py", "transformers", hf_newest, ("--save-every", "20", "--output", "checkpoints")
+    ),
+    # a loop of one's own: ElasticJob's checkpoints, every 2 s here
+    "accelerate": Framework(
+        "accelerate_antdt.py",
+        "accelerate",
+        elastic_job_s,
+        checkpointed=True,
+        env=(("ANTDT_CHECKPOINT_EVERY_S", "2"),),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def bus():
+    """``antdt up --policy antdt-dd``, as a user starts it."""
+    with serving("--policy", "antdt-dd") as settings:
+        yield settings
+
+
+def applied_resizes(settings, job: str) -> dict[int, set[int]]:
+    """Each batch-size decision's effective step -> the steps its ranks switched at."""
+    commands = {
+        c.command_id: c
+        for c in job_records(settings, "commands", job)
+        if c.action is CommandAction.ADJUST_BATCH_SIZE
+    }
+    applied = defaultdict(set)
+    for ack in job_records(settings, "acks", job):
+        if ack.status is AckStatus.APPLIED and ack.command_id in commands:
+            applied[commands[ack.command_id].effective_step].add(ack.applied_step)
+    return applied
+
+
+@pytest.mark.parametrize("name", sorted(FRAMEWORKS))
+def test_a_slowed_rank_gets_less_and_a_killed_one_resumes_from_the_framework_s_checkpoint(
+    bus, tmp_path, name
+):
+    framework = FRAMEWORKS[name]
+    if importlib.util.find_spec(framework.module) is None:
+        pytest.skip(f"the {name} extra is not installed")
+    job = f"fw-{name}"
+    run = torchrun(
+        bus,
+        job,
+        tmp_path,
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        "--max-restarts",
+        "2",
+        example=EXAMPLES / framework.example,
+        script_args=framework.script_args,
+        checkpointed=framework.checkpointed,
+        samples=12000,
+        ANTDT_SLOWDOWN="3",
+        ANTDT_SLOWDOWN_RANKS="2",
+        **dict(framework.env),
+    )
+    log = tmp_path / "torchrun-n.log"
+    until(
+        lambda: applied_resizes(bus, job) or run.poll() is not None,
+        "no batch size applied",
+        every_s=1.0,
+    )
+    assert run.poll() is None, log.read_text()[-3000:]
+    folder = tmp_path / "checkpoints"
+    resized_at = framework.newest_state(folder)
+    resized_at = (resized_at, resized_at.stat().st_mtime_ns if resized_at else None)
+
+    def saved_since() -> bool:
+        newest = framework.newest_state(folder)
+        return newest is not None and (newest, newest.stat().st_mtime_ns) != resized_at
+
+    until(saved_since, "no checkpoint after the resize")
+    victim = until(
+        lambda: [
+            p
+            for p in psutil.Process(run.pid).children(recursive=True)
+            if framework.example in " ".join(p.cmdline())
+        ],
+        "no rank running",
+    )[1]
+    victim.send_signal(signal.SIGKILL)
+    assert finish(run, tmp_path) == 0, log.read_text()[-3000:]
+    assert_ledger_all_ones(tmp_path)
+    assert_audit_clean(bus, job)
+    applied = applied_resizes(bus, job)
+    assert all(len(steps) == 1 for steps in applied.values()), dict(applied)
+    saved = saved_state(framework.newest_state(folder))
+    assert saved["global_batch"] == GLOBAL_BATCH == sum(saved["batch_sizes"])
+    assert saved["batch_sizes"][2] < GLOBAL_BATCH // 3 < max(saved["batch_sizes"])
+    commands = job_records(bus, "commands", job)
+    assert {
+        c.global_batch_size for c in commands if c.action is CommandAction.ADJUST_BATCH_SIZE
+    } == {GLOBAL_BATCH}
+    joined = [e for e in job_records(bus, "lifecycle", job) if e.event is LifecycleEvent.JOINED]
+    assert len({e.incarnation for e in joined}) >= 6, "the group was not started again"
+    assert victim.pid in {e.pid for e in joined}
