@@ -232,6 +232,18 @@ class AntdtTrainer(Trainer):
                 save_atomically(state, folder / STATE_FILE)
         super()._save_checkpoint(model, trial)
 
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """Trainer's, except on CPUs in a distributed job, where transformers before 5.23 maps the
+        optimizer's state to an indexed CPU device ("cpu:0") that torch cannot restore: both
+        states are loaded to the CPU here instead (where they live anyway)."""
+        if checkpoint is None or self.args.world_size == 1 or self.args.device.type != "cpu":
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        folder = Path(checkpoint)
+        for target, name in ((self.optimizer, "optimizer.pt"), (self.lr_scheduler, "scheduler.pt")):
+            if (folder / name).exists():
+                state = torch.load(folder / name, map_location="cpu", weights_only=True)
+                target.load_state_dict(state)
+
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs) -> Any:
         """Trainer's ``train``; ``resume_from_checkpoint=True`` takes the newest complete
         checkpoint (none: a first start), a path must hold antdt's state."""
