@@ -16,8 +16,9 @@ server; its ledger read from the server's files), ``hook`` (plain DDP with
 antdt's communication hook alone, no bus) and ``beside`` (plain DDP with
 ``antdt up`` idle beside it: what the services cost the ranks by sharing
 their cores), and ``lightning-dd`` (the model fitted by Lightning's
-``Trainer`` with ``AntdtStrategy``), which is compared with Lightning's own
-DDP instead of plain DDP.
+``Trainer`` with ``AntdtStrategy``), compared with Lightning's own DDP
+instead of plain DDP, and ``hf-dd`` (transformers' ``Trainer`` as
+``AntdtTrainer``), compared with transformers' own ``Trainer``.
 
 Each (mode, health) is run ``--repeat`` times; the JSON gives the training
 time (rank 0: process group up to the end, set-up included) as median, min
@@ -58,13 +59,13 @@ HERE = Path(__file__).parent
 SCRIPT = HERE / "user_job.py"
 #: The bench's modes that run with ``antdt up`` (the others get no bus): ``beside`` is plain DDP
 #: with antdt's services idle beside it, their share of the cores measured alone.
-NEEDS_BUS = {"dd", "preduce", "ps", "beside", "lightning-dd"}
+NEEDS_BUS = {"dd", "preduce", "ps", "beside", "lightning-dd", "hf-dd"}
 #: The user script's mode for each bench mode (the same name, unless here).
 SCRIPT_MODE = {"beside": "plain"}
-MODES = {"dd", "preduce", "ps", "hook", "beside", "lightning-dd"}
+MODES = {"dd", "preduce", "ps", "hook", "beside", "lightning-dd", "hf-dd"}
 #: What each mode is compared with: what its users would otherwise run (``plain``: torch's DDP with
 #: ``DistributedSampler``, unless here).
-BASELINE = {"lightning-dd": "lightning"}
+BASELINE = {"lightning-dd": "lightning", "hf-dd": "hf"}
 #: ``antdt up``'s options for each bench mode (``--mode sync`` unless here): partial reduce needs
 #: the grouper, asynchronous training the job's parameter server (SGD as the script's optimizer).
 UP_OPTIONS = {
@@ -256,8 +257,8 @@ def main() -> int:
         "--modes",
         default="dd",
         help="modes to compare with plain DDP: dd, preduce (partial reduce), hook (its all-reduce "
-        "alone), beside (plain DDP with antdt up idle beside it); lightning-dd (AntdtStrategy) is "
-        "compared with Lightning's own DDP",
+        "alone), beside (plain DDP with antdt up idle beside it); lightning-dd (AntdtStrategy) and "
+        "hf-dd (AntdtTrainer) are compared with their framework's own DDP",
     )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--samples", type=int, default=96_000)

@@ -10,7 +10,8 @@ as docs/torchrun.md shows, ``--mode preduce`` the same loop through
 share the model, the data and the pacing, so the loops are the only
 difference. ``--mode lightning`` and ``--mode lightning-dd`` fit the same
 model with PyTorch Lightning's ``Trainer``, with its own DDP and with
-``AntdtStrategy``. ``--mode hook`` (for the breakdown in
+``AntdtStrategy``; ``--mode hf`` and ``--mode hf-dd`` with transformers'
+``Trainer`` and with ``AntdtTrainer``. ``--mode hook`` (for the breakdown in
 docs/torchrun.md) is the plain loop with only antdt's weighted all-reduce
 hook added.
 
@@ -268,10 +269,75 @@ def train_lightning(model, optimizer, dataset, args, pacing: Pacing, antdt: bool
     return figures
 
 
+class DictSamples(torch.utils.data.Dataset):
+    """The dataset's ``(input, label)`` pairs as the dicts a transformers data collator takes."""
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> dict:
+        inputs, labels = self.pairs[index]
+        return {"inputs": inputs, "labels": labels}
+
+
+def train_hf(model, optimizer, dataset, args, pacing: Pacing, antdt: bool = False) -> dict:
+    """The model fitted by transformers' ``Trainer`` (``--mode hf``, the baseline a Hugging Face
+    user has) or by ``AntdtTrainer`` (``--mode hf-dd``): the one name that differs. The script's
+    SGD, Trainer's default schedule, no logging; a checkpoint every 500 steps."""
+    from transformers import Trainer, TrainingArguments
+
+    class Classifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model, self.steps, self.samples = model, 0, 0
+
+        def forward(self, inputs, labels):
+            loss = F.cross_entropy(self.model(inputs), labels)
+            pacing.before_backward(len(labels))
+            self.steps, self.samples = self.steps + 1, self.samples + len(labels)
+            return {"loss": loss}
+
+    if antdt:
+        from antdt.worker.hf import AntdtTrainer as Trainer  # noqa: N814 - the one name
+    module = Classifier()
+    training = TrainingArguments(
+        str(Path(args.checkpoint).with_suffix("")),
+        per_device_train_batch_size=args.batch_size,
+        num_train_epochs=args.epochs,
+        save_strategy="steps",
+        save_steps=500,
+        logging_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+    )
+    trainer = Trainer(
+        model=module,
+        args=training,
+        train_dataset=DictSamples(dataset),
+        optimizers=(optimizer, None),
+    )
+    trainer.train(resume_from_checkpoint=True if antdt else None)
+    figures = {"steps": module.steps, "samples": module.samples}
+    if antdt:
+        from antdt.worker.ledger import read_ledgers
+
+        ledgers = read_ledgers(training.output_dir)
+        figures["ledger_all_ones"] = len(ledgers) == args.epochs and all(
+            bool((counts == 1).all()) for counts in ledgers.values()
+        )
+    return figures
+
+
 TRAINERS = {
     "plain": train_plain,
     "lightning": train_lightning,
     "lightning-dd": functools.partial(train_lightning, antdt=True),
+    "hf": train_hf,
+    "hf-dd": functools.partial(train_hf, antdt=True),
     "hook": functools.partial(train_plain, weighted=True),
     "dd": train_dd,
     "preduce": train_preduce,
@@ -299,7 +365,11 @@ def main() -> None:
         import lightning.pytorch  # noqa: F401 - a script's top
     if args.mode == "lightning-dd":
         from antdt.worker.lightning import AntdtStrategy  # noqa: F401 - a script's top
-    if args.mode not in ("plain", "lightning"):
+    if args.mode.startswith("hf"):
+        import transformers  # noqa: F401 - a script's top
+    if args.mode == "hf-dd":
+        from antdt.worker.hf import AntdtTrainer  # noqa: F401 - a script's top
+    if args.mode not in ("plain", "lightning", "hf"):
         from antdt.worker import (  # noqa: F401 - a script's top
             ElasticJob,
             ParameterServerJob,
