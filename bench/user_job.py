@@ -212,6 +212,20 @@ def train_through(job, model, optimizer, pacing: Pacing) -> dict:
     return {"steps": steps, "samples": samples, "ledger_all_ones": all_ones}
 
 
+def framework_figures(module, ledgers: str | Path | None, epochs: int) -> dict:
+    """A framework run's figures: the steps and samples its module counted and, where antdt wrote
+    its ledgers (``ledgers``: their folder), whether every epoch's is all ones."""
+    figures = {"steps": module.steps, "samples": module.samples}
+    if ledgers is not None:
+        from antdt.worker.ledger import read_ledgers
+
+        written = read_ledgers(ledgers)
+        figures["ledger_all_ones"] = len(written) == epochs and all(
+            bool((counts == 1).all()) for counts in written.values()
+        )
+    return figures
+
+
 def train_lightning(model, optimizer, dataset, args, pacing: Pacing, antdt: bool = False) -> dict:
     """The model as a ``LightningModule`` fitted by Lightning's ``Trainer`` on the process group
     already up: ``--mode lightning`` with Lightning's own DDP (the baseline a Lightning user has),
@@ -258,15 +272,7 @@ def train_lightning(model, optimizer, dataset, args, pacing: Pacing, antdt: bool
         enable_model_summary=False,
     )
     trainer.fit(module, ckpt_path="last")
-    figures = {"steps": module.steps, "samples": module.samples}
-    if antdt:
-        from antdt.worker.ledger import read_ledgers
-
-        ledgers = read_ledgers(folder)
-        figures["ledger_all_ones"] = len(ledgers) == args.epochs and all(
-            bool((counts == 1).all()) for counts in ledgers.values()
-        )
-    return figures
+    return framework_figures(module, folder if antdt else None, args.epochs)
 
 
 class DictSamples(torch.utils.data.Dataset):
@@ -321,15 +327,7 @@ def train_hf(model, optimizer, dataset, args, pacing: Pacing, antdt: bool = Fals
         optimizers=(optimizer, None),
     )
     trainer.train(resume_from_checkpoint=True if antdt else None)
-    figures = {"steps": module.steps, "samples": module.samples}
-    if antdt:
-        from antdt.worker.ledger import read_ledgers
-
-        ledgers = read_ledgers(training.output_dir)
-        figures["ledger_all_ones"] = len(ledgers) == args.epochs and all(
-            bool((counts == 1).all()) for counts in ledgers.values()
-        )
-    return figures
+    return framework_figures(module, training.output_dir if antdt else None, args.epochs)
 
 
 TRAINERS = {

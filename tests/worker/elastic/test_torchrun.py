@@ -126,6 +126,20 @@ def until(condition, what: str, timeout_s: float = 120.0, every_s: float = 0.2):
     raise AssertionError(f"{what} within {timeout_s:.0f} s")
 
 
+def applied_resizes(settings, job: str) -> dict[int, set[int]]:
+    """Each batch-size decision's effective step -> the steps its ranks switched at."""
+    commands = {
+        c.command_id: c
+        for c in job_records(settings, "commands", job)
+        if c.action is CommandAction.ADJUST_BATCH_SIZE
+    }
+    applied = defaultdict(set)
+    for ack in job_records(settings, "acks", job):
+        if ack.status is AckStatus.APPLIED and ack.command_id in commands:
+            applied[commands[ack.command_id].effective_step].add(ack.applied_step)
+    return applied
+
+
 def test_a_slowed_rank_is_given_less_at_one_step_agreed_by_every_rank(bus, tmp_path):
     run = torchrun(
         bus,
@@ -146,12 +160,7 @@ def test_a_slowed_rank_is_given_less_at_one_step_agreed_by_every_rank(bus, tmp_p
     ]
     assert commands, "the DD controller sent no batch size"
     assert {c.global_batch_size for c in commands} == {GLOBAL_BATCH}
-    applied = defaultdict(set)  # a decision's effective step -> the steps its ranks switched at
-    for ack in job_records(bus, "acks", "tr-dd"):
-        if ack.status is AckStatus.APPLIED:
-            applied[next(c.effective_step for c in commands if c.command_id == ack.command_id)].add(
-                ack.applied_step
-            )
+    applied = applied_resizes(bus, "tr-dd")
     assert applied and all(len(steps) == 1 for steps in applied.values()), dict(applied)
     last = {c.target_worker: c.batch_size for c in sorted(commands, key=lambda c: c.effective_step)}
     assert last.get("n-2", GLOBAL_BATCH // 3) < GLOBAL_BATCH // 3 < max(last.values()), last
