@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import signal
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +18,10 @@ import psutil
 import pytest
 import torch
 
-from antdt.schemas.models import AckStatus, CommandAction, LifecycleEvent
+from antdt.schemas.models import CommandAction, LifecycleEvent
 from tests.cli.test_up_cmd import serving
 from tests.worker.elastic.test_torchrun import (
+    applied_resizes,
     assert_audit_clean,
     assert_ledger_all_ones,
     finish,
@@ -45,6 +45,7 @@ class Framework:
     newest_state: Callable[[Path], Path | None]  # the checkpoints folder -> antdt's newest file
     script_args: tuple[str, ...] = ()
     checkpointed: bool = False  # the example takes --checkpoint (ElasticJob's own file)
+    samples: int = 12000  # enough steps that a checkpoint follows the resize before the end
     env: tuple[tuple[str, str], ...] = ()
 
 
@@ -86,6 +87,8 @@ FRAMEWORKS = {
         elastic_job_s,
         checkpointed=True,
         env=(("ANTDT_CHECKPOINT_EVERY_S", "2"),),
+        # without a framework's per-step cost 12,000 samples can end right after the resize
+        samples=48000,
     ),
 }
 
@@ -95,20 +98,6 @@ def bus():
     """``antdt up --policy antdt-dd``, as a user starts it."""
     with serving("--policy", "antdt-dd") as settings:
         yield settings
-
-
-def applied_resizes(settings, job: str) -> dict[int, set[int]]:
-    """Each batch-size decision's effective step -> the steps its ranks switched at."""
-    commands = {
-        c.command_id: c
-        for c in job_records(settings, "commands", job)
-        if c.action is CommandAction.ADJUST_BATCH_SIZE
-    }
-    applied = defaultdict(set)
-    for ack in job_records(settings, "acks", job):
-        if ack.status is AckStatus.APPLIED and ack.command_id in commands:
-            applied[commands[ack.command_id].effective_step].add(ack.applied_step)
-    return applied
 
 
 @pytest.mark.parametrize("name", sorted(FRAMEWORKS))
@@ -131,7 +120,7 @@ def test_a_slowed_rank_gets_less_and_a_killed_one_resumes_from_the_framework_s_c
         example=EXAMPLES / framework.example,
         script_args=framework.script_args,
         checkpointed=framework.checkpointed,
-        samples=12000,
+        samples=framework.samples,
         ANTDT_SLOWDOWN="3",
         ANTDT_SLOWDOWN_RANKS="2",
         **dict(framework.env),
