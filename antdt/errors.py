@@ -6,7 +6,10 @@ one line; anything else is a bug and keeps its traceback.
 
 
 class AntdtError(Exception):
-    """Root of every error antdt raises deliberately. The message is one line."""
+    """Root of every error antdt raises deliberately. The message is one line; ``exit_code`` is
+    the process's when the CLI ends on it (a supervisor may act on it)."""
+
+    exit_code = 1
 
 
 class ConfigError(AntdtError):

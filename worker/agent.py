@@ -102,6 +102,9 @@ log = logging.getLogger(__name__)
 EXIT_RESTART = 75
 #: Exit code of a worker the controller evicted: do not restart it.
 EXIT_EVICTED = 76
+#: Exit code of a process whose job's state is lost (a parameter server the sharder cannot rewind):
+#: a restart cannot help, the job must be started again.
+EXIT_STATE_LOST = 78
 #: A job id (the settings' pattern).
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 

@@ -109,7 +109,7 @@ def run(argv: list[str] | None = None) -> int:
     except (typer.Abort, KeyboardInterrupt):
         code = fail("interrupted", 130)
     except AntdtError as exc:
-        code = fail(str(exc), 1)
+        code = fail(str(exc), exc.exit_code)
     if argv is None:
         if code:
             _exit_now(code)

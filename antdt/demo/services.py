@@ -24,6 +24,7 @@ from antdt.runtime.launch import ServiceProcess, service_process, settings_env
 from antdt.settings import Settings
 from antdt.sizing import BatchSizing
 from antdt.training import TrainingMode
+from antdt.worker.agent import EXIT_STATE_LOST
 
 
 def set_args(values: dict[str, str]) -> list[str]:
@@ -189,7 +190,7 @@ class Services:
             if code in REPLACED and name in self.placement.scenario.server_names:
                 # the controller moves it elsewhere
                 self.placement.replace(name, self.clock(), REPLACED[code])
-            elif not restart:
+            elif not restart or code == EXIT_STATE_LOST:  # a restart cannot help
                 raise AntdtError(
                     f"{name} exited with code {code}; its log ends:\n{service.log_tail()}"
                 )

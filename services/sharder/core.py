@@ -711,6 +711,10 @@ class ShardCore:
             timestamp=from_ms(now_ms),
         )
 
+    def refusal(self, report: ShardProgress, now_ms: int, reason: str) -> ShardAssignment:
+        """The answer to a rejected report that someone waits for (a REWIND): REFUSED, why."""
+        return self._answer(report, AssignmentStatus.REFUSED, now_ms, reason=reason)
+
     def _answer(
         self,
         report: ShardProgress,

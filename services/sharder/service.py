@@ -19,6 +19,11 @@ One loop, one thread. Each cycle it
    at-least-once: a redelivered report is harmless because reports name the
    grant they are about (see :mod:`core`).
 
+It is ready (``/readyz``) once it has handled the input that was waiting
+when its partitions were assigned (:mod:`antdt.bus.backlog`): every job with
+a report in it is taken over and answered by then. Until its first
+assignment, and after one that brings a backlog, it is not.
+
 If the bus comes back empty (an embedded broker restarted, see
 :mod:`antdt.bus.watch`), this instance's memory is the only copy of its
 jobs' state: it writes a snapshot of each job, including those whose
@@ -49,6 +54,7 @@ from typing import Literal
 from confluent_kafka import KafkaException, Message
 
 from antdt.bus.admin import ensure_topics
+from antdt.bus.backlog import Backlog
 from antdt.bus.clients import drain, flush_or_raise, make_admin, make_consumer, make_producer
 from antdt.bus.config import FetchPace
 from antdt.bus.deadletter import DeadLetter, SourceRecord
@@ -163,6 +169,8 @@ class SharderService(LoopService):
         self._watch = None
         self._rewinder: Rewinder | None = None
         self._revoked: dict[str, tuple[JobRuntime, float]] = {}
+        # the input waiting when the partitions were assigned: its jobs are taken over once handled
+        self._backlog = Backlog()
         # progress partitions given up in the rebalance under way
         self._just_revoked: set[int] = set()
         # the latest incarnation that reported, per worker
@@ -189,8 +197,7 @@ class SharderService(LoopService):
         )
         self._watch = shared_watch(self.settings)
         self._rewinder = Rewinder(self._consumer, self._watch, group=True)
-        self.ready.set()
-        return self
+        return self  # ready once its partitions' backlog is handled (:meth:`_ready_if_caught_up`)
 
     def close(self) -> None:
         self._snapshots.close()
@@ -207,6 +214,7 @@ class SharderService(LoopService):
         Their state is kept aside for a while: if the revocation came from a
         bus reset, it is the only copy left (see :meth:`_republish`).
         """
+        self._backlog.revoked(partitions)
         lost = {p.partition for p in partitions if p.topic == self._progress_topic}
         self._just_revoked |= lost
         now = time.monotonic()
@@ -228,6 +236,10 @@ class SharderService(LoopService):
         ]:
             self.jobs[job_id] = self._revoked.pop(job_id)[0]
         metrics.JOBS.set(len(self.jobs))
+        self._backlog.assigned(consumer, partitions)
+        if not self._backlog.caught_up:
+            self.ready.clear()  # jobs with reports waiting are not taken over yet
+        self._ready_if_caught_up()
 
     def _on_lost(self, consumer, partitions) -> None:
         """Partitions lost without a rebalance (our session expired): another instance may have
@@ -283,14 +295,23 @@ class SharderService(LoopService):
         answers: list[ShardAssignment] = []
         for message in messages:
             self._handle(message, now_ms, events, answers)
+        self._backlog.handled(messages)
         if time.monotonic() - self._last_lease_check >= self.config.lease_check_every_s:
             self._last_lease_check = time.monotonic()
             for runtime in self.jobs.values():
                 events += runtime.core.expire_leases(now_ms)
         self._commit(events, answers, now_ms, bool(messages))
+        self._ready_if_caught_up()  # after the answers: the backlog's requests are answered
         if messages or events:
             metrics.BATCH_SECONDS.observe(time.perf_counter() - started)
         return len(messages)
+
+    def _ready_if_caught_up(self) -> None:
+        """Ready once the input waiting at the assignment is handled: every job with a report in it
+        taken over (recovered from the log, a new writer epoch appended) and answered."""
+        if not self.ready.is_set() and self._backlog.caught_up:
+            self.ready.set()
+            log.info("ready: the assigned input's backlog handled, %d job(s) held", len(self.jobs))
 
     def _handle(self, message: Message, now_ms: int, events: list, answers: list) -> None:
         value = decode_or_deadletter(
@@ -307,6 +328,7 @@ class SharderService(LoopService):
                 self._on_lifecycle(value, now_ms, events)
         except (ProgressRejected, MisroutedRecord) as exc:
             self._deadletter.send(SourceRecord.from_confluent(message), exc)
+            self._refuse_rewind(value, exc, now_ms, answers)
         except (BusError, KafkaException):
             raise  # the bus failed, not the record: stop, and recover from the log on restart
         # a bug must cost one record, not the service (nor a crash loop on redelivery)
@@ -319,6 +341,15 @@ class SharderService(LoopService):
             )
             self._deadletter.send(SourceRecord.from_confluent(message), exc)
             self._forget_job(value.job_id)
+
+    def _refuse_rewind(self, value, exc: Exception, now_ms: int, answers: list) -> None:
+        """A rejected REWIND is answered REFUSED: the parameter server waiting for it ends with the
+        reason (its job's state is lost) instead of waiting for a REWOUND that will never come."""
+        if not isinstance(value, ShardProgress) or value.kind is not ProgressKind.REWIND:
+            return
+        runtime = self.jobs.get(value.job_id)
+        if runtime is not None and isinstance(exc, ProgressRejected):
+            answers.append(runtime.core.refusal(value, now_ms, str(exc)))
 
     def _forget_job(self, job_id: str) -> None:
         """Drop a job whose decision failed half-way: its state may hold events the log does not.

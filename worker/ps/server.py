@@ -25,6 +25,8 @@ States (the shard's state machine)::
     WAITING    --a worker's initial values, then the first checkpoint--> SERVING
     start with a checkpoint, or a gap in the log                  --> RECOVERING
     RECOVERING --a REWOUND read in the log, its checkpoint loaded--> SERVING
+    RECOVERING --its rewind answered REFUSED: the job's shard state is lost-->
+               exits with EXIT_STATE_LOST (78): a restart cannot help
     SERVING    --a RESTART or EVICT command for it--> LEAVING
     LEAVING    --a checkpoint saved after the command (or LEAVE_WITHIN_S)-->
                exits with the agent's exit code
@@ -56,11 +58,11 @@ from antdt.bus.clients import make_producer
 from antdt.bus.watch import shared_watch
 from antdt.errors import AntdtError
 from antdt.schemas.codec import make_codec
-from antdt.schemas.models import ProgressKind, ShardLogEvent
+from antdt.schemas.models import AssignmentStatus, ProgressKind, ShardLogEvent
 from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.eventlog import log_topic, read_until_marker
 from antdt.settings import Settings
-from antdt.worker.agent import Agent, WorkerExit
+from antdt.worker.agent import EXIT_STATE_LOST, Agent, WorkerExit
 from antdt.worker.ps import metrics, wire
 from antdt.worker.ps.checkpoints import CheckpointStore
 from antdt.worker.ps.follower import LogFollower, Order, Position
@@ -90,6 +92,16 @@ class ServerState(str, Enum):
 
 class ServerFailure(AntdtError):
     """The shard cannot go on consistently with the others; its restart will roll them back."""
+
+    exit_code = 1
+
+
+class StateLost(ServerFailure):
+    """The sharder refused to rewind to this shard's checkpoint: the shard state the checkpoint
+    belongs to is gone (its log and snapshots lost together with the sharder's memory: a double
+    fault, docs/reliability.md). A restart would only ask again; the job ends, and says why."""
+
+    exit_code = EXIT_STATE_LOST
 
 
 @dataclass(frozen=True)
@@ -142,7 +154,7 @@ class ParameterServer:
         self.state = ServerState.WAITING
         self.epoch = 0
         self.pending: dict[str, _Pending] = {}
-        self.failure: str | None = None
+        self.failure: ServerFailure | None = None
         self._codec = make_codec(settings.schema_registry_url)
         self._stop = threading.Event()
         self._listener = socket.create_server((spec.host, spec.port), reuse_port=False)
@@ -153,6 +165,7 @@ class ParameterServer:
         self._agent: Agent | None = None
         self._threads: list[threading.Thread] = []
         self._recovering_since = 0.0
+        self._rewind: tuple[int, int] | None = None  # the rewind asked for: (version, its seq)
         self._asked_first_checkpoint = False
         self._last_checkpoint_ask = 0.0
         self._last_nudge = self._last_apply = 0.0
@@ -267,7 +280,7 @@ class ParameterServer:
         finally:
             self.close()
         if self.failure is not None:
-            raise ServerFailure(self.failure)
+            raise self.failure
         if self.exit is not None:
             raise self.exit
 
@@ -394,10 +407,10 @@ class ParameterServer:
                         return  # left: what follows is its replacement's to read
                 self._housekeeping()
         except ServerFailure as exc:
-            self.failure = str(exc)
+            self.failure = exc
         except Exception as exc:  # noqa: BLE001 - reported by run(), which stops the process
             log.exception("the log follower failed")
-            self.failure = f"{type(exc).__name__}: {exc}"
+            self.failure = ServerFailure(f"{type(exc).__name__}: {exc}")
 
     def _take(self, offset: int, event: ShardLogEvent, order: Order) -> None:
         if order is Order.SKIP:
@@ -533,7 +546,27 @@ class ParameterServer:
         log.warning("%s: %s; rolling back to version %d", self.spec.name, why, version)
         self._become(ServerState.RECOVERING)
         self._recovering_since = time.monotonic()
-        self._client.send(ProgressKind.REWIND, self.epoch, answered=False, version=version)
+        self._rewind = (
+            version,
+            self._client.send(ProgressKind.REWIND, self.epoch, answered=True, version=version),
+        )
+
+    def _check_rewind_answer(self) -> None:
+        """A refused rewind ends the shard with :class:`StateLost`; any other answer is only an
+        acknowledgement (the REWOUND event in the log is what recovers)."""
+        if self._rewind is None:
+            return
+        version, seq = self._rewind
+        answer = self._client.answer_if_ready(seq)
+        if answer is None:
+            return
+        self._rewind = None
+        if answer.status is AssignmentStatus.REFUSED:
+            raise StateLost(
+                f"{self.spec.name}: the sharder refused to rewind job {self.spec.job_id} to "
+                f"version {version} ({answer.reason}): the job's shard state is lost, and a "
+                "restart cannot recover it; start the job again"
+            )
 
     def _become(self, state: ServerState) -> None:
         self.state = state
@@ -552,6 +585,8 @@ class ParameterServer:
                 f"no checkpoint within {LEAVE_WITHIN_S:.0f} s: "
                 "its replacement rolls the job back further"
             )
+        if self.state is ServerState.RECOVERING:
+            self._check_rewind_answer()
         if (
             self.state is ServerState.RECOVERING
             and now - self._recovering_since > self.spec.recover_within_s

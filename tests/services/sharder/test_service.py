@@ -19,10 +19,11 @@ from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.core import CoreConfig
 from antdt.services.sharder.eventlog import LogWriter, log_topic
 from antdt.services.sharder.recovery import recover_job, take_over
-from antdt.services.sharder.service import SharderConfig
+from antdt.services.sharder.service import SharderConfig, SharderService
 from antdt.services.sharder.state import fold
 from antdt.topics import topic_spec
 from antdt.worker.shard_client import ShardClient
+from tests.services.running import running_loop
 from tests.services.sharder.harness import (
     accepted_done_counts,
     assert_exactly_once,
@@ -190,6 +191,25 @@ def test_kill_9_mid_epoch_then_a_new_sharder_finishes_with_exactly_once(settings
     assert state.writer_epoch >= 2
     recovered = recover_job(settings, "job-k", SingleObjectCodec(), make_producer(settings))
     assert recovered.from_snapshot and recovered.state.logical_view() == state.logical_view()
+
+
+def test_the_sharder_is_ready_only_once_it_has_taken_over_the_jobs_waiting(settings, topics):
+    """Readiness means take-over done: a request sent while no sharder ran is recovered, taken over
+    (a new writer epoch) and answered by the time a new instance says it is ready, and not before
+    its partitions are assigned."""
+    dataset = spec(size=400, epochs=1)
+    with running_sharder(settings):
+        with ShardClient(settings, "job-r", "early", dataset) as early:
+            early.request(0, quota=1)
+    with ShardClient(settings, "job-r", "late", dataset) as late:
+        waiting = late.ask(0, quota=1)
+        late.flush()
+        service = SharderService(settings, writer_id="writer two").start()
+        assert not service.ready.is_set()  # no assignment yet: nothing known of its jobs
+        with running_loop(service, "sharder"):
+            assert service.ready.wait(60), "not ready within 60 s"
+            assert service.jobs["job-r"].core.state.writer_epoch == 2
+            assert late.wait_answer(waiting, 10).shards  # answered, not only recovered
 
 
 def test_a_vanished_worker_loses_its_shards_by_lease_expiry(settings, topics):

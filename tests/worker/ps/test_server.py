@@ -22,11 +22,14 @@ from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.audit import audit_log, compare_with_ledger
 from antdt.services.sharder.state import fold
 from antdt.worker import Agent
+from antdt.worker.agent import EXIT_STATE_LOST
 from antdt.worker.example import SyntheticClassification, evaluate, make_model
 from antdt.worker.ledger import read_ledgers
+from antdt.worker.ps.checkpoints import CheckpointStore
 from antdt.worker.ps.client import read_parameters
 from antdt.worker.ps.job import ParameterServerJob
-from antdt.worker.ps.server import ParameterServer, ServerSpec, ServerState
+from antdt.worker.ps.model import ShardModel
+from antdt.worker.ps.server import ParameterServer, ServerSpec, ServerState, StateLost
 from tests.services.sharder.harness import job_log, running_sharder
 
 pytestmark = pytest.mark.slow
@@ -307,3 +310,24 @@ class _closing:
     def __exit__(self, *exc_info):
         if not self.server._stop.is_set():
             self.server.close()
+
+
+def test_a_shard_whose_job_state_is_lost_ends_at_once_naming_the_cause(settings, topics, tmp_path):
+    """A double fault beyond the fault model: the shard restarts from its checkpoint, but the job's
+    shard state is gone (here the log holds nothing of the job). The sharder refuses the rewind
+    and the shard ends with its reason and exit code 78, instead of waiting out its recovery bound
+    and being restarted into the same wait."""
+    settings = settings.model_copy(update={"job_id": "job-ps-lost"})
+    model = ShardModel(lr=0.05)
+    model.initialize([["weight", [4]]], torch.zeros(4))
+    checkpoint = {"model": model.state_dict(), "epoch": 0, "log_offset": 9, "writer_epoch": 1}
+    CheckpointStore(tmp_path / "ckpt" / "ps-0").save(7, {**checkpoint, "cluster_id": None})
+    with running_sharder(settings):
+        shard = server(settings, tmp_path, recover_within_s=60)
+        assert shard.state is ServerState.RECOVERING
+        with pytest.raises(
+            StateLost, match=r"refused to rewind job job-ps-lost to version 7 \("
+        ) as lost:
+            shard.run(threading.Event())  # it ends by itself
+    assert "has no dataset yet" in str(lost.value)
+    assert lost.value.exit_code == EXIT_STATE_LOST
