@@ -62,7 +62,6 @@ def bench(
     from pathlib import Path
 
     from antdt.demo.plans import PLANS
-    from antdt.demo.report import write_report
 
     chosen = load_scenario(scenario, workers)
     names = [name.strip() for name in plans.split(",") if name.strip()]
@@ -72,6 +71,8 @@ def bench(
             f"unknown plan(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(PLANS)}",
             param_hint="'--plans'",
         )
+    from antdt.demo.report import write_report  # after the arguments: it loads torch
+
     out_dir = Path(out) if out else default_out("bench")
     console = Console(stderr=json_)
     ideal = chosen.ideal_time_s()

@@ -51,6 +51,9 @@ def chaos(
         min=0.0,
         help="Kill a random worker about this often (s); 0 for none.",
     ),
+    worker_kills: int | None = typer.Option(
+        None, "--worker-kills", min=0, help="Kill at most this many workers (default: no limit)."
+    ),
     mid_step_every: int = typer.Option(
         2,
         "--mid-step-every",
@@ -78,8 +81,6 @@ def chaos(
 ) -> None:
     """Kill -9 workers, the parameter server, services and the broker during an epoch; check the
     model and the log."""
-    from antdt.demo.chaos import Chaos, ChaosSpec
-    from antdt.demo.harness import run_plan
     from antdt.demo.plans import PLANS
 
     if training not in CHAOS_PLANS:
@@ -91,9 +92,7 @@ def chaos(
             "kill workers at most once a second, or 0 for none", param_hint="'--worker-every'"
         )
     broker_at = None if no_broker else broker_at
-    spec = ChaosSpec(
-        worker_every, parse_service_times(services_at), seed, broker_at, mid_step_every
-    )
+    service_times = parse_service_times(services_at)
     # Kills come every few seconds: a synchronous group checkpoints often, so each restart loses
     # little.
     chosen = load_scenario(scenario, workers).model_copy(
@@ -112,6 +111,11 @@ def chaos(
             "or pass --no-broker-restart",
             param_hint="'--broker-at'",
         )
+    # after the arguments are checked: these load torch (seconds), a bad argument's error should not
+    from antdt.demo.chaos import Chaos, ChaosSpec
+    from antdt.demo.harness import run_plan
+
+    spec = ChaosSpec(worker_every, service_times, seed, broker_at, mid_step_every, worker_kills)
     with interrupt_on_sigterm(), bus_and_broker() as (settings, where, broker):
         the_chaos = Chaos(spec, broker)
         console.print(f"running on {where}, killing as it goes...")

@@ -68,13 +68,15 @@ def demo(
 ) -> None:
     """Run a straggler scenario through antdt, live, and write the report (exits 1 if a sample was
     not trained exactly once)."""
-    from antdt.demo.dashboard import Dashboard
-    from antdt.demo.harness import run_plan
     from antdt.demo.plans import demo_plan
-    from antdt.demo.report import audit_text, heldout_text, ledger_text, write_report
 
     chosen = load_scenario(scenario, workers)
     plan = demo_plan(chosen, policy.value if policy else None)
+    # after the arguments are checked: these load torch (seconds), a bad argument's error should not
+    from antdt.demo.dashboard import Dashboard
+    from antdt.demo.harness import run_plan
+    from antdt.demo.report import audit_text, heldout_text, ledger_text, write_report
+
     out = out or default_out("demo")
     console = Console()
     with interrupt_on_sigterm(), run_bus() as (settings, where):

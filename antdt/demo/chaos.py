@@ -61,8 +61,8 @@ EXCHANGE = {
 
 @dataclass(frozen=True)
 class ChaosSpec:
-    """When to kill what: workers about every ``worker_every_s`` (±20 %), each service once at its
-    time."""
+    """When to kill what: workers about every ``worker_every_s`` (±20 %), at most
+    ``worker_kills`` of them (None: no limit), each service once at its time."""
 
     worker_every_s: float = 4.0
     service_at_s: dict[str, float] = field(
@@ -71,6 +71,9 @@ class ChaosSpec:
     seed: int = 0
     broker_at_s: float | None = 8.0
     mid_step_every: int = 2  # every n-th worker kill lands mid-step (0: none)
+    #: Kills of a synchronous group restart all of it and lengthen the run, which brings more
+    #: kills: a bound makes a run's length (and a CI run's) predictable.
+    worker_kills: int | None = None
 
 
 @dataclass
@@ -116,9 +119,9 @@ class Chaos:
         self._broker_due = self.spec.broker_at_s
         self.kills: list[Kill] = []
         self._rng = random.Random(self.spec.seed)
+        self._worker_kills = 0
         self._next_worker_s = self._interval()
         self._services_due = dict(self.spec.service_at_s)
-        self._worker_kills = 0
         # a grouped run: the newest checkpoint's time when the group came back from the last kill
         self._checkpoint_when_back = 0.0
 
@@ -174,8 +177,9 @@ class Chaos:
         return any(kill.back_s is None and kill.kind in kinds for kill in self.kills)
 
     def _interval(self) -> float:
-        if self.spec.worker_every_s <= 0:
-            return float("inf")  # no worker kills
+        limit = self.spec.worker_kills
+        if self.spec.worker_every_s <= 0 or (limit is not None and self._worker_kills >= limit):
+            return float("inf")  # no (more) worker kills
         return self.spec.worker_every_s * self._rng.uniform(0.8, 1.2)
 
     def _kill_a_worker(self, now_s: float, pool: WorkerPool) -> bool:

@@ -157,3 +157,15 @@ def test_a_group_is_killed_again_only_after_it_has_checkpointed_since_it_came_ba
     os.utime(checkpoint, (200.0, 200.0))
     the_chaos.tick(10.0, pool, services, timeline)
     assert len(pool.killed) == 2
+
+
+def test_worker_kills_stop_at_the_limit():
+    spec = ChaosSpec(
+        worker_every_s=1.0, service_at_s={}, broker_at_s=None, mid_step_every=0, worker_kills=3
+    )
+    the_chaos = Chaos(spec)
+    pool, services, timeline = Pool(), Services(), Timeline(back_at=0.5)
+    for now_s in range(1, 30):
+        timeline.back_at = now_s - 0.5  # each victim is back before the next look
+        the_chaos.tick(float(now_s), pool, services, timeline)
+    assert len(pool.killed) == 3 and the_chaos.count("worker") == 3

@@ -80,15 +80,15 @@ FRAMEWORKS = {
     "hf": Framework(
         "hf_antdt.py", "transformers", hf_newest, ("--save-every", "20", "--output", "checkpoints")
     ),
-    # a loop of one's own: ElasticJob's checkpoints, every 2 s here
+    # a loop of one's own: ElasticJob's checkpoints, every second here
     "accelerate": Framework(
         "accelerate_antdt.py",
         "accelerate",
         elastic_job_s,
         checkpointed=True,
-        env=(("ANTDT_CHECKPOINT_EVERY_S", "2"),),
+        env=(("ANTDT_CHECKPOINT_EVERY_S", "1"),),
         # without a framework's per-step cost 12,000 samples can end right after the resize
-        samples=48000,
+        samples=24000,
     ),
 }
 

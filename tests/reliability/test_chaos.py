@@ -55,7 +55,8 @@ def asynchronous(tmp_path_factory):
 @pytest.fixture(scope="module")
 def synchronous(tmp_path_factory):
     out = tmp_path_factory.mktemp("chaos-sync")
-    return run_chaos(out, "--training", "sync"), out
+    # each kill restarts the group of eight and lengthens the run: six make it long enough
+    return run_chaos(out, "--training", "sync", "--worker-kills", "6"), out
 
 
 def check_kills(figures: dict, services: list[str]) -> None:
@@ -124,6 +125,8 @@ def test_partial_reduce_survives_kills_mid_average_the_grouper_and_a_broker_rest
         "--scenario",
         "short",
         "--worker-every",
+        "3",
+        "--worker-kills",
         "3",
         "--broker-at",
         "4",

@@ -43,25 +43,30 @@ def agent_settings(settings, topics):
     )
 
 
-def read_topic(settings, component, name, want, timeout_s=20.0) -> list:
+def read_topic(settings, component, name, want=None, timeout_s=20.0) -> list:
+    """The topic's records from its beginning: until ``want(found)``, or with ``want`` None up to
+    its end as it is now; either way for at most ``timeout_s``."""
     topic = topic_spec(component, name).full_name(settings.topic_prefix)
+    partitions = [
+        TopicPartition(topic, p, OFFSET_BEGINNING)
+        for p in range(topic_spec(component, name).partitions)
+    ]
     found = []
     with consuming(settings) as consumer:
-        assign_now(
-            consumer,
-            [
-                TopicPartition(topic, p, OFFSET_BEGINNING)
-                for p in range(topic_spec(component, name).partitions)
-            ],
-        )
+        assign_now(consumer, partitions)
+        unread = {}  # partition -> its end now, until read to it
+        for partition in partitions:
+            low, high = consumer.get_watermark_offsets(partition, 5.0, cached=False)
+            if high > low:
+                unread[partition.partition] = high
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            found += [
-                CODEC.decode(m.value())
-                for m in poll_batch(consumer, 1000, 0.1)
-                if marker_id(m) is None
-            ]
-            if want(found):
+            for message in poll_batch(consumer, 1000, 0.1):
+                if message.offset() + 1 >= unread.get(message.partition(), 0):
+                    unread.pop(message.partition(), None)
+                if marker_id(message) is None:
+                    found.append(CODEC.decode(message.value()))
+            if want(found) if want is not None else not unread:
                 break
     return found
 

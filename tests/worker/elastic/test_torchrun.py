@@ -104,9 +104,7 @@ def assert_ledger_all_ones(workdir: Path, epochs: int = 2) -> None:
         )
 
 
-def job_records(
-    settings, name: str, job: str, want=lambda found: False, timeout_s: float = 5.0
-) -> list:
+def job_records(settings, name: str, job: str, want=None, timeout_s: float = 5.0) -> list:
     return [
         r
         for r in read_topic(
@@ -140,33 +138,6 @@ def applied_resizes(settings, job: str) -> dict[int, set[int]]:
     return applied
 
 
-def test_a_slowed_rank_is_given_less_at_one_step_agreed_by_every_rank(bus, tmp_path):
-    run = torchrun(
-        bus,
-        "tr-dd",
-        tmp_path,
-        "--standalone",
-        "--nproc-per-node",
-        "3",
-        ANTDT_SLOWDOWN="3",
-        ANTDT_SLOWDOWN_RANKS="2",
-    )
-    assert finish(run, tmp_path) == 0
-    assert_ledger_all_ones(tmp_path)
-    commands = [
-        c
-        for c in job_records(bus, "commands", "tr-dd")
-        if c.action is CommandAction.ADJUST_BATCH_SIZE
-    ]
-    assert commands, "the DD controller sent no batch size"
-    assert {c.global_batch_size for c in commands} == {GLOBAL_BATCH}
-    applied = applied_resizes(bus, "tr-dd")
-    assert applied and all(len(steps) == 1 for steps in applied.values()), dict(applied)
-    last = {c.target_worker: c.batch_size for c in sorted(commands, key=lambda c: c.effective_step)}
-    assert last.get("n-2", GLOBAL_BATCH // 3) < GLOBAL_BATCH // 3 < max(last.values()), last
-    assert_audit_clean(bus, "tr-dd")
-
-
 def assert_audit_clean(settings, job: str) -> None:
     """The job's shard log, folded independently: every sample trained exactly once per epoch."""
     codec = make_codec(settings.schema_registry_url)
@@ -178,6 +149,9 @@ def assert_audit_clean(settings, job: str) -> None:
 def test_an_evicted_node_leaves_an_elastic_job_which_goes_on_with_the_same_global_batch(
     bus, tmp_path
 ):
+    """Node c, 3x slower, is evicted; a and b go on. (The slowed rank given less at one agreed
+    step, with ElasticJob's loop, is tests/examples/test_framework_examples.py's Accelerate
+    case.)"""
     port = free_port()
     options = (
         "--nnodes",
@@ -197,12 +171,21 @@ def test_an_evicted_node_leaves_an_elastic_job_which_goes_on_with_the_same_globa
     )
     # three "nodes" on one host would share its GPUs, which NCCL refuses
     cpu = {"CUDA_VISIBLE_DEVICES": ""}
-    nodes = {"a": torchrun(bus, "tr-evict", tmp_path, *options, samples=30000, node="a", **cpu)}
+    nodes = {"a": torchrun(bus, "tr-evict", tmp_path, *options, samples=18000, node="a", **cpu)}
     # a hosts it: c may leave
     until(lambda: listening(port), "node a's rendezvous store did not start")
     nodes.update(
         {
-            node: torchrun(bus, "tr-evict", tmp_path, *options, samples=30000, node=node, **cpu)
+            node: torchrun(
+                bus,
+                "tr-evict",
+                tmp_path,
+                *options,
+                samples=18000,
+                node=node,
+                **cpu,
+                **({"ANTDT_SLOWDOWN": "3"} if node == "c" else {}),
+            )
             for node in "bc"
         }
     )
@@ -225,6 +208,7 @@ def test_an_evicted_node_leaves_an_elastic_job_which_goes_on_with_the_same_globa
     assert finish(nodes["c"], tmp_path, "c") != 0  # its torchrun agent was stopped
     assert finish(nodes["a"], tmp_path, "a") == 0 and finish(nodes["b"], tmp_path, "b") == 0
     assert_ledger_all_ones(tmp_path)
+    assert_audit_clean(bus, "tr-evict")
     shrunk = {}  # each survivor's first report in the group of two: the global batch split evenly
     for report in job_records(bus, "metrics", "tr-evict"):
         if report.world_size == 2:
