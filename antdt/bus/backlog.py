@@ -36,11 +36,6 @@ class Backlog:
     def caught_up(self) -> bool:
         return self._ends == {}
 
-    @property
-    def waiting(self) -> dict[Partition, int]:
-        """The partitions not handled up to their end yet, and those ends."""
-        return dict(self._ends or {})
-
     def assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """A new assignment (the whole of it: eager rebalancing): what each partition holds past
         the group's committed offset is the backlog."""

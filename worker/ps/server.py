@@ -93,8 +93,6 @@ class ServerState(str, Enum):
 class ServerFailure(AntdtError):
     """The shard cannot go on consistently with the others; its restart will roll them back."""
 
-    exit_code = 1
-
 
 class StateLost(ServerFailure):
     """The sharder refused to rewind to this shard's checkpoint: the shard state the checkpoint
@@ -552,8 +550,9 @@ class ParameterServer:
         )
 
     def _check_rewind_answer(self) -> None:
-        """A refused rewind ends the shard with :class:`StateLost`; any other answer is only an
-        acknowledgement (the REWOUND event in the log is what recovers)."""
+        """A refused rewind ends a recovering shard with :class:`StateLost`; any other answer is
+        only an acknowledgement (the REWOUND event in the log is what recovers), taken all the same
+        so that the client does not keep it."""
         if self._rewind is None:
             return
         version, seq = self._rewind
@@ -561,7 +560,7 @@ class ParameterServer:
         if answer is None:
             return
         self._rewind = None
-        if answer.status is AssignmentStatus.REFUSED:
+        if answer.status is AssignmentStatus.REFUSED and self.state is ServerState.RECOVERING:
             raise StateLost(
                 f"{self.spec.name}: the sharder refused to rewind job {self.spec.job_id} to "
                 f"version {version} ({answer.reason}): the job's shard state is lost, and a "
@@ -585,8 +584,7 @@ class ParameterServer:
                 f"no checkpoint within {LEAVE_WITHIN_S:.0f} s: "
                 "its replacement rolls the job back further"
             )
-        if self.state is ServerState.RECOVERING:
-            self._check_rewind_answer()
+        self._check_rewind_answer()
         if (
             self.state is ServerState.RECOVERING
             and now - self._recovering_since > self.spec.recover_within_s
