@@ -23,6 +23,12 @@ class LoopService:
     def start(self) -> LoopService:
         raise NotImplementedError
 
+    @property
+    def started(self) -> bool:
+        """Started and not closed: a second ``start()`` would join the group twice, and the
+        consumer left behind would hold partitions as a member nobody polls."""
+        return self._consumer is not None
+
     def step(self) -> int:
         raise NotImplementedError
 
@@ -40,7 +46,7 @@ class LoopService:
 
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set, then close cleanly."""
-        if self._consumer is None:
+        if not self.started:
             self.start()
         try:
             while not stop.is_set():

@@ -14,7 +14,8 @@ def running_loop(service, name: str):
     If the loop died, leaving says so (with its error) instead of letting
     the test blame the clients that waited for it.
     """
-    service.start()
+    if not service.started:  # a test may have started it to look at it first
+        service.start()
     stop = threading.Event()
     died: list[BaseException] = []
 
