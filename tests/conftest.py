@@ -53,3 +53,46 @@ def settings(broker: EmbeddedBroker, topic_prefix: str) -> Settings:
 def topics(settings: Settings) -> dict[str, int]:
     """Every registry topic created under this test's prefix; name -> partitions."""
     return ensure_topics(make_admin(settings), settings)
+
+
+#: The xdist group of the tests marked ``serial``: they run one after another on one worker.
+SERIAL_GROUP = "serial"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the tests for ``pytest -n 2 --dist loadgroup`` (``make test``).
+
+    Tests marked ``serial`` (training ranks and services whose timings and
+    bounds are sized for the whole machine: chaos, the framework examples,
+    the demo runs) run one at a time, in one group; two side by side would
+    measure each other. A module with a module-scoped fixture stays on one
+    worker, so the fixture runs once (in the serial group if any of its tests
+    is there). Everything else spreads over the workers, beside the serial
+    group.
+    """
+    groups = {item: _own_group(item) for item in items}
+    serial_modules = {_module(item) for item, group in groups.items() if group == SERIAL_GROUP}
+    for item, group in groups.items():
+        if group is not None and _module(item) in serial_modules:
+            group = SERIAL_GROUP
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _own_group(item: pytest.Item) -> str | None:
+    if item.get_closest_marker("serial"):
+        return SERIAL_GROUP
+    if _has_module_fixture(item):
+        return _module(item)
+    return None
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _has_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(chain[-1].scope == "module" for chain in defs if chain)
