@@ -10,12 +10,12 @@ STAMP  := $(VENV)/.antdt-installed
 demo: $(STAMP)
 	$(BIN)/antdt demo
 
-# Two workers: the tests marked serial one at a time on one, everything else beside them
+# Two workers: the serial test modules one after another on one, every other module beside them
 # (tests/conftest.py groups them).
 PYTEST_WORKERS ?= 2
 
 test: lint
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS)
 
 # ruff's lint rules and formatting (pyproject.toml); `make format` applies them.
 lint: $(STAMP)

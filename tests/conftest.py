@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections import OrderedDict
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin
@@ -55,44 +57,48 @@ def topics(settings: Settings) -> dict[str, int]:
     return ensure_topics(make_admin(settings), settings)
 
 
-#: The xdist group of the tests marked ``serial``: they run one after another on one worker.
-SERIAL_GROUP = "serial"
+#: The test modules that run one after another, on one worker, under ``make test``'s two workers:
+#: their training ranks and services are timed against the whole machine (steps, stragglers,
+#: bounds), and two of them side by side would measure each other.
+SERIAL_MODULES = frozenset(
+    {
+        "tests/cli/test_demo_cmd.py",
+        "tests/cli/test_demo_kafka_profile.py",
+        "tests/cli/test_worker_cmd.py",
+        "tests/examples/test_framework_examples.py",
+        "tests/examples/test_user_job_bench.py",
+        "tests/loadgen/test_scale_out.py",
+        "tests/reliability/test_chaos.py",
+        "tests/worker/elastic/test_torchrun.py",
+        "tests/worker/preduce/test_torchrun.py",
+        "tests/worker/ps/test_torchrun.py",
+    }
+)
+SERIAL = "serial"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the tests for ``pytest -n 2 --dist loadgroup`` (``make test``).
+class SerialFirstScheduling(LoadScopeScheduling):
+    """``pytest -n N`` (``make test``): the :data:`SERIAL_MODULES` as one unit of work, handed out
+    first (it is the longest), and every other module as a unit of its own beside it (a module's
+    module-scoped fixtures run once)."""
 
-    Tests marked ``serial`` (training ranks and services whose timings and
-    bounds are sized for the whole machine: chaos, the framework examples,
-    the demo runs) run one at a time, in one group; two side by side would
-    measure each other. A module with a module-scoped fixture stays on one
-    worker, so the fixture runs once (in the serial group if any of its tests
-    is there). Everything else spreads over the workers, beside the serial
-    group.
-    """
-    groups = {item: _own_group(item) for item in items}
-    serial_modules = {_module(item) for item, group in groups.items() if group == SERIAL_GROUP}
-    for item, group in groups.items():
-        if group is not None and _module(item) in serial_modules:
-            group = SERIAL_GROUP
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+    def __init__(self, config: pytest.Config, log=None) -> None:
+        super().__init__(config, log)
+        self.workqueue = _SerialFirst()
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::")[0]
+        return SERIAL if module in SERIAL_MODULES else super()._split_scope(nodeid)
 
 
-def _own_group(item: pytest.Item) -> str | None:
-    if item.get_closest_marker("serial"):
-        return SERIAL_GROUP
-    if _has_module_fixture(item):
-        return _module(item)
-    return None
+class _SerialFirst(OrderedDict):
+    """The work queue, with the serial unit at its head whenever it is added."""
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        if key == SERIAL:
+            self.move_to_end(key, last=False)
 
 
-def _module(item: pytest.Item) -> str:
-    return item.nodeid.split("::")[0]
-
-
-def _has_module_fixture(item: pytest.Item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    defs = info.name2fixturedefs.values() if info is not None else ()
-    return any(chain[-1].scope == "module" for chain in defs if chain)
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> SerialFirstScheduling:
+    return SerialFirstScheduling(config, log)

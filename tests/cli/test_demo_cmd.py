@@ -20,7 +20,6 @@ def antdt(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.serial
 def test_a_short_demo_ends_with_a_clean_audit_and_the_report(tmp_path):
     said = assert_short_demo_succeeded(short_demo(tmp_path), tmp_path)
     # its own embedded broker, tuned for (tests/cli/test_demo_kafka_profile.py runs the other one)
@@ -57,7 +56,6 @@ def assert_short_demo_succeeded(result: subprocess.CompletedProcess, out: Path) 
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.serial
 def test_bench_measures_the_baseline_and_dd_against_the_ideal(tmp_path):
     result = antdt(
         "bench", "--scenario", "short", "--plans", "static-bsp,dd", "--json", "--out", str(tmp_path)

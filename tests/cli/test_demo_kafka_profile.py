@@ -42,7 +42,6 @@ PROCESSES = ("monitor-", "sharder-", "controller-", "ps-0-", "worker-w0", "worke
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.timeout(360)
-@pytest.mark.serial
 def test_the_short_demo_on_the_kafka_profile_mitigates_the_straggler_exactly_once(
     broker, topic_prefix, tmp_path, monkeypatch
 ):

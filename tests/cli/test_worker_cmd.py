@@ -72,7 +72,6 @@ def test_two_example_workers_one_slowed_train_the_job_exactly_once(settings, top
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.serial
 def test_a_worker_slowed_by_sleep_is_a_straggler_within_5_s_and_stays_one(settings, topics):
     """Injected sleep is booked as compute, as a slower device's time would be: the monitor sees it
     at once.

@@ -30,7 +30,7 @@ from tests.worker.elastic.test_torchrun import (
     until,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600), pytest.mark.serial]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 GLOBAL_BATCH = 96  # 3 ranks x the examples' 32

@@ -15,7 +15,6 @@ BENCH = Path(__file__).parents[2] / "bench" / "torchrun_bench.py"
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_the_user_style_job_finishes_healthy_and_slowed_with_every_sample_once(tmp_path):
     done = subprocess.run(
         [

@@ -31,7 +31,7 @@ from antdt.services.sharder.replay import audit_job, replay_events
 from antdt.settings import BrokerProfile, load_settings
 from antdt.topics import topic_spec
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.serial]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SERVICES = ("sharder", "controller", "monitor")
 JOBS = 10

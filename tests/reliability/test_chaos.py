@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.serial]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def run_chaos(out, *args: str) -> dict:

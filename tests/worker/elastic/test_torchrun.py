@@ -28,7 +28,7 @@ from antdt.worker.ledger import read_ledgers
 from tests.cli.test_up_cmd import serving
 from tests.worker.test_agent import read_topic, send_command
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600), pytest.mark.serial]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "ddp_antdt.py"
 GLOBAL_BATCH = 96  # 3 ranks x the example's 32

@@ -19,7 +19,7 @@ from tests.worker.elastic.test_torchrun import (
     torchrun,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600), pytest.mark.serial]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "preduce_antdt.py"
 

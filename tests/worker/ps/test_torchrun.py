@@ -17,7 +17,7 @@ from antdt.worker.ledger import read_ledgers
 from tests.cli.test_up_cmd import serving
 from tests.worker.elastic.test_torchrun import assert_audit_clean, finish, torchrun, until
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600), pytest.mark.serial]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "ps_antdt.py"
 JOB = "tr-async"
