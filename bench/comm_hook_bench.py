@@ -1,7 +1,8 @@
 """What a DDP communication hook costs per step: DDP's own, a Python pass-through, antdt's.
 
-Two gloo ranks (spawned, one thread each) train ``user_job.py``'s MLP on one
-fixed batch, so the step is only forward, backward with DDP's all-reduce,
+Gloo ranks (``--ranks``, 2 by default; spawned, one thread each) train
+``user_job.py``'s MLP on one fixed batch (``--batch`` samples, 32 by default),
+so the step is only forward, backward with DDP's all-reduce,
 and the optimizer step. Three ways to reduce the gradients:
 
 * ``ddp``: DDP's built-in all-reduce (C++, no hook);
@@ -38,7 +39,6 @@ from user_job import mlp  # noqa: E402
 
 WAYS = ("ddp", "python", "antdt")
 WARM_UP = 100
-BATCH = 32
 
 
 def python_hook(state, bucket):
@@ -47,7 +47,7 @@ def python_hook(state, bucket):
     return dist.all_reduce(buffer, async_op=True).get_future().then(lambda done: done.value()[0])
 
 
-def reducer_for(way: str, ddp: DistributedDataParallel):
+def reducer_for(way: str, ddp: DistributedDataParallel, batch: int):
     """``antdt``'s WeightedReduce (primed), after registering the way's hook; None for the
     others."""
     if way == "python":
@@ -57,25 +57,28 @@ def reducer_for(way: str, ddp: DistributedDataParallel):
     from antdt.worker.ddp_hook import WeightedReduce
 
     reduce = WeightedReduce(ddp)
-    reduce.prime(BATCH)
+    reduce.prime(batch)
     return reduce
 
 
-def rank_main(rank: int, way: str, steps: int, hidden: int, init_file: str, out_dir: str) -> None:
+def rank_main(rank: int, way: str, args, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=args.ranks
+    )
+    steps, hidden, batch = args.steps, args.hidden, args.batch
     torch.manual_seed(0)
     model = mlp(64, hidden, 20)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     ddp = DistributedDataParallel(model)
-    reduce = reducer_for(way, ddp)
-    inputs, labels = torch.randn(BATCH, 64), torch.randint(0, 20, (BATCH,))
+    reduce = reducer_for(way, ddp, batch)
+    inputs, labels = torch.randn(batch, 64), torch.randint(0, 20, (batch,))
     for step in range(WARM_UP + steps):
         if step == WARM_UP:
             dist.barrier()
             began = time.perf_counter()
         if reduce is not None:
-            reduce.begin(BATCH, [1, 0, 0, BATCH, 0])  # the loop's numbers, as ElasticJob's
+            reduce.begin(batch, [1, 0, 0, batch, 0])  # the loop's numbers, as ElasticJob's
         loss = F.cross_entropy(ddp(inputs), labels)
         optimizer.zero_grad()
         loss.backward()
@@ -89,10 +92,10 @@ def rank_main(rank: int, way: str, steps: int, hidden: int, init_file: str, out_
     dist.destroy_process_group()
 
 
-def time_way(way: str, steps: int, hidden: int) -> float:
-    """Milliseconds per step of one two-rank run."""
+def time_way(way: str, args) -> float:
+    """Milliseconds per step of one run."""
     with tempfile.TemporaryDirectory() as scratch:
-        mp.spawn(rank_main, args=(way, steps, hidden, f"{scratch}/init", scratch), nprocs=2)
+        mp.spawn(rank_main, args=(way, args, f"{scratch}/init", scratch), nprocs=args.ranks)
         return float(Path(scratch, "step_ms").read_text())
 
 
@@ -103,6 +106,8 @@ def main() -> int:
     parser.add_argument(
         "--hidden", type=int, default=256, help="the MLP's width (256: 85k parameters)"
     )
+    parser.add_argument("--batch", type=int, default=32, help="samples per rank")
+    parser.add_argument("--ranks", type=int, default=2)
     args = parser.parse_args()
     ways = args.only.split(",")
     unknown = set(ways) - set(WAYS)
@@ -112,13 +117,14 @@ def main() -> int:
     times = {way: [] for way in ways}
     for _ in range(args.repeat):  # interleaved, so drift hits every way alike
         for way in ways:
-            times[way].append(time_way(way, args.steps, args.hidden))
+            times[way].append(time_way(way, args))
     base = statistics.median(times["ddp"]) if "ddp" in times else None
     report = {
         "settings": {
             "steps": args.steps,
             "repeat": args.repeat,
-            "batch": BATCH,
+            "batch": args.batch,
+            "ranks": args.ranks,
             "hidden": args.hidden,
         },
         "step_ms": {way: spread(values) for way, values in times.items()},

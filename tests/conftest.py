@@ -11,12 +11,22 @@ import uuid
 from collections import OrderedDict
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 from xdist.scheduler import LoadScopeScheduling
 
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin
 from antdt.embedded.broker import EmbeddedBroker
 from antdt.settings import BrokerProfile, Settings, load_settings
+
+# Property tests judge what the code does, not how fast: beside the serial modules' training ranks
+# (make test's two workers) an example can take seconds, and a deadline or a generation-speed
+# health check would fail the suite on the machine's load.
+hypothesis_settings.register_profile(
+    "antdt", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+hypothesis_settings.load_profile("antdt")
 
 
 @pytest.fixture(autouse=True)

@@ -132,3 +132,24 @@ def test_control_integers_summed_in_limbs_come_back_exact(ranks: list[list[int]]
 def test_a_control_integer_out_of_range_is_refused():
     with pytest.raises(AntdtError, match="2\\*\\*36"):
         encode_limbs([LIMIT])
+
+
+def test_a_model_on_the_cpu_never_waits_for_a_gpu(tmp_path, monkeypatch):
+    """The hook waits for the GPU's stream only where the gradients are: a framework that
+    initialised CUDA on a GPU host (Lightning does) must not cost a CPU model a sync a step."""
+    waited: list = []
+    monkeypatch.setattr(
+        "antdt.worker.ddp_hook.settle_device", lambda device=None: waited.append(device)
+    )
+    join_gloo(str(tmp_path / "init"), 0, world=1)
+    try:
+        model, optimizer = new_model()
+        reduce = WeightedReduce(DistributedDataParallel(model, bucket_cap_mb=0.01))
+        reduce.prime(4)
+        reduce.begin(4)
+        inputs, targets = torch.randn(4, 4, dtype=torch.float64), torch.randn(4, 1).double()
+        F.mse_loss(reduce.ddp(inputs), targets).backward()
+        assert reduce.sums()[0] == 4 and reduce.backward_done_at is not None
+    finally:
+        dist.destroy_process_group()
+    assert waited == []
