@@ -30,11 +30,13 @@ from pathlib import Path
 from antdt.demo.chaos import Chaos, Kill
 from antdt.demo.evaluation import Evaluator, from_file, from_servers
 from antdt.demo.handshake import done_file, give_start, ready_file
+from antdt.demo.phases import read_phase
 from antdt.demo.placement import Move, Placement
 from antdt.demo.plans import RunPlan
 from antdt.demo.pool import WorkerPool
 from antdt.demo.scenario import Scenario
 from antdt.demo.services import Services, server_addresses, wanted_services
+from antdt.demo.stall import describe_stall
 from antdt.demo.steptrace import read_trace, trace_path
 from antdt.demo.timeline import Timeline
 from antdt.demo.trainer import LR
@@ -168,8 +170,11 @@ def run_plan(
             if on_tick is not None:
                 on_tick(timeline, time.time() - start)
             if time.monotonic() > deadline:
+                phases = {name: read_phase(handshake, rank).name for rank, name in enumerate(names)}
+                stalled = describe_stall(settings, job_id, run_dir, phases)
                 raise AntdtError(
-                    f"the run did not finish within {timeout_s:.0f} s (ideal {ideal:.0f} s); "
+                    f"the run did not finish within {timeout_s:.0f} s (ideal {ideal:.0f} s): "
+                    f"{stalled}; workers' phases {phases}; {run_dir / 'stall.json'}, "
                     f"logs in {run_dir / 'logs'}"
                 )
             time.sleep(tick_s)
