@@ -10,7 +10,12 @@ and the optimizer step. Three ways to reduce the gradients:
   the world size (what any Python hook costs: a call per bucket and a
   callback when its all-reduce completes);
 * ``antdt``: :class:`antdt.worker.ddp_hook.WeightedReduce`, the batch sizes
-  and loop numbers carried at the end of the first bucket.
+  and loop numbers carried at the end of the first bucket;
+* ``scaled``: a candidate without a Python hook: DDP's built-in all-reduce,
+  each rank's gradient weighted through the model output's gradient
+  (``world x b_i / B``, a tensor hook), and the loop's numbers in a small
+  all-reduce of their own, launched before the forward pass and waited for
+  after the backward.
 
 Each is timed over ``--steps`` steps after a warm-up, ``--repeat`` times
 (median, min, max of the per-step time).
@@ -37,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import bench_parser, emit, spread  # noqa: E402
 from user_job import mlp  # noqa: E402
 
-WAYS = ("ddp", "python", "antdt")
+WAYS = ("ddp", "python", "antdt", "scaled")
 WARM_UP = 100
 
 
@@ -47,11 +52,34 @@ def python_hook(state, bucket):
     return dist.all_reduce(buffer, async_op=True).get_future().then(lambda done: done.value()[0])
 
 
+class OutputScaled:
+    """The ``scaled`` way: the weight on the output's gradient, the numbers beside (docstring)."""
+
+    def __init__(self, ddp: DistributedDataParallel, batch: int):
+        self.weight = 1.0  # world x b_i / B: every rank's batch is the same here
+        self.control: tuple | None = None
+        ddp.module.register_forward_hook(self._scale_output)
+
+    def _scale_output(self, module, inputs, output):
+        output.register_hook(lambda grad: grad * self.weight)
+
+    def begin(self, batch: int, integers) -> None:
+        numbers = torch.tensor([float(batch), *integers] * 3)  # as many as the limbs
+        self.control = (numbers, dist.all_reduce(numbers, async_op=True))
+
+    def sums(self) -> list:
+        numbers, work = self.control
+        work.wait()
+        return numbers.tolist()
+
+
 def reducer_for(way: str, ddp: DistributedDataParallel, batch: int):
     """``antdt``'s WeightedReduce (primed), after registering the way's hook; None for the
     others."""
     if way == "python":
         ddp.register_comm_hook(None, python_hook)
+    if way == "scaled":
+        return OutputScaled(ddp, batch)
     if way != "antdt":
         return None
     from antdt.worker.ddp_hook import WeightedReduce
