@@ -55,7 +55,7 @@ def python_hook(state, bucket):
 class OutputScaled:
     """The ``scaled`` way: the weight on the output's gradient, the numbers beside (docstring)."""
 
-    def __init__(self, ddp: DistributedDataParallel, batch: int):
+    def __init__(self, ddp: DistributedDataParallel):
         self.weight = 1.0  # world x b_i / B: every rank's batch is the same here
         self.control: tuple | None = None
         ddp.module.register_forward_hook(self._scale_output)
@@ -79,7 +79,7 @@ def reducer_for(way: str, ddp: DistributedDataParallel, batch: int):
     if way == "python":
         ddp.register_comm_hook(None, python_hook)
     if way == "scaled":
-        return OutputScaled(ddp, batch)
+        return OutputScaled(ddp)
     if way != "antdt":
         return None
     from antdt.worker.ddp_hook import WeightedReduce

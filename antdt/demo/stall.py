@@ -61,10 +61,8 @@ def one_line(summary: dict) -> str:
         return f"the shard log has job {summary['job_id']} finished"
     shards = summary["shards"]
     counts = ", ".join(f"{shards[s.value]} {s.value}" for s in ShardState if s.value in shards)
-    holders = Counter(
-        entry["worker"] or "nobody" for entry in summary["open"] if entry["state"] == "DOING"
-    )
-    held = ", ".join(f"{worker}: {count}" for worker, count in sorted(holders.items()))
+    # from what each worker holds, not the open list: that one stops at LISTED shards
+    held = ", ".join(f"{worker}: {len(ids)}" for worker, ids in summary["held"].items())
     return (
         f"the shard log has epoch {summary['epoch']} open with {counts or 'no shards'}"
         + (f" (doing: {held})" if held else "")
