@@ -27,7 +27,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from antdt.demo.chaos import Chaos, Kill
+from antdt.demo.chaos import Chaos, Injection
 from antdt.demo.evaluation import Evaluator, from_file, from_servers
 from antdt.demo.handshake import done_file, give_start, ready_file
 from antdt.demo.phases import read_phase
@@ -62,7 +62,7 @@ class RunResult:
     timeline: Timeline
     audit: dict | None = None  # the sharder log's audit, None without a sharder
     # what a chaos run killed, and when each came back
-    kills: list[Kill] = field(default_factory=list)
+    kills: list[Injection] = field(default_factory=list)
     ledger: LedgerCheck = field(default_factory=LedgerCheck)
     heldout: tuple[float, float] | None = None  # (loss, accuracy) of the final model
     # (s, loss, accuracy)
@@ -145,6 +145,8 @@ def run_plan(
             clock=timeline.now,
         ).start()
         stack.callback(pool.close)
+        if chaos is not None:  # first: a stopped rank must be able to take its SIGTERM
+            stack.callback(chaos.release_all)
         _wait_for(
             lambda: all(ready_file(handshake, r).exists() for r in range(len(names))),
             pool,
@@ -178,6 +180,8 @@ def run_plan(
                     f"logs in {run_dir / 'logs'}"
                 )
             time.sleep(tick_s)
+        if chaos is not None:
+            chaos.settle(lambda: time.time() - start, pool, services, timeline)
         results = [json.loads(done_file(handshake, r).read_text()) for r in range(len(names))]
         wall = max(r["finished_s"] for r in results)
         samples = sum(r["samples"] for r in results)

@@ -856,6 +856,9 @@ class LedgerCheck:
     files: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
     compared_epochs: list[int] = field(default_factory=list)
+    #: samples the ledgers count zero times (lost) and more than once (duplicated), all epochs
+    never_trained: int = 0
+    trained_twice: int = 0
 
     @property
     def ok(self) -> bool:
@@ -867,6 +870,8 @@ class LedgerCheck:
             "files": self.files,
             "findings": self.findings,
             "compared_with_log": self.compared_epochs,
+            "never_trained": self.never_trained,
+            "trained_twice": self.trained_twice,
         }
 
 
@@ -883,6 +888,8 @@ def check_ledgers(run_dir: Path, report: AuditReport | None) -> LedgerCheck:
     for owner in owners:
         ledgers = read_ledgers(owner)
         check.files += [str(owner / FILE_PATTERN.format(epoch=e)) for e in sorted(ledgers)]
+        check.never_trained += sum(int((counts == 0).sum()) for counts in ledgers.values())
+        check.trained_twice += sum(int((counts > 1).sum()) for counts in ledgers.values())
         where = owner.name if owner != run_dir else "the ledger"
         if report is not None:
             covered = {e.epoch for e in report.epochs}

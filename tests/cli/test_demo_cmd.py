@@ -108,6 +108,10 @@ def test_a_broker_restart_needs_the_embedded_broker(monkeypatch):
         ),
         (("chaos", "--training", "lockstep"), "'lockstep': choose async, sync or preduce"),
         (("chaos", "--worker-every", "0.5"), "kill workers at most once a second, or 0 for none"),
+        (
+            ("chaos", "--seed", "3", "--broker-at", "4"),
+            "--seed draws the whole schedule: drop --broker-at",
+        ),
         (("up", "--mode", "lockstep"), "'lockstep' is not one of"),
     ],
 )

@@ -8,6 +8,9 @@ on who runs, who is ready and who has trained since when.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 from antdt.demo.chaos import Chaos, ChaosSpec
+from antdt.demo.faults import Fault, FaultAction, Target
+from antdt.demo.hog import CpuHog
 from antdt.demo.training_sync import CHECKPOINT as SYNC_CHECKPOINT
 
 
@@ -169,3 +174,82 @@ def test_worker_kills_stop_at_the_limit():
         timeline.back_at = now_s - 0.5  # each victim is back before the next look
         the_chaos.tick(float(now_s), pool, services, timeline)
     assert len(pool.killed) == 3 and the_chaos.count("worker") == 3
+
+
+@dataclass
+class Process:
+    """A victim's process: the signals it was sent, in order."""
+
+    signals: list[int] = field(default_factory=list)
+    pid: int = 0
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+
+    def poll(self) -> int | None:
+        return None
+
+
+def drawn(*faults: Fault) -> Chaos:
+    return Chaos(ChaosSpec(**{**ChaosSpec.drawn(0).__dict__, "faults": faults}))
+
+
+def test_a_stopped_worker_is_continued_after_its_hold_and_is_back_only_once_it_trains_again():
+    stop = Fault(5.0, FaultAction.STOP, Target.WORKER, hold_s=4.0)
+    kill = Fault(6.0, FaultAction.KILL, Target.WORKER)
+    the_chaos = drawn(stop, kill)
+    pool, services, timeline = Pool(), Services(), Timeline()
+    pool.processes = {0: Process(), 1: Process()}
+    the_chaos.tick(5.0, pool, services, timeline)
+    (victim,) = [p for p in pool.processes.values() if p.signals]
+    assert victim.signals == [signal.SIGSTOP]
+    timeline.back_at = 7.0  # a report from before the stop's end does not count
+    the_chaos.tick(7.5, pool, services, timeline)  # the kill is due, but one fault at a time
+    assert pool.killed == [] and the_chaos.survived == 0
+    the_chaos.tick(9.2, pool, services, timeline)  # the hold is over
+    assert victim.signals == [signal.SIGSTOP, signal.SIGCONT]
+    timeline.back_at = 10.0
+    the_chaos.tick(10.5, pool, services, timeline)
+    (stopped, killed) = the_chaos.kills
+    assert stopped.back_s == 10.0 and stopped.to_dict()["held_s"] == 4.0
+    assert killed.action is FaultAction.KILL and len(pool.killed) == 1
+
+
+def test_a_stopped_service_is_back_when_it_answers_after_its_sigcont():
+    the_chaos = drawn(Fault(3.0, FaultAction.STOP, Target.SERVICE, hold_s=2.0))
+    pool, timeline = Pool(), Timeline()
+    services = Services(processes={"sharder": SimpleNamespace(process=Process())})
+    the_chaos.tick(3.0, pool, services, timeline)
+    (stop,) = the_chaos.kills
+    assert stop.target == "sharder" and stop.kind == "service" and services.killed == []
+    the_chaos.tick(4.0, pool, services, timeline)
+    assert stop.back_s is None  # still stopped, however ready it looked before
+    the_chaos.tick(5.5, pool, services, timeline)
+    assert services.processes["sharder"].process.signals == [signal.SIGSTOP, signal.SIGCONT]
+    assert stop.back_s == 5.5 and stop.lost_s == pytest.approx(2.5, abs=0.01)
+
+
+def test_a_run_that_ends_while_a_victim_is_stopped_continues_it():
+    the_chaos = drawn(Fault(1.0, FaultAction.STOP, Target.WORKER, hold_s=60.0))
+    pool, services, timeline = Pool(), Services(), Timeline()
+    pool.processes = {0: Process(), 1: Process()}
+    the_chaos.tick(1.0, pool, services, timeline)
+    the_chaos.release_all()
+    assert sorted(sum((p.signals for p in pool.processes.values()), [])) == sorted(
+        [signal.SIGSTOP, signal.SIGCONT]
+    )
+
+
+def test_a_cpu_hog_pins_its_victim_to_one_core_with_a_busy_loop_and_lets_it_go_after():
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        allowed = os.sched_getaffinity(victim.pid)
+        hog = CpuHog(victim.pid)
+        assert os.sched_getaffinity(victim.pid) == {max(allowed)}
+        assert os.sched_getaffinity(hog._burner.pid) == {max(allowed)}
+        assert hog._burner.poll() is None  # busy
+        hog.stop()
+        assert os.sched_getaffinity(victim.pid) == allowed and hog._burner.poll() is not None
+    finally:
+        victim.kill()
+        victim.wait()
