@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.antdt-installed
 
-.PHONY: demo test lint format bench bench-e2e bench-torchrun venv clean
+.PHONY: demo test lint format bench bench-e2e bench-torchrun bench-chaos venv clean
 
 demo: $(STAMP)
 	$(BIN)/antdt demo
@@ -34,9 +34,14 @@ bench-e2e: $(STAMP)
 bench-torchrun: $(STAMP)
 	$(BIN)/python bench/torchrun_bench.py --ranks 2 --repeat 3 --modes beside,hook,dd,preduce,ps --json
 
+# Drawn chaos schedules, 30 seeds per training mode (about 2 hours): docs/reliability.md's table.
+bench-chaos: $(STAMP)
+	$(BIN)/python bench/chaos_seeds.py --modes sync,preduce,async --seeds 1-30 --json
+
 bench: $(STAMP)
 	$(BIN)/python bench/codec_bench.py
 	$(BIN)/python bench/broker_start_bench.py
+	$(BIN)/python bench/broker_log_bench.py
 	$(BIN)/python bench/offset_gap_bench.py
 	$(BIN)/python bench/sharder_bench.py
 	$(BIN)/python bench/agent_bench.py

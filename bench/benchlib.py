@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin
@@ -93,3 +98,56 @@ def numbers(parser: argparse.ArgumentParser, option: str, text: str, kind: type 
 
 def emit(report: dict, as_json: bool) -> None:
     print(json.dumps(report, indent=2) if as_json else report, flush=True)
+
+
+#: How long each of ``antdt up``'s services may take to be ready (past it, antdt up exits).
+READY_WITHIN_S = 90
+
+
+@dataclass
+class Bus:
+    """A running ``antdt up``: the environment it exports, and its process (for its CPU)."""
+
+    exports: dict[str, str]
+    process: subprocess.Popen | None = None
+
+    def cpu_s(self) -> float | None:
+        """CPU seconds used so far by ``antdt up`` and everything it started (None: no bus)."""
+        if self.process is None:
+            return None
+        import psutil
+
+        total = 0.0
+        root = psutil.Process(self.process.pid)
+        for process in [root, *root.children(recursive=True)]:
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return total
+
+
+@contextmanager
+def antdt_up(log_dir: Path, options: list[str]):
+    """``antdt up OPTIONS`` as a user starts it; yields the :class:`Bus`."""
+    command = [sys.executable, "-m", "antdt.cli.main", "up", *options]
+    process = subprocess.Popen(
+        [*command, "--ready-within", str(READY_WITHIN_S), "--log-dir", str(log_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    exports: dict[str, str] = {}
+    try:
+        # bounded by antdt up itself: a service not ready within READY_WITHIN_S ends it (EOF)
+        for line in process.stdout:
+            if line.startswith("export"):
+                exports.update(re.findall(r"(\w+)=(\S+)", line.split("#")[0]))
+            if "Ctrl-C stops everything" in line:
+                break
+        else:
+            raise RuntimeError(f"antdt up exited with code {process.wait()} before it was ready")
+        yield Bus(exports, process)
+    finally:
+        stop_process(process, 30)

@@ -43,17 +43,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import resource
 import subprocess
 import sys
 import time
 import uuid
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-from benchlib import bench_parser, numbers, spread, stop_process
+from benchlib import Bus, antdt_up, bench_parser, numbers, spread
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "user_job.py"
@@ -74,32 +71,6 @@ UP_OPTIONS = {
 }
 #: How long the servers may take to write the last epoch's ledger once the job has ended.
 LEDGER_WITHIN_S = 30.0
-#: How long each of ``antdt up``'s services may take to be ready (past it, antdt up exits).
-READY_WITHIN_S = 90
-
-
-@dataclass
-class Bus:
-    """A running ``antdt up``: the environment it exports, and its process (for its CPU)."""
-
-    exports: dict[str, str]
-    process: subprocess.Popen | None = None
-
-    def cpu_s(self) -> float | None:
-        """CPU seconds used so far by ``antdt up`` and everything it started (None: no bus)."""
-        if self.process is None:
-            return None
-        import psutil
-
-        total = 0.0
-        root = psutil.Process(self.process.pid)
-        for process in [root, *root.children(recursive=True)]:
-            try:
-                times = process.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            total += times.user + times.system
-        return total
 
 
 def children_cpu_s() -> float:
@@ -107,31 +78,6 @@ def children_cpu_s() -> float:
     exited)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-@contextmanager
-def antdt_up(log_dir: Path, options: list[str]):
-    """``antdt up --policy antdt-dd OPTIONS`` as a user starts it; yields the :class:`Bus`."""
-    command = [sys.executable, "-m", "antdt.cli.main", "up", "--policy", "antdt-dd", *options]
-    process = subprocess.Popen(
-        [*command, "--ready-within", str(READY_WITHIN_S), "--log-dir", str(log_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    exports: dict[str, str] = {}
-    try:
-        # bounded by antdt up itself: a service not ready within READY_WITHIN_S ends it (EOF)
-        for line in process.stdout:
-            if line.startswith("export"):
-                exports.update(re.findall(r"(\w+)=(\S+)", line.split("#")[0]))
-            if "Ctrl-C stops everything" in line:
-                break
-        else:
-            raise RuntimeError(f"antdt up exited with code {process.wait()} before it was ready")
-        yield Bus(exports, process)
-    finally:
-        stop_process(process, 30)
 
 
 def run_job(mode: str, ranks: int, args, slow: bool, workdir: Path, env: dict, bus: Bus) -> dict:
@@ -191,7 +137,7 @@ def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
         options = UP_OPTIONS.get(mode, ["--mode", "sync"])
         if mode == "ps":
             options = [*options, "--job", job]  # the servers serve this job
-        with antdt_up(logs, options) as bus:
+        with antdt_up(logs, ["--policy", "antdt-dd", *options]) as bus:
             environment = base | bus.exports | {"ANTDT_JOB_ID": job}
             run = run_job(mode, ranks, args, slow, workdir, environment, bus)
             if mode == "ps" and run["finished"]:  # the servers' ledger: exactly once

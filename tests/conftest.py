@@ -79,6 +79,7 @@ SERIAL_MODULES = frozenset(
         "tests/examples/test_user_job_bench.py",
         "tests/loadgen/test_scale_out.py",
         "tests/reliability/test_chaos.py",
+        "tests/reliability/test_chaos_seeds.py",
         "tests/worker/elastic/test_torchrun.py",
         "tests/worker/preduce/test_torchrun.py",
         "tests/worker/ps/test_torchrun.py",

@@ -1,12 +1,12 @@
 """Chaos on the real thing: kill -9 workers (some mid-step), the parameter server, every service,
 and the broker.
 
-Runs ``antdt chaos`` as a user would, once asynchronously (AntDT-ND, a parameter server) and once
-synchronously (AntDT-DD, all-reduce), each on its own embedded broker (and a short partial-reduce
-run): one epoch of the standard scenario, eight workers. Every victim is restarted at once (a
-synchronous group restarts whole, from its last checkpoint). The epoch must complete with every
-sample in the model exactly once: each ledger file all ones, the shard log's audit clean and
-agreeing with it.
+Runs ``antdt chaos`` as a user would, asynchronously (AntDT-ND, a parameter server) on one epoch
+of the standard scenario, eight workers, and a short partial-reduce run, each on its own embedded
+broker (synchronous training gets a drawn schedule: test_chaos_seeds.py). Every victim is
+restarted at once (a synchronous group restarts whole, from its last checkpoint). The epoch must
+complete with every sample in the model exactly once: each ledger file all ones, the shard log's
+audit clean and agreeing with it.
 """
 
 from __future__ import annotations
@@ -52,13 +52,6 @@ def asynchronous(tmp_path_factory):
     return run_chaos(out), out
 
 
-@pytest.fixture(scope="module")
-def synchronous(tmp_path_factory):
-    out = tmp_path_factory.mktemp("chaos-sync")
-    # each kill restarts the group of eight and lengthens the run: six make it long enough
-    return run_chaos(out, "--training", "sync", "--worker-kills", "6"), out
-
-
 def check_kills(figures: dict, services: list[str]) -> None:
     killed = sorted(kill["target"] for kill in figures["killed"] if kill["kind"] == "service")
     assert killed == sorted(services)
@@ -96,21 +89,6 @@ def test_async_every_sample_is_in_the_shared_model_exactly_once(asynchronous):
     figures, out = asynchronous
     check_exactly_once(figures, out, ["ps-0/ledger-epoch0.npy"])
     assert figures["heldout_accuracy"] > 0.5  # the shared model learnt (chance is 0.1)
-
-
-def test_sync_every_kill_is_survived_by_restarting_the_group_from_its_checkpoint(synchronous):
-    figures, _ = synchronous
-    check_kills(figures, ["controller", "monitor", "sharder"])
-    assert any(kill.get("mid_step") == "all-reduce" for kill in figures["killed"])
-    assert figures["restarts"] >= figures["worker_kills"]  # each kill restarted the whole group
-    # recovered, never hung
-    assert all(kill["lost_s"] < 60 for kill in figures["killed"] if kill["kind"] == "worker")
-
-
-def test_sync_every_sample_is_in_the_shared_model_exactly_once(synchronous):
-    figures, out = synchronous
-    check_exactly_once(figures, out, ["ledger-epoch0.npy"])
-    assert figures["heldout_accuracy"] > 0.5
 
 
 def test_partial_reduce_survives_kills_mid_average_the_grouper_and_a_broker_restart_exactly_once(

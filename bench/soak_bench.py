@@ -1,0 +1,265 @@
+"""Soak: hours of a job's bus traffic in half an hour on ``antdt up``, sampled every minute.
+
+    .venv/bin/python bench/soak_bench.py [--workers 64] [--hours 8] [--minutes 30] [--json]
+    [--plot soak.png]
+
+``antdt up`` as a user starts it (the embedded broker, the monitor, the
+sharder, the controller), then a fleet of simulated agents (:mod:`antdt.loadgen`,
+one process, no torch) for one job of ``--workers`` workers whose every
+cadence (metrics reports, heartbeats, steps, shards) runs ``--hours`` * 60 /
+``--minutes`` times the real agent's: ``--minutes`` of wall time carry the
+log volume of ``--hours`` of that job. A quarter of the workers turn 3x
+slower, each at a random time, so straggler onset to command is measured
+all along. Every minute:
+
+* each process's CPU (percent of one core over the minute) and RSS;
+* the grants asked in that minute (p50, p99 ms) and the onsets in it with the
+  time to their first command;
+* each service's consumer lag (committed offset behind the end of its input,
+  read once a minute: on the embedded broker every such read lists the
+  partition's whole log).
+
+The first ``--baseline`` minutes (5) are the baseline. The soak holds when
+every later minute's grant p99 and the services' and broker's CPU stay
+within 20 % of the baseline's (grant p99 within 20 % or 5 ms, CPU within
+20 % or 5 points of a core, whichever is larger: a quiet baseline is not
+held to its noise), and the broker's and each service's RSS in the last
+minute is at most 1.5 times its baseline maximum. Exits 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+from benchlib import antdt_up, distribution, emit
+from confluent_kafka import TopicPartition
+
+from antdt.bus.clients import make_consumer
+from antdt.loadgen.driver import FleetDriver
+from antdt.loadgen.fleet import FleetSpec
+from antdt.settings import load_settings
+from antdt.topics import topic_spec
+
+#: Each service's consumer group (suffix of the topic prefix) and the topics it reads.
+GROUPS = {
+    "monitor": ("monitor", [("worker", "metrics")]),
+    "controller": ("controller", [("monitor", "verdicts"), ("worker", "metrics")]),
+    "sharder": ("sharder", [("shard", "progress"), ("worker", "lifecycle")]),
+}
+SERVICES = ("monitor", "sharder", "controller")
+FLAT = 0.20  # within 20 % of the baseline
+GRANT_FLOOR_MS, CPU_FLOOR = 5.0, 5.0
+RSS_BOUND = 1.5
+
+
+def processes(up: psutil.Process) -> dict[str, psutil.Process]:
+    """``antdt up``'s broker and services by name (from their command lines)."""
+    found = {}
+    for child in up.children(recursive=True):
+        command = " ".join(child.cmdline())
+        if "tansu" in command:
+            found["broker"] = child
+        for name in SERVICES:
+            if f"antdt.cli.main {name}" in command or command.endswith(f"antdt {name}"):
+                found[name] = child
+    missing = {"broker", *SERVICES} - set(found)
+    if missing:
+        raise RuntimeError(f"antdt up's children lack {', '.join(sorted(missing))}")
+    return found
+
+
+def cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def lag(consumer, settings) -> dict[str, int]:
+    """Each service group's committed offsets behind the end of its input topics, records."""
+    behind = {}
+    for name, (group, topics) in GROUPS.items():
+        partitions = [
+            TopicPartition(settings.topic(c, n), p)
+            for c, n in topics
+            for p in range(topic_spec(c, n).partitions)
+        ]
+        reader = make_consumer(settings, group_id=f"{settings.topic_prefix}.{group}")
+        try:
+            total = 0
+            for committed in reader.committed(partitions, timeout=10):
+                _, end = consumer.get_watermark_offsets(
+                    TopicPartition(committed.topic, committed.partition), timeout=10
+                )
+                total += max(0, end - max(committed.offset, 0))
+            behind[name] = total
+        finally:
+            reader.close()
+    return behind
+
+
+def fleet_spec(workers: int, speedup: float, seconds: float) -> FleetSpec:
+    return FleetSpec(
+        workers_per_job=workers,
+        report_interval_s=1.0 / speedup,
+        heartbeat_interval_s=5.0 / speedup,
+        step_s=0.1 / speedup,
+        shard_s=2.0 / speedup,
+        stragglers=0.25,
+        onset_from_s=60.0,
+        onset_until_s=max(61.0, seconds - 60.0),
+        job_prefix="soak",
+    )
+
+
+def sample_minutes(driver, procs, settings, minutes: int, stop: threading.Event) -> list[dict]:
+    """One sample a minute while the fleet runs: CPU and RSS per process, lag per service."""
+    consumer = make_consumer(settings)
+    samples, began = [], time.monotonic()
+    last = {name: cpu_s(p) for name, p in procs.items()}
+    last_sent = 0
+    try:
+        for minute in range(1, minutes + 1):
+            if stop.wait(max(0.0, began + 60.0 * minute - time.monotonic())):
+                break
+            now = {name: cpu_s(p) for name, p in procs.items()}
+            samples.append(
+                {
+                    "minute": minute,
+                    "cpu_percent": {k: round(100 * (now[k] - last[k]) / 60, 1) for k in now},
+                    "rss_mb": {k: round(p.memory_info().rss / 2**20, 1) for k, p in procs.items()},
+                    "records_sent": driver.sent - last_sent,
+                    "lag": lag(consumer, settings),
+                }
+            )
+            last, last_sent = now, driver.sent
+            print(f"soak minute {minute}: {samples[-1]}", file=sys.stderr, flush=True)
+    finally:
+        consumer.close()
+    return samples
+
+
+def add_latencies(samples: list[dict], seen, fleet) -> None:
+    """Each minute's grants (by when asked) and onsets (by when they began)."""
+    onsets = {key: w.onset - fleet.start for key, w in fleet.workers.items() if w.onset is not None}
+    for sample in samples:
+        lo, hi = 60.0 * (sample["minute"] - 1), 60.0 * sample["minute"]
+        grants = [g.read_s * 1000 for g in seen.grants if lo <= g.sent_s < hi]
+        sample["grant_ms"] = distribution(grants, 2)
+        commanded = [
+            seen.first_command_s[key]
+            for key, at in onsets.items()
+            if lo <= at < hi and key in seen.first_command_s
+        ]
+        sample["onsets"] = sum(lo <= at < hi for at in onsets.values())
+        sample["onset_to_command_s"] = distribution(commanded, 2)
+
+
+def verdict(samples: list[dict], baseline: int) -> list[str]:
+    """Where a minute after the baseline left it: grant p99, the bus's CPU, RSS."""
+    base, later = samples[:baseline], samples[baseline:]
+    if not base or not later:
+        return [f"the run gave {len(samples)} minutes: not enough past the baseline"]
+    problems = []
+
+    def bus_cpu(s):
+        return sum(s["cpu_percent"][k] for k in ("broker", *SERVICES))
+
+    p99 = max(s["grant_ms"].get("p99", 0.0) for s in base)
+    cpu = max(bus_cpu(s) for s in base)
+    for s in later:
+        if s["grant_ms"].get("p99", float("inf")) > max(p99 * (1 + FLAT), p99 + GRANT_FLOOR_MS):
+            problems.append(f"minute {s['minute']}: grant p99 {s['grant_ms'].get('p99')} ms")
+        if bus_cpu(s) > max(cpu * (1 + FLAT), cpu + CPU_FLOOR):
+            problems.append(f"minute {s['minute']}: bus CPU {bus_cpu(s):.0f} % of a core")
+    for name in ("broker", *SERVICES):
+        top = max(s["rss_mb"][name] for s in base)
+        if later[-1]["rss_mb"][name] > RSS_BOUND * top:
+            problems.append(f"{name} RSS {later[-1]['rss_mb'][name]} MB > {RSS_BOUND}x {top} MB")
+    return problems
+
+
+def plot(samples: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    minutes = [s["minute"] for s in samples]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    for name in samples[0]["cpu_percent"]:
+        axes[0][0].plot(minutes, [s["cpu_percent"][name] for s in samples], label=name)
+        axes[0][1].plot(minutes, [s["rss_mb"][name] for s in samples], label=name)
+    for q in ("p50", "p99"):
+        axes[1][0].plot(minutes, [s["grant_ms"].get(q) for s in samples], label=f"grant {q}")
+    for name in GROUPS:
+        axes[1][1].plot(minutes, [s["lag"][name] for s in samples], label=name)
+    titles = ("CPU, % of one core", "RSS, MiB", "grant latency, ms", "consumer lag, records")
+    for ax, title in zip(axes.flat, titles):
+        ax.set_title(title)
+        ax.set_xlabel("minute")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=64)
+    parser.add_argument("--hours", type=float, default=8.0, help="the job's length to carry")
+    parser.add_argument("--minutes", type=int, default=30, help="wall time (at least 7)")
+    parser.add_argument("--baseline", type=int, default=5, help="minutes that set the baseline")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--plot", type=Path, help="write the minutes' figures to this PNG")
+    parser.add_argument("--log-dir", type=Path, default=Path("reports/soak-logs"))
+    args = parser.parse_args()
+    if args.minutes <= args.baseline + 1 or args.workers < 4 or args.hours <= 0:
+        parser.error("--minutes must exceed --baseline + 1, --workers >= 4, --hours > 0")
+    speedup = args.hours * 60 / args.minutes
+    seconds = 60.0 * args.minutes
+    with antdt_up(args.log_dir, ["--policy", "antdt-nd"]) as bus:
+        os.environ.update(bus.exports)
+        settings = load_settings()
+        procs = processes(psutil.Process(bus.process.pid))
+        driver = FleetDriver(settings, fleet_spec(args.workers, speedup, seconds))
+        procs["loadgen"] = psutil.Process()
+        stop = threading.Event()
+        seen: list = []
+        runner = threading.Thread(target=lambda: seen.append(driver.run(seconds)), daemon=True)
+        runner.start()
+        samples = sample_minutes(driver, procs, settings, args.minutes, stop)
+        runner.join(120)
+        stop.set()
+        if not seen:
+            sys.exit("soak bench FAILED: the fleet did not finish")
+        add_latencies(samples, seen[0], driver.fleet)
+    problems = verdict(samples, args.baseline)
+    if args.plot:
+        plot(samples, args.plot)
+    emit(
+        {
+            "workers": args.workers,
+            "hours_carried": args.hours,
+            "minutes": args.minutes,
+            "speedup": round(speedup, 2),
+            "records_sent": driver.sent,
+            "stragglers": driver.fleet.stragglers,
+            "stragglers_commanded": len(seen[0].first_command_s),
+            "samples": samples,
+            "passed": not problems,
+            "problems": problems,
+        },
+        args.json,
+    )
+    if problems:
+        print("soak bench FAILED: " + "; ".join(problems[:5]), file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
