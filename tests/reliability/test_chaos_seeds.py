@@ -5,8 +5,9 @@ Seed 40 draws every kind of fault but a service kill: a rank stopped mid-step fo
 unloaded machine past the synchronous step's 10 s limit: the other ranks name it and the group
 restarts), the broker
 restarted empty, a rank killed mid-step, a rank stopped for 1.4 s (the group only waits), a CPU hog
-on a rank, and a service stopped for 3.5 s. Each run must end with every fault survived, nothing
-lost, nothing trained twice, nothing hung.
+on a rank, and a service stopped for 3.5 s, one at a time (the asynchronous epoch ends after the
+first three). Each run must end with every fault survived, nothing lost, nothing trained twice,
+nothing hung.
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def test_every_drawn_fault_is_survived_with_nothing_lost_duplicated_or_hung(repo
     figures = report["runs"][mode]
     assert figures["passed"] and figures["audit_clean"] and figures["ledger"]["ok"]
     assert figures["ledger"]["never_trained"] == figures["ledger"]["trained_twice"] == 0
-    assert figures["survived"] == figures["kills"] >= 4
-    assert figures["faults"].get("stop worker", 0) >= 1
+    # one at a time: the asynchronous epoch (about 30 s) ends after the first three
+    assert figures["survived"] == figures["kills"] >= (4 if mode == "sync" else 3)
+    assert figures["faults"].get("stop worker", 0) >= 1 and figures["broker_restarts"] == 1
     assert [fault["fault"] for fault in figures["schedule"]][:2] == [
         "stop worker",
         "restart broker",
