@@ -73,6 +73,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from antdt.errors import ShardStateLost
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import (
     WORKER_ROLE,
@@ -104,7 +105,7 @@ EXIT_RESTART = 75
 EXIT_EVICTED = 76
 #: Exit code of a process whose job's state is lost (a parameter server the sharder cannot rewind):
 #: a restart cannot help, the job must be started again.
-EXIT_STATE_LOST = 78
+EXIT_STATE_LOST = ShardStateLost.exit_code
 #: A job id (the settings' pattern).
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 

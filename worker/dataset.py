@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from antdt.errors import ShardStateLost
 from antdt.schemas.models import AssignmentStatus, DatasetSpec
 from antdt.settings import Settings
 from antdt.worker.provenance import SampleTag, Tagged, collate
@@ -409,8 +410,20 @@ class ShardedDataset(IterableDataset):
         return client.checkpoint(self.epoch, step)
 
     def rewind(self, version: int) -> None:
-        """Restore the job's shard state to ``version`` (after loading the model checkpoint)."""
-        answer = self._client_for_this_process().rewind(self.epoch, version)
+        """Restore the job's shard state to ``version`` (after loading the model checkpoint).
+
+        :class:`ShardStateLost` if the sharder refuses: training on would
+        take as done what the model lost with its checkpoint, or train again
+        what it has, and the ledger would only tell at the end.
+        """
+        client = self._client_for_this_process()
+        answer = client.rewind(self.epoch, version)
+        if answer.status is AssignmentStatus.REFUSED:
+            raise ShardStateLost(
+                f"the sharder refused to rewind job {client.job_id} to version {version} "
+                f"({answer.reason}): the job's shard state is lost, and a restart cannot "
+                "recover it; start the job again"
+            )
         self._learn(epoch=answer.epoch, finished=False)
         self.revoked.clear()
 
