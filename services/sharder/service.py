@@ -51,7 +51,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
-from confluent_kafka import KafkaException, Message
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message
 
 from antdt.bus.admin import ensure_topics
 from antdt.bus.backlog import Backlog
@@ -74,10 +74,16 @@ from antdt.schemas.models import (
 )
 from antdt.services.sharder import metrics
 from antdt.services.sharder.core import CoreConfig, ProgressRejected, ShardCore
-from antdt.services.sharder.eventlog import LogWriter, log_topic, read_job_log, snapshot_topic
+from antdt.services.sharder.eventlog import (
+    LogWriter,
+    log_topic,
+    read_job_log,
+    snapshot_at_or_before,
+    snapshot_topic,
+)
 from antdt.services.sharder.recovery import take_over
 from antdt.services.sharder.snapshots import SnapshotWriter
-from antdt.services.sharder.state import Captured, JobState
+from antdt.services.sharder.state import Captured, JobState, state_at
 from antdt.settings import Settings
 from antdt.topics import topic_spec, worker_key
 
@@ -431,7 +437,9 @@ class SharderService(LoopService):
     def _target_for_rewind(
         self, runtime: JobRuntime, report: ShardProgress, pending: list
     ) -> JobState | None:
-        """The fold of the log up to the version, when a rewind crosses an epoch boundary."""
+        """The job's state at the version, when a rewind crosses an epoch boundary: the newest
+        snapshot at or before it and the log after that snapshot (after a bus reset the log starts
+        at the snapshot the sharder re-published)."""
         state = runtime.core.state
         if (
             report.version is None
@@ -440,12 +448,14 @@ class SharderService(LoopService):
         ):
             return None
         self._flush_log(pending)
-        target = JobState(state.job_id)
-        for _, event in read_job_log(self.settings, state.job_id, self.codec, self._producer):
-            if event.seq > report.version and event.writer_epoch >= target.writer_epoch:
-                break
-            target.apply(event)
-        return target
+        snapshot = snapshot_at_or_before(
+            self.settings, state.job_id, self.codec, self._producer, report.version
+        )
+        start = OFFSET_BEGINNING
+        if snapshot is not None and snapshot.log_offset is not None:
+            start = snapshot.log_offset + 1
+        events = read_job_log(self.settings, state.job_id, self.codec, self._producer, start)
+        return state_at(state.job_id, report.version, (event for _, event in events), snapshot)
 
     def _flush_log(self, pending: list) -> None:
         if pending:
