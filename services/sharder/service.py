@@ -110,6 +110,8 @@ class SharderConfig:
 #: (a 100k-shard snapshot is ~1.5 MB raw, a few hundred kB compressed, under Kafka's 1 MB default).
 LARGE_RECORDS = {"linger.ms": 0, "compression.type": "lz4", "message.max.bytes": 64 << 20}
 
+#: How long a bus reset's re-publishing waits for the topics to be back.
+TOPICS_BACK_WITHIN_S = 60.0
 #: How long the state of a job whose partition was revoked is kept, should the bus turn out to have
 #: been reset.
 KEEP_REVOKED_S = 60.0
@@ -271,6 +273,10 @@ class SharderService(LoopService):
         """
         self._log.last_offset.clear()
         self._snapshots.discard_pending()
+        # the generation moves before the topics are back: what follows is the only copy of the
+        # state, not to be written into topics that are not there yet
+        if not self._watch.wait_restored(TOPICS_BACK_WITHIN_S):
+            log.error("the topics are not back %.0f s after the bus reset", TOPICS_BACK_WITHIN_S)
         for producer in (self._producer, self._snapshot_producer, self._answer_producer):
             refresh_metadata(producer)
         kept = {job_id: runtime for job_id, (runtime, _) in self._revoked.items()}

@@ -147,3 +147,26 @@ def test_shared_watches_are_one_per_bus_and_stop_with_their_last_user(bus):
     third = shared_watch(bus)
     assert third is not first
     third.release()
+
+
+def test_a_reader_that_saw_a_reset_can_wait_until_the_topics_are_back(monkeypatch):
+    """The generation moves before the topics are re-created (so no reader skips a record written
+    to them); a component that re-publishes the only copy of its state waits for them."""
+    import antdt.bus.watch as watch_module
+
+    watch = BusWatch(load_settings(bootstrap_servers="127.0.0.1:1", topic_prefix="w"))
+    attempts = []
+
+    def ensure(admin, settings):
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise BusError("the broker is still starting")
+
+    monkeypatch.setattr(watch_module, "ensure_topics", ensure)
+    monkeypatch.setattr(watch, "_reset_reason", lambda: "cluster id a became b")
+    assert watch.check_now()
+    assert watch.generation == 1 and watch.restored == 0
+    assert not watch.wait_restored(0.1)
+    monkeypatch.setattr(watch, "_reset_reason", lambda: None)
+    assert not watch.check_now()  # no new reset; the unfinished restore is done now
+    assert watch.wait_restored(0.1) and watch.restored == 1 and len(attempts) == 2
