@@ -58,7 +58,7 @@ from antdt.errors import ShardStateLost
 from antdt.schemas.models import AssignmentStatus, DatasetSpec
 from antdt.settings import Settings
 from antdt.worker.provenance import SampleTag, Tagged, collate
-from antdt.worker.shard_client import NoAnswer, ShardClient
+from antdt.worker.shard_client import NoAnswer, RequestRefused, ShardClient
 
 _EPOCH, _FINISHED = 0, 1
 #: How often a worker holding nothing by choice (quota 0) asks again, to learn of an epoch's end.
@@ -321,6 +321,7 @@ class ShardedDataset(IterableDataset):
                     ) from None
                 continue  # the sharder is restarting or taking the job over: ask again
             ahead, answered_at = None, time.monotonic()
+            _raise_if_refused(client, answer)
             # a commit lost on the bus would leave its shard held for ever
             client.resend_lost_commits(answer)
             if answer.status is AssignmentStatus.FINISHED:
@@ -400,7 +401,9 @@ class ShardedDataset(IterableDataset):
         The shards granted stay held and are the first ones read.
         """
         client = self._client_for_this_process()
-        client.request(self.epoch, quota=self.asked_quota, timeout_s=timeout_s)
+        _raise_if_refused(
+            client, client.request(self.epoch, quota=self.asked_quota, timeout_s=timeout_s)
+        )
 
     def checkpoint_version(self, step: int | None = None) -> int:
         """The shard-state version to store with a model checkpoint (the commits sent so far flushed
@@ -449,6 +452,14 @@ class ShardedDataset(IterableDataset):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._woken = threading.Event()
+
+
+def _raise_if_refused(client: ShardClient, answer) -> None:
+    if answer.status is AssignmentStatus.REFUSED:
+        raise RequestRefused(
+            f"worker {client.worker_id}: the sharder refused its request for shards of job "
+            f"{client.job_id}: {answer.reason}"
+        )
 
 
 def loader(dataset: ShardedDataset, batch_size: int, num_workers: int = 0, **options):

@@ -340,7 +340,7 @@ class SharderService(LoopService):
                 self._on_lifecycle(value, now_ms, events)
         except (ProgressRejected, MisroutedRecord) as exc:
             self._deadletter.send(SourceRecord.from_confluent(message), exc)
-            self._refuse_rewind(value, exc, now_ms, answers)
+            self._refuse_waited(value, exc, now_ms, answers)
         except (BusError, KafkaException):
             raise  # the bus failed, not the record: stop, and recover from the log on restart
         # a bug must cost one record, not the service (nor a crash loop on redelivery)
@@ -354,10 +354,13 @@ class SharderService(LoopService):
             self._deadletter.send(SourceRecord.from_confluent(message), exc)
             self._forget_job(value.job_id)
 
-    def _refuse_rewind(self, value, exc: Exception, now_ms: int, answers: list) -> None:
-        """A rejected REWIND is answered REFUSED: the parameter server waiting for it ends with the
-        reason (its job's state is lost) instead of waiting for a REWOUND that will never come."""
-        if not isinstance(value, ShardProgress) or value.kind is not ProgressKind.REWIND:
+    def _refuse_waited(self, value, exc: Exception, now_ms: int, answers: list) -> None:
+        """A rejected report that someone waits for is answered REFUSED, with the reason: a
+        REWIND (the process restoring ends, its job's state is lost, instead of waiting for a
+        REWOUND that will never come) and a REQUESTED (a worker whose dataset disagrees with the
+        job's ends with why, instead of hearing nothing until its sharder timeout)."""
+        waited = (ProgressKind.REWIND, ProgressKind.REQUESTED)
+        if not isinstance(value, ShardProgress) or value.kind not in waited:
             return
         runtime = self.jobs.get(value.job_id)
         if runtime is not None and isinstance(exc, ProgressRejected):

@@ -17,7 +17,7 @@ from antdt.worker import Agent
 from antdt.worker.agent import EXIT_STATE_LOST
 from antdt.worker.dataset import ShardedDataset, loader
 from antdt.worker.provenance import Tagged
-from antdt.worker.shard_client import NoAnswer, ShardClient
+from antdt.worker.shard_client import NoAnswer, RequestRefused, ShardClient
 from tests.services.sharder.harness import assert_exactly_once, job_log, running_sharder
 
 
@@ -312,3 +312,21 @@ def test_a_refused_rewind_ends_the_restore_naming_the_cause(settings, topics):
         ) as lost:
             data.rewind(1_000_000)
     assert lost.value.exit_code == EXIT_STATE_LOST == 78
+
+
+def test_a_worker_whose_dataset_disagrees_with_the_job_s_is_told_why_at_once(settings, topics):
+    """Its request used to be dead-lettered and never answered: it heard nothing until its
+    sharder timeout (120 s), then 'no answer'."""
+    with (
+        running_sharder(settings),
+        Agent("job-disagree", "w0", settings=settings, listen_for_commands=False) as first,
+        Agent("job-disagree", "w1", settings=settings, listen_for_commands=False) as second,
+    ):
+        stream = first.iterate(iter(first.shards(list(range(100)), spec(100, 50, 1))))
+        next(stream)  # the job is sharded as 100 samples
+        stream.close()
+        other = second.shards(list(range(120)), spec(120, 50, 1))
+        began = time.monotonic()
+        with pytest.raises(RequestRefused, match=r"refused its request .* is sharded as"):
+            next(second.iterate(iter(other)))
+        assert time.monotonic() - began < 60  # not the 120 s of silence
