@@ -268,6 +268,8 @@ class Agent:
         self._custom: dict[str, Callable[[MitigationCommand], None]] = {}
         self._handlers: dict[CommandAction, Callable[[MitigationCommand], None]] = {}
         self._seq = 0
+        # the reporter thread and the training thread (a restore, the exit) both report
+        self._report_lock = threading.Lock()
         self._window_start = None
         codec = make_codec(self.settings.schema_registry_url)
         self._codec = codec
@@ -729,7 +731,11 @@ class Agent:
 
     def _report(self) -> None:
         """One WorkerMetrics for the steps since the last report (none before the first step:
-        nothing to say yet)."""
+        nothing to say yet). One at a time: two with the same seq would lose one of them."""
+        with self._report_lock:
+            self._report_now()
+
+    def _report_now(self) -> None:
         if self._window_start is None and not self._records:
             return
         records = []
