@@ -12,6 +12,15 @@ class AntdtError(Exception):
     exit_code = 1
 
 
+class ShardStateLost(AntdtError):
+    """The sharder refused to rewind a job to a checkpoint's version: the shard state that
+    checkpoint belongs to is gone (its log and snapshots lost together with the sharder's memory: a
+    double fault, docs/reliability.md), or never was this job's. A restart would only ask again:
+    the job must be started again, and the process ends with exit code 78 to say so."""
+
+    exit_code = 78
+
+
 class ConfigError(AntdtError):
     """A setting is missing or has a bad value; the message names the variable."""
 

@@ -73,6 +73,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from antdt.errors import ShardStateLost
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import (
     WORKER_ROLE,
@@ -104,7 +105,7 @@ EXIT_RESTART = 75
 EXIT_EVICTED = 76
 #: Exit code of a process whose job's state is lost (a parameter server the sharder cannot rewind):
 #: a restart cannot help, the job must be started again.
-EXIT_STATE_LOST = 78
+EXIT_STATE_LOST = ShardStateLost.exit_code
 #: A job id (the settings' pattern).
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -267,6 +268,8 @@ class Agent:
         self._custom: dict[str, Callable[[MitigationCommand], None]] = {}
         self._handlers: dict[CommandAction, Callable[[MitigationCommand], None]] = {}
         self._seq = 0
+        # the reporter thread and the training thread (a restore, the exit) both report
+        self._report_lock = threading.Lock()
         self._window_start = None
         codec = make_codec(self.settings.schema_registry_url)
         self._codec = codec
@@ -728,7 +731,11 @@ class Agent:
 
     def _report(self) -> None:
         """One WorkerMetrics for the steps since the last report (none before the first step:
-        nothing to say yet)."""
+        nothing to say yet). One at a time: two with the same seq would lose one of them."""
+        with self._report_lock:
+            self._report_now()
+
+    def _report_now(self) -> None:
         if self._window_start is None and not self._records:
             return
         records = []

@@ -54,10 +54,11 @@ from dataclasses import dataclass
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from antdt.errors import ShardStateLost
 from antdt.schemas.models import AssignmentStatus, DatasetSpec
 from antdt.settings import Settings
 from antdt.worker.provenance import SampleTag, Tagged, collate
-from antdt.worker.shard_client import NoAnswer, ShardClient
+from antdt.worker.shard_client import NoAnswer, RequestRefused, ShardClient
 
 _EPOCH, _FINISHED = 0, 1
 #: How often a worker holding nothing by choice (quota 0) asks again, to learn of an epoch's end.
@@ -320,6 +321,7 @@ class ShardedDataset(IterableDataset):
                     ) from None
                 continue  # the sharder is restarting or taking the job over: ask again
             ahead, answered_at = None, time.monotonic()
+            _raise_if_refused(client, answer)
             # a commit lost on the bus would leave its shard held for ever
             client.resend_lost_commits(answer)
             if answer.status is AssignmentStatus.FINISHED:
@@ -399,7 +401,9 @@ class ShardedDataset(IterableDataset):
         The shards granted stay held and are the first ones read.
         """
         client = self._client_for_this_process()
-        client.request(self.epoch, quota=self.asked_quota, timeout_s=timeout_s)
+        _raise_if_refused(
+            client, client.request(self.epoch, quota=self.asked_quota, timeout_s=timeout_s)
+        )
 
     def checkpoint_version(self, step: int | None = None) -> int:
         """The shard-state version to store with a model checkpoint (the commits sent so far flushed
@@ -409,8 +413,20 @@ class ShardedDataset(IterableDataset):
         return client.checkpoint(self.epoch, step)
 
     def rewind(self, version: int) -> None:
-        """Restore the job's shard state to ``version`` (after loading the model checkpoint)."""
-        answer = self._client_for_this_process().rewind(self.epoch, version)
+        """Restore the job's shard state to ``version`` (after loading the model checkpoint).
+
+        :class:`ShardStateLost` if the sharder refuses: training on would
+        take as done what the model lost with its checkpoint, or train again
+        what it has, and the ledger would only tell at the end.
+        """
+        client = self._client_for_this_process()
+        answer = client.rewind(self.epoch, version)
+        if answer.status is AssignmentStatus.REFUSED:
+            raise ShardStateLost(
+                f"the sharder refused to rewind job {client.job_id} to version {version} "
+                f"({answer.reason}): the job's shard state is lost, and a restart cannot "
+                "recover it; start the job again"
+            )
         self._learn(epoch=answer.epoch, finished=False)
         self.revoked.clear()
 
@@ -436,6 +452,14 @@ class ShardedDataset(IterableDataset):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._woken = threading.Event()
+
+
+def _raise_if_refused(client: ShardClient, answer) -> None:
+    if answer.status is AssignmentStatus.REFUSED:
+        raise RequestRefused(
+            f"worker {client.worker_id}: the sharder refused its request for shards of job "
+            f"{client.job_id}: {answer.reason}"
+        )
 
 
 def loader(dataset: ShardedDataset, batch_size: int, num_workers: int = 0, **options):

@@ -52,6 +52,11 @@ class NoAnswer(AntdtError):
     """The sharder did not answer in time."""
 
 
+class RequestRefused(AntdtError):
+    """The sharder refused a worker's request for shards (its dataset disagrees with the job's,
+    say): asking again cannot help."""
+
+
 class ShardClient(OwnKeyClient):
     """Request/reply with the sharder for one worker incarnation."""
 

@@ -41,6 +41,8 @@ BEGINNING = OFFSET_BEGINNING
 END = OFFSET_END
 #: A marker not read back this long: another is written (see read_to_markers).
 MARKER_NUDGE_S = 1.0
+#: How long a missing topic is looked for again (the bus may be in the middle of a reset).
+TOPIC_BACK_WITHIN_S = 15.0
 
 
 def decode_or_deadletter(
@@ -168,11 +170,26 @@ def resume_or_end(
 _PARTITION_COUNTS: dict[tuple[str, str], int] = {}
 
 
-def key_partition(settings: Settings, topic: str, key: bytes | str) -> int:
-    """The partition ``key`` lands on (the topic's partition count is looked up once)."""
+def key_partition(
+    settings: Settings, topic: str, key: bytes | str, within_s: float = TOPIC_BACK_WITHIN_S
+) -> int:
+    """The partition ``key`` lands on (the topic's partition count is looked up once).
+
+    A topic missing is looked for again for up to ``within_s``: a process
+    that starts while the bus is being reset (a broker back empty, the
+    topics being re-created) would otherwise die on a moment's gap.
+    """
     cache_key = (settings.bootstrap_servers, topic)
     if cache_key not in _PARTITION_COUNTS:
-        _PARTITION_COUNTS[cache_key] = partition_counts(make_admin(settings), [topic])[topic]
+        admin, deadline = make_admin(settings), time.monotonic() + within_s
+        while True:
+            try:
+                _PARTITION_COUNTS[cache_key] = partition_counts(admin, [topic])[topic]
+                break
+            except BusError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     return partition_for(key, _PARTITION_COUNTS[cache_key])
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
@@ -51,6 +52,8 @@ class BusWatch:
         self.settings = settings
         self.every_s = every_s
         self.generation = 0
+        #: the generation whose topics are back (``generation`` counts a reset before they are)
+        self.restored = 0
         self.cluster_id: str | None = None
         self._topics = [spec.full_name(settings.topic_prefix) for spec in TOPICS]
         self._admin = make_admin(settings, client_id="antdt-bus-watch")
@@ -92,6 +95,16 @@ class BusWatch:
             self._restore()
             return True
 
+    def wait_restored(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until the topics of the newest reset are back; True if
+        they are. A reader that moved on when ``generation`` changed writes only after this."""
+        deadline = time.monotonic() + timeout_s
+        while self.restored < self.generation:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def _reset_reason(self) -> str | None:
         try:
             metadata = self._admin.list_topics(timeout=2.0)
@@ -115,6 +128,7 @@ class BusWatch:
             self._unfinished = True
             return
         self._unfinished = False
+        self.restored = self.generation
         for callback in self._callbacks:
             try:
                 callback()

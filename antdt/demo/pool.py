@@ -34,6 +34,7 @@ from antdt.errors import AntdtError
 from antdt.runtime.launch import settings_env
 from antdt.settings import Settings
 from antdt.training import TrainingMode
+from antdt.worker.agent import EXIT_STATE_LOST
 
 
 class WorkerPool:
@@ -118,7 +119,7 @@ class WorkerPool:
                 continue
             if code in REPLACED:
                 self.placement.replace(name, self.clock(), REPLACED[code])
-            elif not self.restart_failed:
+            elif not self.restart_failed or code == EXIT_STATE_LOST:  # a restart cannot help
                 raise AntdtError(
                     f"worker {name} (rank {rank}) exited with code {code}: {self._last_words(rank)}"
                     f"{self._outside_the_collective()}\nits log ends:\n{self.log_tail(rank)}"

@@ -50,6 +50,7 @@ from antdt.demo.pacing import Pacer
 from antdt.demo.phases import PhaseWriter
 from antdt.demo.plans import Sharding
 from antdt.demo.scenario import Scenario
+from antdt.errors import ShardStateLost
 from antdt.schemas.models import DatasetSpec
 from antdt.settings import load_settings
 from antdt.sizing import BatchSizing
@@ -173,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
             run_sync(worker, settings, started)
     except WorkerExit as exc:
         return int(exc.code)
+    except ShardStateLost as exc:  # a restart cannot help: the harness ends the run on the code
+        print(f"{settings.worker_id}: {exc}", flush=True)
+        return exc.exit_code
     return 0
 
 

@@ -11,6 +11,7 @@ fails with the child's own last words when it does not come.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -149,10 +150,12 @@ def service_process(
     """``antdt <command> <args>`` with ``settings`` in its environment, stopped on exit.
 
     The child gets a free port for its health endpoint and writes its output
-    to a log file (kept for failure messages).
+    to a log file: in ``log_dir``, or in a folder of its own that goes with
+    the child (a failure while it runs quotes the log's tail first).
     """
     port = free_port()
-    log_dir = log_dir or Path(tempfile.mkdtemp(prefix=f"antdt-{command}-"))
+    own_dir = None if log_dir is not None else Path(tempfile.mkdtemp(prefix=f"antdt-{command}-"))
+    log_dir = log_dir or own_dir
     log_path = log_dir / f"{command}-{port}.log"
     env = {**os.environ, **settings_env(settings), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     argv = [
@@ -175,3 +178,5 @@ def service_process(
         yield service
     finally:
         service.stop()
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)

@@ -152,6 +152,21 @@ def lacks_beginning(events: list[ShardLogEvent]) -> bool:
     return bool(events) and events[0].seq > 1
 
 
+def snapshot_at_or_before(
+    settings: Settings, job_id: str, codec: Codec, producer: Producer, seq: int
+) -> ShardSnapshot | None:
+    """The newest snapshot of the job taken at or before log seq ``seq``, or None (every snapshot
+    of the job is decoded: for the rare rewind across an epoch)."""
+    found = None
+    for message in read_until_marker(
+        settings, snapshot_topic(settings), job_id.encode(), OFFSET_BEGINNING, producer
+    ):
+        snapshot = codec.decode(message.value())
+        if snapshot.seq <= seq and (found is None or snapshot.seq >= found.seq):
+            found = snapshot
+    return found
+
+
 def latest_snapshot(
     settings: Settings, job_id: str, codec: Codec, producer: Producer
 ) -> ShardSnapshot | None:

@@ -51,7 +51,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
-from confluent_kafka import KafkaException, Message
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message
 
 from antdt.bus.admin import ensure_topics
 from antdt.bus.backlog import Backlog
@@ -74,10 +74,16 @@ from antdt.schemas.models import (
 )
 from antdt.services.sharder import metrics
 from antdt.services.sharder.core import CoreConfig, ProgressRejected, ShardCore
-from antdt.services.sharder.eventlog import LogWriter, log_topic, read_job_log, snapshot_topic
+from antdt.services.sharder.eventlog import (
+    LogWriter,
+    log_topic,
+    read_job_log,
+    snapshot_at_or_before,
+    snapshot_topic,
+)
 from antdt.services.sharder.recovery import take_over
 from antdt.services.sharder.snapshots import SnapshotWriter
-from antdt.services.sharder.state import Captured, JobState
+from antdt.services.sharder.state import Captured, JobState, state_at
 from antdt.settings import Settings
 from antdt.topics import topic_spec, worker_key
 
@@ -104,6 +110,8 @@ class SharderConfig:
 #: (a 100k-shard snapshot is ~1.5 MB raw, a few hundred kB compressed, under Kafka's 1 MB default).
 LARGE_RECORDS = {"linger.ms": 0, "compression.type": "lz4", "message.max.bytes": 64 << 20}
 
+#: How long a bus reset's re-publishing waits for the topics to be back.
+TOPICS_BACK_WITHIN_S = 60.0
 #: How long the state of a job whose partition was revoked is kept, should the bus turn out to have
 #: been reset.
 KEEP_REVOKED_S = 60.0
@@ -265,6 +273,10 @@ class SharderService(LoopService):
         """
         self._log.last_offset.clear()
         self._snapshots.discard_pending()
+        # the generation moves before the topics are back: what follows is the only copy of the
+        # state, not to be written into topics that are not there yet
+        if not self._watch.wait_restored(TOPICS_BACK_WITHIN_S):
+            log.error("the topics are not back %.0f s after the bus reset", TOPICS_BACK_WITHIN_S)
         for producer in (self._producer, self._snapshot_producer, self._answer_producer):
             refresh_metadata(producer)
         kept = {job_id: runtime for job_id, (runtime, _) in self._revoked.items()}
@@ -328,7 +340,7 @@ class SharderService(LoopService):
                 self._on_lifecycle(value, now_ms, events)
         except (ProgressRejected, MisroutedRecord) as exc:
             self._deadletter.send(SourceRecord.from_confluent(message), exc)
-            self._refuse_rewind(value, exc, now_ms, answers)
+            self._refuse_waited(value, exc, now_ms, answers)
         except (BusError, KafkaException):
             raise  # the bus failed, not the record: stop, and recover from the log on restart
         # a bug must cost one record, not the service (nor a crash loop on redelivery)
@@ -342,10 +354,13 @@ class SharderService(LoopService):
             self._deadletter.send(SourceRecord.from_confluent(message), exc)
             self._forget_job(value.job_id)
 
-    def _refuse_rewind(self, value, exc: Exception, now_ms: int, answers: list) -> None:
-        """A rejected REWIND is answered REFUSED: the parameter server waiting for it ends with the
-        reason (its job's state is lost) instead of waiting for a REWOUND that will never come."""
-        if not isinstance(value, ShardProgress) or value.kind is not ProgressKind.REWIND:
+    def _refuse_waited(self, value, exc: Exception, now_ms: int, answers: list) -> None:
+        """A rejected report that someone waits for is answered REFUSED, with the reason: a
+        REWIND (the process restoring ends, its job's state is lost, instead of waiting for a
+        REWOUND that will never come) and a REQUESTED (a worker whose dataset disagrees with the
+        job's ends with why, instead of hearing nothing until its sharder timeout)."""
+        waited = (ProgressKind.REWIND, ProgressKind.REQUESTED)
+        if not isinstance(value, ShardProgress) or value.kind not in waited:
             return
         runtime = self.jobs.get(value.job_id)
         if runtime is not None and isinstance(exc, ProgressRejected):
@@ -431,7 +446,9 @@ class SharderService(LoopService):
     def _target_for_rewind(
         self, runtime: JobRuntime, report: ShardProgress, pending: list
     ) -> JobState | None:
-        """The fold of the log up to the version, when a rewind crosses an epoch boundary."""
+        """The job's state at the version, when a rewind crosses an epoch boundary: the newest
+        snapshot at or before it and the log after that snapshot (after a bus reset the log starts
+        at the snapshot the sharder re-published)."""
         state = runtime.core.state
         if (
             report.version is None
@@ -440,12 +457,14 @@ class SharderService(LoopService):
         ):
             return None
         self._flush_log(pending)
-        target = JobState(state.job_id)
-        for _, event in read_job_log(self.settings, state.job_id, self.codec, self._producer):
-            if event.seq > report.version and event.writer_epoch >= target.writer_epoch:
-                break
-            target.apply(event)
-        return target
+        snapshot = snapshot_at_or_before(
+            self.settings, state.job_id, self.codec, self._producer, report.version
+        )
+        start = OFFSET_BEGINNING
+        if snapshot is not None and snapshot.log_offset is not None:
+            start = snapshot.log_offset + 1
+        events = read_job_log(self.settings, state.job_id, self.codec, self._producer, start)
+        return state_at(state.job_id, report.version, (event for _, event in events), snapshot)
 
     def _flush_log(self, pending: list) -> None:
         if pending:

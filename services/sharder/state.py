@@ -627,6 +627,25 @@ _HELD_SLOTS = frozenset({T.RELEASED, T.LEASE_RENEWED})
 _NO_SLOT = frozenset({T.WRITER_ELECTED, T.QUOTA_SET, T.EPOCH_CLOSED, T.CHECKPOINT})
 
 
+def state_at(job_id: str, version: int, events, snapshot=None) -> JobState:
+    """The job's state at log seq ``version``: ``snapshot`` (taken at or before it; None: the log
+    from its beginning) and the log's events after it, up to the version.
+
+    An event past the version ends the fold unless an older writer wrote it
+    (fenced anyway). After a bus reset the log starts after the snapshot the
+    sharder re-published, mid-history: without that snapshot the fold would
+    begin in the middle of a writer's epoch and take nothing.
+    """
+    target = JobState.from_snapshot(snapshot) if snapshot is not None else JobState(job_id)
+    for event in events:
+        if event.job_id != job_id:
+            continue
+        if event.seq > version and event.writer_epoch >= target.writer_epoch:
+            break
+        target.apply(event)
+    return target
+
+
 def fold(job_id: str, events, state: JobState | None = None) -> JobState:
     """Apply ``events`` in order to ``state`` (or to an empty state)."""
     state = state or JobState(job_id)

@@ -147,3 +147,47 @@ def test_shared_watches_are_one_per_bus_and_stop_with_their_last_user(bus):
     third = shared_watch(bus)
     assert third is not first
     third.release()
+
+
+def test_a_reader_that_saw_a_reset_can_wait_until_the_topics_are_back(monkeypatch):
+    """The generation moves before the topics are re-created (so no reader skips a record written
+    to them); a component that re-publishes the only copy of its state waits for them."""
+    import antdt.bus.watch as watch_module
+
+    watch = BusWatch(load_settings(bootstrap_servers="127.0.0.1:1", topic_prefix="w"))
+    attempts = []
+
+    def ensure(admin, settings):
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise BusError("the broker is still starting")
+
+    monkeypatch.setattr(watch_module, "ensure_topics", ensure)
+    monkeypatch.setattr(watch, "_reset_reason", lambda: "cluster id a became b")
+    assert watch.check_now()
+    assert watch.generation == 1 and watch.restored == 0
+    assert not watch.wait_restored(0.1)
+    monkeypatch.setattr(watch, "_reset_reason", lambda: None)
+    assert not watch.check_now()  # no new reset; the unfinished restore is done now
+    assert watch.wait_restored(0.1) and watch.restored == 1 and len(attempts) == 2
+
+
+def test_a_process_starting_during_a_reset_finds_its_topic_once_it_is_back(monkeypatch):
+    """It used to die at once on "topic ... does not exist"; a topic missing for good still ends
+    it, after the bound."""
+    import antdt.bus.readers as readers
+
+    looks = []
+
+    def counts(admin, names):
+        looks.append(names)
+        if len(looks) < 3 or names == ["back.never"]:
+            raise BusError(f"topic {names[0]} does not exist")
+        return {names[0]: 3}
+
+    monkeypatch.setattr(readers, "partition_counts", counts)
+    settings = load_settings(bootstrap_servers="127.0.0.1:1", topic_prefix="back")
+    assert readers.key_partition(settings, "back.topic", b"job", within_s=5) in range(3)
+    assert len(looks) == 3
+    with pytest.raises(BusError, match="does not exist"):
+        readers.key_partition(settings, "back.never", b"job", within_s=0.6)

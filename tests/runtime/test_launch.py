@@ -10,7 +10,7 @@ import pytest
 
 from antdt.embedded.broker import free_port
 from antdt.errors import AntdtError
-from antdt.runtime.launch import ServiceProcess, settings_env
+from antdt.runtime.launch import ServiceProcess, service_process, settings_env
 from antdt.runtime.observability import HealthServer
 from antdt.settings import BrokerProfile, load_settings
 
@@ -52,3 +52,13 @@ def test_a_dead_child_is_not_ready_though_another_service_answers_on_its_port(tm
             service.wait_ready(timeout_s=5)  # ...but this child is dead
     finally:
         other.stop()
+
+
+def test_a_service_started_without_a_log_folder_takes_the_one_it_made_with_it():
+    """About 400 such folders were left in /tmp after two suite runs."""
+    nowhere = load_settings(bootstrap_servers=f"127.0.0.1:{free_port()}", topic_prefix="nowhere")
+    with service_process(nowhere, "grouper") as service:
+        folder = service.log_path.parent
+        service.wait_until(lambda: service.get("/healthz")[0] == 200, "health", timeout_s=30)
+        assert folder.is_dir() and folder.name.startswith("antdt-grouper-")
+    assert not folder.exists()

@@ -10,12 +10,14 @@ from collections import Counter
 import pytest
 import torch
 
+from antdt.errors import ShardStateLost
 from antdt.schemas.models import DatasetSpec, ProgressKind
 from antdt.services.sharder.audit import audit_log
 from antdt.worker import Agent
+from antdt.worker.agent import EXIT_STATE_LOST
 from antdt.worker.dataset import ShardedDataset, loader
 from antdt.worker.provenance import Tagged
-from antdt.worker.shard_client import NoAnswer, ShardClient
+from antdt.worker.shard_client import NoAnswer, RequestRefused, ShardClient
 from tests.services.sharder.harness import assert_exactly_once, job_log, running_sharder
 
 
@@ -288,3 +290,43 @@ def test_one_shard_at_a_time_a_pass_goes_on_until_the_sharder_really_has_nothing
         first_pass = list(iter(data))
         data.close()
     assert sorted(item.data for item in first_pass) == list(range(100))
+
+
+def test_a_refused_rewind_ends_the_restore_naming_the_cause(settings, topics):
+    """A rank restoring a checkpoint whose version the sharder cannot rewind to must not train on:
+    the shard state would disagree with the model, and only the ledger would tell, at the end.
+    (Before, the refusal was ignored.)"""
+    dataset_spec = spec(size=100, shard_size=50, epochs=1)
+    with (
+        running_sharder(settings),
+        Agent("job-refused", "w0", settings=settings, listen_for_commands=False) as agent,
+    ):
+        data = agent.shards(list(range(100)), dataset_spec, shuffle=False)
+        stream = agent.iterate(iter(data))
+        next(stream)  # the job is defined at the sharder
+        stream.close()
+        with pytest.raises(
+            ShardStateLost,
+            match=r"refused to rewind job job-refused to version 1000000 \(version 1000000 does "
+            r"not exist",
+        ) as lost:
+            data.rewind(1_000_000)
+    assert lost.value.exit_code == EXIT_STATE_LOST == 78
+
+
+def test_a_worker_whose_dataset_disagrees_with_the_job_s_is_told_why_at_once(settings, topics):
+    """Its request used to be dead-lettered and never answered: it heard nothing until its
+    sharder timeout (120 s), then 'no answer'."""
+    with (
+        running_sharder(settings),
+        Agent("job-disagree", "w0", settings=settings, listen_for_commands=False) as first,
+        Agent("job-disagree", "w1", settings=settings, listen_for_commands=False) as second,
+    ):
+        stream = first.iterate(iter(first.shards(list(range(100)), spec(100, 50, 1))))
+        next(stream)  # the job is sharded as 100 samples
+        stream.close()
+        other = second.shards(list(range(120)), spec(120, 50, 1))
+        began = time.monotonic()
+        with pytest.raises(RequestRefused, match=r"refused its request .* is sharded as"):
+            next(second.iterate(iter(other)))
+        assert time.monotonic() - began < 60  # not the 120 s of silence

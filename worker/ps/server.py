@@ -56,13 +56,13 @@ import torch
 
 from antdt.bus.clients import make_producer
 from antdt.bus.watch import shared_watch
-from antdt.errors import AntdtError
+from antdt.errors import AntdtError, ShardStateLost
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import AssignmentStatus, ProgressKind, ShardLogEvent
 from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.eventlog import log_topic, read_until_marker
 from antdt.settings import Settings
-from antdt.worker.agent import EXIT_STATE_LOST, Agent, WorkerExit
+from antdt.worker.agent import Agent, WorkerExit
 from antdt.worker.ps import metrics, wire
 from antdt.worker.ps.checkpoints import CheckpointStore
 from antdt.worker.ps.follower import LogFollower, Order, Position
@@ -92,14 +92,6 @@ class ServerState(str, Enum):
 
 class ServerFailure(AntdtError):
     """The shard cannot go on consistently with the others; its restart will roll them back."""
-
-
-class StateLost(ServerFailure):
-    """The sharder refused to rewind to this shard's checkpoint: the shard state the checkpoint
-    belongs to is gone (its log and snapshots lost together with the sharder's memory: a double
-    fault, docs/reliability.md). A restart would only ask again; the job ends, and says why."""
-
-    exit_code = EXIT_STATE_LOST
 
 
 @dataclass(frozen=True)
@@ -152,7 +144,7 @@ class ParameterServer:
         self.state = ServerState.WAITING
         self.epoch = 0
         self.pending: dict[str, _Pending] = {}
-        self.failure: ServerFailure | None = None
+        self.failure: ServerFailure | ShardStateLost | None = None
         self._codec = make_codec(settings.schema_registry_url)
         self._stop = threading.Event()
         self._listener = socket.create_server((spec.host, spec.port), reuse_port=False)
@@ -404,7 +396,7 @@ class ParameterServer:
                     if self.exit is not None:
                         return  # left: what follows is its replacement's to read
                 self._housekeeping()
-        except ServerFailure as exc:
+        except (ServerFailure, ShardStateLost) as exc:
             self.failure = exc
         except Exception as exc:  # noqa: BLE001 - reported by run(), which stops the process
             log.exception("the log follower failed")
@@ -550,9 +542,9 @@ class ParameterServer:
         )
 
     def _check_rewind_answer(self) -> None:
-        """A refused rewind ends a recovering shard with :class:`StateLost`; any other answer is
-        only an acknowledgement (the REWOUND event in the log is what recovers), taken all the same
-        so that the client does not keep it."""
+        """A refused rewind ends a recovering shard with :class:`ShardStateLost`; any other answer
+        is only an acknowledgement (the REWOUND event in the log is what recovers), taken all the
+        same so that the client does not keep it."""
         if self._rewind is None:
             return
         version, seq = self._rewind
@@ -561,7 +553,7 @@ class ParameterServer:
             return
         self._rewind = None
         if answer.status is AssignmentStatus.REFUSED and self.state is ServerState.RECOVERING:
-            raise StateLost(
+            raise ShardStateLost(
                 f"{self.spec.name}: the sharder refused to rewind job {self.spec.job_id} to "
                 f"version {version} ({answer.reason}): the job's shard state is lost, and a "
                 "restart cannot recover it; start the job again"

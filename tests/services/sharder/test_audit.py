@@ -605,3 +605,27 @@ def test_an_epoch_ends_when_every_worker_had_sat_out_first():
         state.request(quota=0, worker=worker)
     state.finish_the_epoch()
     assert state.core.state.finished
+
+
+# ---------------------------------------------------------------- a rewind's target after a reset
+
+
+def test_the_state_at_a_version_folds_from_the_snapshot_when_the_log_starts_after_it():
+    """After a bus reset the log starts after the snapshot the sharder re-published: a rewind
+    across an epoch must fold from it (from the log alone the fold took nothing, and the sharder
+    refused a rewind it could do)."""
+    from antdt.schemas.types import utc_now
+    from antdt.services.sharder.state import state_at
+
+    core, log = new_core(dataset(size=1050, shard_size=100, epochs=2), quota=2)
+    log = finish(core, log)
+    cut = len(log) // 2
+    snapshot = fold(JOB, log[:cut]).to_snapshot(utc_now())
+    new_log = log[cut - 2 : cut] + log[cut:]  # retried records first, then what followed
+    version = log[cut + 5].seq
+    expected = fold(JOB, [event for event in log if event.seq <= version])
+    at = state_at(JOB, version, new_log, snapshot)
+    assert at.last_seq == version and at.logical_view() == expected.logical_view()
+    assert state_at(JOB, version, new_log).last_seq != version  # what was refused
+    # with the whole log, the snapshot is not needed
+    assert state_at(JOB, version, log).logical_view() == expected.logical_view()

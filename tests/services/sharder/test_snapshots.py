@@ -12,7 +12,7 @@ from antdt.bus.clients import make_producer, producing
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import DatasetSpec, ShardState
 from antdt.services.sharder import metrics
-from antdt.services.sharder.eventlog import latest_snapshot, snapshot_topic
+from antdt.services.sharder.eventlog import latest_snapshot, snapshot_at_or_before, snapshot_topic
 from antdt.services.sharder.snapshots import BuilderProcess, SnapshotWriter
 from antdt.services.sharder.state import JobState
 
@@ -123,3 +123,23 @@ def test_when_the_builder_process_fails_the_thread_builds_the_snapshot_itself():
     assert producer.produced == [b"snap-d"]
     assert metrics.SNAPSHOT_BUILDER_FAILURES._value.get() == failures + 1
     assert writer._process is None  # the next snapshot starts a fresh process
+
+
+def test_the_snapshot_at_or_before_a_seq_is_the_newest_one_not_after_it(settings, topics):
+    job = "snap-before"
+    producer = make_producer(settings)
+    writer = SnapshotWriter(producer, snapshot_topic(settings), CODEC, builder="thread")
+    state = a_job(job)
+    for seq in (6, 20, 35):
+        state.last_seq = seq
+        assert writer.write_now(state.capture(), log_offset=seq + 100)
+    writer.close()
+    producer.flush(10)
+    with producing(settings) as reader:
+        found = {
+            asked: snapshot_at_or_before(settings, job, CODEC, reader, asked)
+            for asked in (5, 6, 25, 99)
+        }
+    assert found[5] is None
+    assert [found[asked].seq for asked in (6, 25, 99)] == [6, 20, 35]
+    assert found[25].log_offset == 120

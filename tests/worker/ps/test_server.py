@@ -17,6 +17,7 @@ from contextlib import ExitStack
 import pytest
 import torch
 
+from antdt.errors import ShardStateLost
 from antdt.schemas.models import DatasetSpec, ShardState
 from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.audit import audit_log, compare_with_ledger
@@ -29,7 +30,7 @@ from antdt.worker.ps.checkpoints import CheckpointStore
 from antdt.worker.ps.client import read_parameters
 from antdt.worker.ps.job import ParameterServerJob
 from antdt.worker.ps.model import ShardModel
-from antdt.worker.ps.server import ParameterServer, ServerSpec, ServerState, StateLost
+from antdt.worker.ps.server import ParameterServer, ServerSpec, ServerState
 from tests.services.sharder.harness import job_log, running_sharder
 
 pytestmark = pytest.mark.slow
@@ -326,7 +327,7 @@ def test_a_shard_whose_job_state_is_lost_ends_at_once_naming_the_cause(settings,
         shard = server(settings, tmp_path, recover_within_s=60)
         assert shard.state is ServerState.RECOVERING
         with pytest.raises(
-            StateLost, match=r"refused to rewind job job-ps-lost to version 7 \("
+            ShardStateLost, match=r"refused to rewind job job-ps-lost to version 7 \("
         ) as lost:
             shard.run(threading.Event())  # it ends by itself
     assert "has no dataset yet" in str(lost.value)
