@@ -33,6 +33,10 @@ class BusError(AntdtError):
     """A Kafka client operation failed (topic creation, delivery, metadata)."""
 
 
+class TopicMissing(BusError):
+    """A topic antdt needs does not exist (yet: the bus may be in the middle of a reset)."""
+
+
 class AuthenticationError(BusError):
     """The broker refused the client's credentials (or its SASL mechanism); retrying cannot help."""
 

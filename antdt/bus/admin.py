@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
 from antdt.embedded.broker import accepts_connections
-from antdt.errors import BusError
+from antdt.errors import BusError, TopicMissing
 from antdt.settings import SecurityProtocol, Settings
 from antdt.topics import TOPICS, TopicSpec
 
@@ -144,7 +144,7 @@ def partition_counts(
     for name in names:
         topic = metadata.topics.get(name)
         if topic is None or topic.error is not None:
-            raise BusError(f"topic {name} does not exist")
+            raise TopicMissing(f"topic {name} does not exist")
         counts[name] = len(topic.partitions)
         if expected and counts[name] < expected.get(name, 0):
             log.warning(

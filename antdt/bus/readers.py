@@ -29,7 +29,7 @@ from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.gaps import GuardedConsumer
 from antdt.bus.markers import marker_id, write_marker
 from antdt.bus.murmur2 import partition_for
-from antdt.errors import AntdtError, BusError, CodecError
+from antdt.errors import AntdtError, BusError, CodecError, TopicMissing
 from antdt.schemas.codec import Codec
 from antdt.schemas.models import AvroModel
 from antdt.settings import Settings
@@ -186,7 +186,7 @@ def key_partition(
             try:
                 _PARTITION_COUNTS[cache_key] = partition_counts(admin, [topic])[topic]
                 break
-            except BusError:
+            except TopicMissing:  # not a refused login or an unreachable bus: those end at once
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)

@@ -16,7 +16,7 @@ from antdt.bus.config import FetchPace
 from antdt.bus.readers import BEGINNING, assign_now, poll_batch
 from antdt.bus.watch import BusWatch, Rewinder, shared_watch
 from antdt.embedded.broker import EmbeddedBroker
-from antdt.errors import BusError
+from antdt.errors import AuthenticationError, BusError, TopicMissing
 from antdt.settings import BrokerProfile, load_settings
 from antdt.topics import TOPICS
 
@@ -181,13 +181,19 @@ def test_a_process_starting_during_a_reset_finds_its_topic_once_it_is_back(monke
 
     def counts(admin, names):
         looks.append(names)
+        if names == ["back.refused"]:
+            raise AuthenticationError("the broker refused the credentials")
         if len(looks) < 3 or names == ["back.never"]:
-            raise BusError(f"topic {names[0]} does not exist")
+            raise TopicMissing(f"topic {names[0]} does not exist")
         return {names[0]: 3}
 
     monkeypatch.setattr(readers, "partition_counts", counts)
     settings = load_settings(bootstrap_servers="127.0.0.1:1", topic_prefix="back")
     assert readers.key_partition(settings, "back.topic", b"job", within_s=5) in range(3)
     assert len(looks) == 3
-    with pytest.raises(BusError, match="does not exist"):
+    with pytest.raises(TopicMissing, match="does not exist"):
         readers.key_partition(settings, "back.never", b"job", within_s=0.6)
+    began = time.monotonic()  # anything else is not looked for again
+    with pytest.raises(AuthenticationError):
+        readers.key_partition(settings, "back.refused", b"job", within_s=30)
+    assert time.monotonic() - began < 5

@@ -54,11 +54,10 @@ def test_a_dead_child_is_not_ready_though_another_service_answers_on_its_port(tm
         other.stop()
 
 
-def test_a_service_started_without_a_log_folder_takes_the_one_it_made_with_it():
+def test_a_service_started_without_a_log_folder_takes_the_one_it_made_with_it(settings, topics):
     """About 400 such folders were left in /tmp after two suite runs."""
-    nowhere = load_settings(bootstrap_servers=f"127.0.0.1:{free_port()}", topic_prefix="nowhere")
-    with service_process(nowhere, "grouper") as service:
+    with service_process(settings, "grouper") as service:
         folder = service.log_path.parent
-        service.wait_until(lambda: service.get("/healthz")[0] == 200, "health", timeout_s=30)
+        service.wait_ready(30)
         assert folder.is_dir() and folder.name.startswith("antdt-grouper-")
     assert not folder.exists()
