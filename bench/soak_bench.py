@@ -38,6 +38,7 @@ from pathlib import Path
 import psutil
 from benchlib import antdt_up, distribution, emit
 from confluent_kafka import TopicPartition
+from scale_bench import GROUPS
 
 from antdt.bus.clients import make_consumer
 from antdt.loadgen.driver import FleetDriver
@@ -45,12 +46,6 @@ from antdt.loadgen.fleet import FleetSpec
 from antdt.settings import load_settings
 from antdt.topics import topic_spec
 
-#: Each service's consumer group (suffix of the topic prefix) and the topics it reads.
-GROUPS = {
-    "monitor": ("monitor", [("worker", "metrics")]),
-    "controller": ("controller", [("monitor", "verdicts"), ("worker", "metrics")]),
-    "sharder": ("sharder", [("shard", "progress"), ("worker", "lifecycle")]),
-}
 SERVICES = ("monitor", "sharder", "controller")
 FLAT = 0.20  # within 20 % of the baseline
 GRANT_FLOOR_MS, CPU_FLOOR = 5.0, 5.0
