@@ -30,12 +30,22 @@ from typing import Any
 import torch
 
 from antdt.worker.dataset import ShardedDataset, ShardGrant
-from antdt.worker.provenance import Tagged
+from antdt.worker.provenance import SampleTag, Tagged
 
 
 def stack_pairs(samples: list) -> tuple[torch.Tensor, torch.Tensor]:
     """The default batch of ``(input, target)`` samples: each side stacked."""
     return torch.stack([sample[0] for sample in samples]), torch.stack([s[1] for s in samples])
+
+
+def _tags(runs: list[tuple[ShardGrant, list[int]]]) -> tuple[SampleTag, ...]:
+    """The provenance of each position of each (grant, positions) run: a grant's fields read once
+    per run, not once per sample (a step of 512 samples makes 512 tags)."""
+    return tuple(
+        SampleTag(grant.epoch, position, grant.shard_id, grant.attempt, grant.holder)
+        for grant, positions in runs
+        for position in positions
+    )
 
 
 class _Reading:
@@ -180,20 +190,22 @@ class ShardFeed:
             return None
         # read on this thread, outside the lock: the user's __getitem__, as a DataLoader would
         source = self.dataset.source
-        tags = tuple(grant.tag(position) for grant, position in chosen)
-        return Tagged(self.collate([source[position] for _, position in chosen]), tags)
+        samples = [source[position] for _, positions in chosen for position in positions]
+        return Tagged(self.collate(samples), _tags(chosen))
 
-    def _choose(self, wanted: int) -> list[tuple[ShardGrant, int]]:
-        """Up to ``wanted`` (grant, position) pairs from the head of the buffer, revoked grants
-        dropped (with the lock held)."""
-        chosen: list[tuple[ShardGrant, int]] = []
-        while len(chosen) < wanted and self._buffer:
+    def _choose(self, wanted: int) -> list[tuple[ShardGrant, list[int]]]:
+        """Up to ``wanted`` positions from the head of the buffer, as (grant, positions) runs,
+        revoked grants dropped (with the lock held)."""
+        chosen: list[tuple[ShardGrant, list[int]]] = []
+        count = 0
+        while count < wanted and self._buffer:
             reading = self._buffer[0]
             if reading.grant.key in self.dataset.revoked:
                 reading.take(reading.left)  # its commits were refused: never trained
             else:
-                positions = reading.take(wanted - len(chosen))
-                chosen += [(reading.grant, position) for position in positions]
+                positions = reading.take(wanted - count)
+                chosen.append((reading.grant, positions))
+                count += len(positions)
             if not reading.left:
                 self._buffer.popleft()
         return chosen

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from antdt.schemas.models import ShardCommit
 
 
-@dataclass(frozen=True, slots=True)
-class SampleTag:
+class SampleTag(NamedTuple):
     """One sample's provenance: its epoch and dataset index, and the shard grant it was read
-    under."""
+    under. A tuple, not a frozen dataclass: a batch of 512 makes 512 of them every step, and a
+    tuple is made in a third of the time (0.35 ms against 0.92 ms a batch here)."""
 
     epoch: int
     index: int

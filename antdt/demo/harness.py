@@ -173,7 +173,7 @@ def run_plan(
                 on_tick(timeline, time.time() - start)
             if time.monotonic() > deadline:
                 phases = {name: read_phase(handshake, rank).name for rank, name in enumerate(names)}
-                stalled = describe_stall(settings, job_id, run_dir, phases)
+                stalled = describe_stall(settings, job_id, run_dir, phases, services.counters())
                 raise AntdtError(
                     f"the run did not finish within {timeout_s:.0f} s (ideal {ideal:.0f} s): "
                     f"{stalled}; workers' phases {phases}; {run_dir / 'stall.json'}, "

@@ -198,6 +198,15 @@ class Services:
                 self.exits.append((name, code))
             self._launch(name, self._argv[name])
 
+    def counters(self) -> dict[str, dict[str, float]]:
+        """Each running service's own metrics (``antdt_*`` samples) as it serves them now: what a
+        stall's report shows of the services' side."""
+        return {
+            name: {k: v for k, v in service.metrics().items() if k.startswith("antdt_")}
+            for name, service in self.processes.items()
+            if service.process.poll() is None
+        }
+
     def kill_and_restart(self, name: str) -> None:
         """SIGKILL ``name`` and start a new one at once, as an orchestrator would; do not wait for
         it."""

@@ -70,14 +70,17 @@ def one_line(summary: dict) -> str:
     )
 
 
-def describe_stall(settings, job_id: str, run_dir: Path, phases: dict[str, str]) -> str:
-    """Write ``stall.json`` (the sharder's view, recovered from the bus, and the workers' phases)
-    and return its one line; a bus that cannot say is said too."""
+def describe_stall(
+    settings, job_id: str, run_dir: Path, phases: dict[str, str], counters: dict | None = None
+) -> str:
+    """Write ``stall.json`` (the sharder's view, recovered from the bus, the workers' phases and
+    the services' own counters: did the grouper read announcements, form groups?) and return its
+    one line; a bus that cannot say is said too."""
     from antdt.bus.clients import make_producer
     from antdt.schemas.codec import make_codec
     from antdt.services.sharder.recovery import recover_job
 
-    report: dict = {"phases": phases}
+    report: dict = {"phases": phases, "services": counters or {}}
     try:
         recovered = recover_job(
             settings, job_id, make_codec(settings.schema_registry_url), make_producer(settings)

@@ -58,6 +58,18 @@ class LogWriter:
         self._errors: list[str] = []
         self.last_offset: dict[str, int] = {}
         self._recent: dict[str, deque[tuple[float, ShardLogEvent]]] = {}
+        #: Bus resets this writer has started over after (:meth:`start_over`): a delivery report
+        #: of an append made before the last one is not this log's to fail on.
+        self.generation = 0
+
+    def start_over(self) -> None:
+        """A bus reset emptied the log, and the state it held is being written again (snapshots):
+        what was appended before, delivered or failed, no longer counts. Without this, the
+        delivery failures of the appends caught in the reset ('Unknown partition') failed the
+        flush that wrote the state again, and the sharder exited with the only copy of it."""
+        self.generation += 1
+        self._errors.clear()
+        self.last_offset.clear()
 
     def append(self, events: list[ShardLogEvent], remember: bool = True) -> None:
         now = time.monotonic()
@@ -69,12 +81,18 @@ class LogWriter:
                 key=event.job_id.encode(),
                 value=self._codec.encode(event, self._topic),
                 headers=[(WRITER_HEADER, str(event.writer_epoch).encode())],
-                on_delivery=self._delivered,
+                on_delivery=self._report_for(self.generation),
                 # replay by time sees transition times
                 timestamp=int(event.timestamp.timestamp() * 1000),
             )
 
-    def _delivered(self, error: KafkaError | None, message: Message) -> None:
+    def _report_for(self, generation: int):
+        """The delivery callback of an append made in ``generation``."""
+        return lambda error, message: self._delivered(generation, error, message)
+
+    def _delivered(self, generation: int, error: KafkaError | None, message: Message) -> None:
+        if generation != self.generation:
+            return  # appended before a reset the log started over after
         if error is not None:
             self._errors.append(error.str())
             return

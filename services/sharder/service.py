@@ -112,6 +112,8 @@ LARGE_RECORDS = {"linger.ms": 0, "compression.type": "lz4", "message.max.bytes":
 
 #: How long a bus reset's re-publishing waits for the topics to be back.
 TOPICS_BACK_WITHIN_S = 60.0
+#: How soon the state is written again when writing it after a bus reset failed.
+RETRY_STATE_EVERY_S = 0.5
 #: How long the state of a job whose partition was revoked is kept, should the bus turn out to have
 #: been reset.
 KEEP_REVOKED_S = 60.0
@@ -271,29 +273,44 @@ class SharderService(LoopService):
         events the snapshot already holds by their seqs (some of them may
         have reached the new log before the snapshot: the producer retried them).
         """
-        self._log.last_offset.clear()
         self._snapshots.discard_pending()
         # the generation moves before the topics are back: what follows is the only copy of the
         # state, not to be written into topics that are not there yet
         if not self._watch.wait_restored(TOPICS_BACK_WITHIN_S):
             log.error("the topics are not back %.0f s after the bus reset", TOPICS_BACK_WITHIN_S)
-        for producer in (self._producer, self._snapshot_producer, self._answer_producer):
-            refresh_metadata(producer)
         kept = {job_id: runtime for job_id, (runtime, _) in self._revoked.items()}
         jobs = {**kept, **self.jobs}
-        # log followers that were a moment behind find what they missed
-        self._log.append_recent(jobs)
-        for runtime in jobs.values():
-            if runtime.core.state.dataset is not None:
-                self._write_snapshot(runtime, log_offset=None)
-        self._log.flush()
-        flush_or_raise(self._snapshot_producer)
+        deadline = time.monotonic() + TOPICS_BACK_WITHIN_S
+        while True:
+            try:
+                self._write_state_again(jobs)
+                break
+            except BusError as exc:
+                # a producer whose metadata still lags the new topics ('Unknown partition'):
+                # exiting now would lose the only copy of the state
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("writing the state again after the bus reset: %s; once more", exc)
+                time.sleep(RETRY_STATE_EVERY_S)
         metrics.BUS_RESETS.inc()
         log.warning(
             "the bus was reset: re-published the state of %d job(s); "
             "reading the input again from the beginning",
             len(self.jobs) + len(kept),
         )
+
+    def _write_state_again(self, jobs: dict) -> None:
+        """Into the new topics: each job's recent events (log followers that were a moment behind
+        find what they missed), then its snapshot; durable on return (BusError if not)."""
+        self._log.start_over()
+        for producer in (self._producer, self._snapshot_producer, self._answer_producer):
+            refresh_metadata(producer)
+        self._log.append_recent(jobs)
+        for runtime in jobs.values():
+            if runtime.core.state.dataset is not None:
+                self._write_snapshot(runtime, log_offset=None)
+        self._log.flush()
+        flush_or_raise(self._snapshot_producer)
 
     # ------------------------------------------------------------ one cycle
 
@@ -471,7 +488,24 @@ class SharderService(LoopService):
             self._log.append(pending)
             self._count_events(pending)
             pending.clear()
-        self._log.flush()
+        try:
+            self._log.flush()
+        except BusError:
+            if not self._reset_under_flush():
+                raise
+
+    def _reset_under_flush(self) -> bool:
+        """Whether a failed flush met a bus reset (its appends went to topics that no longer
+        exist); if so the state, these events in it, is written again now. Exiting instead would
+        lose the only copy of the state with the bus's."""
+        if self._watch is None or self._rewinder is None:
+            return False
+        self._watch.check_now()
+        if not self._rewinder.check():
+            return False
+        log.warning("the shard log's appends failed with a bus reset: writing the state again")
+        self._republish()
+        return True
 
     # ------------------------------------------------------------ output
 

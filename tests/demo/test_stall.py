@@ -40,8 +40,10 @@ def test_a_stalled_job_is_described_from_the_shard_log_on_the_bus(settings, topi
     spec = dataset(size=400, shard_size=100, epochs=1, lease_s=60.0)
     with running_sharder(settings), ShardClient(settings, "job-s", "w1", spec) as client:
         held = client.request(0, quota=1).shards
-    line = describe_stall(settings, "job-s", tmp_path, {"w1": "OTHER"})
+    counters = {"grouper": {"antdt_grouper_announcements_total": 0.0}}
+    line = describe_stall(settings, "job-s", tmp_path, {"w1": "OTHER"}, counters)
     assert "epoch 0 open with 3 TODO, 1 DOING (doing: w1: 1)" in line
     report = json.loads((tmp_path / "stall.json").read_text())
     assert report["phases"] == {"w1": "OTHER"}
+    assert report["services"] == counters
     assert report["sharder"]["held"] == {"w1": [held[0].shard_id]}

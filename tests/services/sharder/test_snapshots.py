@@ -143,3 +143,34 @@ def test_the_snapshot_at_or_before_a_seq_is_the_newest_one_not_after_it(settings
     assert found[5] is None
     assert [found[asked].seq for asked in (6, 25, 99)] == [6, 20, 35]
     assert found[25].log_offset == 120
+
+
+def an_event(job: str, seq: int):
+    from antdt.schemas.models import ShardLogEvent, ShardTransition
+
+    return ShardLogEvent(
+        job_id=job,
+        seq=seq,
+        writer_epoch=1,
+        transition=ShardTransition.WRITER_ELECTED,
+        epoch=0,
+        timestamp=datetime.now(UTC),
+    )
+
+
+def test_appends_lost_to_a_bus_reset_do_not_fail_the_flush_after_the_log_starts_over(settings):
+    """The appends caught in a reset fail (here: a topic that is not there, and a message timeout
+    of 0.5 s); once the log starts over, the state written again is what counts (seed 21 of the
+    partial-reduce chaos runs: the sharder exited on them with the only copy of the state)."""
+    from antdt.errors import BusError
+    from antdt.services.sharder.eventlog import LogWriter
+
+    producer = make_producer(settings, **{"message.timeout.ms": 500})
+    writer = LogWriter(producer, f"{settings.topic_prefix}.not-there", CODEC)
+    writer.append([an_event("lost", 1)])
+    with pytest.raises(BusError, match="shard log append failed"):
+        writer.flush(5)
+    writer.append([an_event("lost", 2)])
+    writer.start_over()  # the reset noticed while that append was in flight
+    writer.flush(5)
+    assert writer.generation == 1
