@@ -324,6 +324,10 @@ class Chaos:
             process = pool.processes[rank]
             stop = action is FaultAction.STOP
             kill.release = _stop(process) if stop else CpuHog(process.pid).stop
+        # the fault's time is once it is in (the victim dead or stopped): a report whose window
+        # ended while the signal was on its way is not the victim back (one such kill counted
+        # 0.0 s lost)
+        kill.at_s = now_s + time.monotonic() - waited
         self.kills.append(kill)
         return True
 
