@@ -3,7 +3,9 @@ broker."""
 
 from __future__ import annotations
 
+import csv
 import json
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -54,6 +56,12 @@ def assert_short_demo_succeeded(result: subprocess.CompletedProcess, out: Path) 
     return said
 
 
+def median_batch(trace: Path) -> float:
+    """A worker's median samples per step over the run, from its step trace."""
+    with trace.open() as rows:
+        return statistics.median(int(row["samples"]) for row in csv.DictReader(rows))
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_bench_measures_the_baseline_and_dd_against_the_ideal(tmp_path):
@@ -70,11 +78,13 @@ def test_bench_measures_the_baseline_and_dd_against_the_ideal(tmp_path):
     assert baseline["audit_clean"] is None and baseline["speedup"] == 1.0
     # sized in-band: the controller sends nothing
     assert dd["audit_clean"] is True and dd["commands"] == 0
-    # BSP waits for the 3x slower w2 every step; DD gives it less than an even share (the last
-    # split is one in-band decision: on this loaded machine a healthy worker's noisy last step
-    # can move the other two apart, as in one run's {w0: 15, w1: 61, w2: 20})
-    sizes = dd["final_batch_sizes"]
-    assert sum(sizes.values()) == 96 and sizes["w2"] < 96 // 3, sizes
+    # BSP waits for the 3x slower w2 every step; DD gives it less than an even share over the
+    # run (its median step), and the global batch never moves. The last split alone is one
+    # in-band decision: on this loaded machine a healthy worker's noisy last step can move it
+    # ({w0: 37, w1: 21, w2: 38} in one CI run)
+    assert sum(dd["final_batch_sizes"].values()) == 96, dd["final_batch_sizes"]
+    medians = {w: median_batch(tmp_path / "dd" / "steps" / f"{w}.csv") for w in ("w0", "w1", "w2")}
+    assert medians["w2"] < 96 // 3 < max(medians["w0"], medians["w1"]), medians
     assert baseline["final_batch_sizes"] == {"w0": 32, "w1": 32, "w2": 32}
     assert dd["speedup"] > 1.3, figures
     assert dd["loss_gap_to_baseline"] is not None and dd["loss_gap_to_baseline"]["largest"] < 0.5
