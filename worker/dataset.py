@@ -88,6 +88,12 @@ class ShardGrant:
     def tag(self, position: int) -> SampleTag:
         return SampleTag(self.epoch, position, self.shard_id, self.attempt, self.holder)
 
+    def tags(self, positions: list[int]) -> tuple[SampleTag, ...]:
+        """The tags of ``positions``, the grant's fields read once (a step of 512 samples makes
+        512 tags)."""
+        epoch, shard, attempt, holder = self.epoch, self.shard_id, self.attempt, self.holder
+        return tuple(SampleTag(epoch, position, shard, attempt, holder) for position in positions)
+
 
 class ShardedDataset(IterableDataset):
     """Yields the samples of the shards the sharder grants this worker, tagged with their

@@ -30,22 +30,12 @@ from typing import Any
 import torch
 
 from antdt.worker.dataset import ShardedDataset, ShardGrant
-from antdt.worker.provenance import SampleTag, Tagged
+from antdt.worker.provenance import Tagged
 
 
 def stack_pairs(samples: list) -> tuple[torch.Tensor, torch.Tensor]:
     """The default batch of ``(input, target)`` samples: each side stacked."""
     return torch.stack([sample[0] for sample in samples]), torch.stack([s[1] for s in samples])
-
-
-def _tags(runs: list[tuple[ShardGrant, list[int]]]) -> tuple[SampleTag, ...]:
-    """The provenance of each position of each (grant, positions) run: a grant's fields read once
-    per run, not once per sample (a step of 512 samples makes 512 tags)."""
-    return tuple(
-        SampleTag(grant.epoch, position, grant.shard_id, grant.attempt, grant.holder)
-        for grant, positions in runs
-        for position in positions
-    )
 
 
 class _Reading:
@@ -191,7 +181,8 @@ class ShardFeed:
         # read on this thread, outside the lock: the user's __getitem__, as a DataLoader would
         source = self.dataset.source
         samples = [source[position] for _, positions in chosen for position in positions]
-        return Tagged(self.collate(samples), _tags(chosen))
+        tags = tuple(tag for grant, positions in chosen for tag in grant.tags(positions))
+        return Tagged(self.collate(samples), tags)
 
     def _choose(self, wanted: int) -> list[tuple[ShardGrant, list[int]]]:
         """Up to ``wanted`` positions from the head of the buffer, as (grant, positions) runs,
