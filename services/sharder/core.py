@@ -630,7 +630,9 @@ class ShardCore:
                     f"version {version} is not a state of job {state.job_id} with a dataset "
                     f"(it predates the dataset, or a fenced writer issued it)"
                 )
-            done = [s.shard_id for s in target.slots if s.state is ShardState.DONE]
+            # a shard whose every sample the version holds is done, DONE yet or not (a parameter
+            # server's version is an APPLIED event's seq, the DONEs it completed come after it)
+            done = [s.shard_id for s in target.slots if not s.remaining()]
             partial = [
                 trusted(
                     ShardCommit,
@@ -640,7 +642,7 @@ class ShardCore:
                     samples=sorted(s.applied),
                 )
                 for s in target.slots
-                if s.state is not ShardState.DONE and s.applied
+                if s.applied and s.remaining()
             ]
             attempt = 1 + max([state.attempt_high, *(s.attempt for s in state.slots)])
             self._emit(

@@ -15,7 +15,8 @@ Shard state machine (per shard, per epoch)::
        │ LEASE_EXPIRED / RELEASED (left, quota 0)│ │
        ├────────────────────────────────────────┘ │ FAILED (attempt+1 >= max_attempts)
        │                                          └──────────────▶ QUARANTINED
-       │ REWOUND: DONE after the version ─────── back to TODO
+       │ REWOUND: DOING, or DONE after the version, with a sample the version lacks ── back to TODO
+       │ (a shard whose every sample is in the restored model is DONE)
        │
        └── a late DONE from the last holder of a reclaimed, not yet re-granted
            shard is accepted: TODO ─▶ DONE (nobody else trained it)
@@ -582,8 +583,18 @@ def _rewound(state: JobState, event: ShardLogEvent) -> None:
             redo = slot.state is ShardState.DOING or (
                 slot.state is ShardState.DONE and slot.done_seq > event.version
             )
-            if redo:
+            if redo and slot.remaining():
                 state._set_todo(slot, slot.attempt + 1)
+            elif redo and slot.state is ShardState.DOING:
+                # every sample is in the restored model: granted again, nothing would be left to
+                # read, so nothing would ever complete it
+                state._leave_todo(slot)
+                slot.state, slot.done_seq, slot.lease_ms, slot.started = (
+                    ShardState.DONE,
+                    event.seq,
+                    None,
+                    False,
+                )
             if slot.state is ShardState.TODO:
                 # work from before the rewind is not in the model: no late DONE or commit for it
                 slot.worker = None

@@ -172,6 +172,17 @@ class ShardingMachine(RuleBasedStateMachine):
     def rewind(self, data):
         """A model restored from a checkpoint: the shard state goes back to its version."""
         version = data.draw(st.sampled_from(self.checkpoints))
+        self.rewind_to(version)
+
+    @precondition(lambda self: any(e.transition is T.APPLIED for e in self.log))
+    @rule(data=st.data())
+    def rewind_to_a_parameter_servers_version(self, data):
+        """A parameter server rolls back to the last update it applied: the version is an APPLIED
+        event's seq, which the DONEs it completed follow."""
+        applied = [e.seq for e in self.log if e.transition is T.APPLIED]
+        self.rewind_to(data.draw(st.sampled_from(applied)))
+
+    def rewind_to(self, version):
         target = fold(JOB, [e for e in self.log if e.seq <= version])
         outcome = self.core.rewind(
             report(K.REWIND, "w0", self.core.state.epoch, self.now, version=version),
@@ -233,6 +244,14 @@ class ShardingMachine(RuleBasedStateMachine):
     def duplicate_delivery(self, data):
         """At-least-once input: an earlier report arrives again, possibly very late."""
         self.deliver(data.draw(st.sampled_from(self.sent)))
+
+    @invariant()
+    def a_shard_with_every_sample_applied_is_done(self):
+        """Nothing is left to grant of such a shard: granted, it would be held forever (a worker
+        reads none of it, so nothing completes it)."""
+        for slot in self.core.state.slots:
+            if slot.state in (ShardState.TODO, ShardState.DOING):
+                assert slot.remaining(), f"shard {slot.shard_id} {slot.state.value}, all applied"
 
     @invariant()
     def counters_match_the_table(self):
