@@ -494,6 +494,32 @@ class ShardCore:
                 )
         self._close_epoch_if_complete(now_ms, out)
 
+    def complete_applied(self, now_ms: int) -> list[ShardLogEvent]:
+        """DONE for every TODO or DOING shard whose every sample is applied.
+
+        The DONE is written right after the APPLIED that completes a shard; a
+        writer that died between the two leaves such a shard behind, and nothing
+        else would complete it: no sample of it is left to train, so no commit
+        comes, and its holder (or whoever is granted it next, with nothing to
+        read) holds it forever. A new writer calls this once it has taken over.
+        """
+        state = self.state
+        out = Outcome()
+        if state.dataset is None or state.finished:
+            return out.events
+        for slot in state.slots:
+            if slot.state in (ShardState.TODO, ShardState.DOING) and not slot.remaining():
+                self._emit(
+                    out.events,
+                    T.DONE,
+                    now_ms,
+                    shard_id=slot.shard_id,
+                    worker_id=slot.worker,
+                    attempt=slot.attempt,
+                )
+        self._close_epoch_if_complete(now_ms, out)
+        return out.events
+
     def _late_done_from_last_holder(self, report: ShardProgress) -> bool:
         """A reclaimed shard nobody took since: its last holder's DONE is still good work."""
         state = self.state

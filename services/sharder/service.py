@@ -457,6 +457,9 @@ class SharderService(LoopService):
             recovered.seconds,
         )
         runtime = self.jobs[job_id] = JobRuntime(core)
+        completed = core.complete_applied(now_ms)  # a DONE the last writer did not get to write
+        pending += completed
+        runtime.events_since_snapshot += len(completed)
         metrics.JOBS.set(len(self.jobs))
         return runtime
 

@@ -8,7 +8,8 @@ or stale deliveries of earlier reports, then lets the surviving workers
 finish. The independent audit must then find every sample applied exactly
 once per epoch, a refused update must have recorded nothing, the fold of
 the log must equal the live state at every sequence number, and a snapshot's
-capture must hold every slot as it is.
+capture must hold every slot as it is. The sharder may die with its last
+events unwritten, and a new writer takes over from the log.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from antdt.schemas.models import AssignmentStatus, ShardCommit, ShardState
 from antdt.schemas.models import ProgressKind as K
 from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.audit import audit_log
+from antdt.services.sharder.core import ShardCore
 from antdt.services.sharder.shards import split
 from antdt.services.sharder.state import fold, slot_tuple
 from tests.services.sharder.helpers import JOB, dataset, new_core, report
@@ -48,6 +50,7 @@ class ShardingMachine(RuleBasedStateMachine):
         self.views = {self.core.state.last_seq: self.core.state.logical_view()}
         self.updates = itertools.count()
         self.checkpoints = []  # versions handed out
+        self.first_events = len(self.log)  # the election and the dataset's definition
 
     def deliver(self, message):
         self.sent.append(message)
@@ -190,6 +193,19 @@ class ShardingMachine(RuleBasedStateMachine):
             target,
         )
         self.record(outcome.events)
+
+    @rule(lost=st.integers(0, 3))
+    def writer_dies(self, lost):
+        """The sharder is killed with its last ``lost`` events unwritten (an APPLIED may be in the
+        log without the DONE it implied); a new writer folds the log and takes over."""
+        del self.log[max(len(self.log) - lost, self.first_events) :]
+        last_seq = self.log[-1].seq
+        self.views = {seq: view for seq, view in self.views.items() if seq <= last_seq}
+        self.checkpoints = [version for version in self.checkpoints if version <= last_seq]
+        state = fold(JOB, self.log)
+        self.core = ShardCore(state, self.core.config)
+        self.record([self.core.elect(state.writer_epoch + 1, self.now, "next")])
+        self.record(self.core.complete_applied(self.now))
 
     @rule(worker=st.sampled_from(WORKERS), data=st.data())
     def fail_one(self, worker, data):

@@ -13,7 +13,7 @@ from antdt.bus.clients import consuming, make_producer
 from antdt.bus.deadletter import HEADER_ERROR
 from antdt.bus.readers import assign_now, poll_batch
 from antdt.schemas.codec import SingleObjectCodec
-from antdt.schemas.models import AssignmentStatus, DatasetSpec
+from antdt.schemas.models import AssignmentStatus, DatasetSpec, ShardCommit, ShardState
 from antdt.schemas.models import ProgressKind as K
 from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.core import CoreConfig
@@ -32,6 +32,7 @@ from tests.services.sharder.harness import (
     running_sharder,
     sharder_process,
 )
+from tests.services.sharder.helpers import JOB, report
 
 
 def spec(size=2000, shard_size=50, epochs=2, lease_s=30.0) -> DatasetSpec:
@@ -159,6 +160,34 @@ def test_fencing_a_stale_writer(settings, topics):
     assert state.stats.stale_writer > 0  # ...but its events are ignored by every reader
     assert state.logical_view() == new_core.state.logical_view()
     assert state.writer == "writer new"
+
+
+def test_a_new_writer_writes_the_done_its_predecessor_died_before(settings, topics):
+    """A sharder killed between an APPLIED and the DONE it implied leaves the shard DOING with
+    every sample applied: no commit would ever complete it, and its holder held it forever (a drawn
+    chaos run hung so). The next writer writes that DONE as it takes the job over."""
+    dataset = spec(size=100, shard_size=50, epochs=1)
+    codec = SingleObjectCodec()
+    producer = make_producer(settings, **{"linger.ms": 0})
+    writer = LogWriter(producer, log_topic(settings), codec)
+    now = int(time.time() * 1000)
+    core, _ = take_over(settings, JOB, codec, producer, writer, "old", CoreConfig(), now)
+    granted = core.on_progress(report(K.REQUESTED, "w0", 0, now, dataset=dataset, quota=1), now)
+    shard = granted.assignment.shards[0]
+    whole = ShardCommit(
+        shard_id=shard.shard_id,
+        attempt=shard.attempt,
+        samples=list(range(shard.start, shard.start + shard.length)),
+    )
+    committed = core.on_progress(report(K.COMMIT, "w0", 0, now, commits=[whole]), now)
+    writer.append(granted.events + [e for e in committed.events if e.transition is T.APPLIED])
+    writer.flush()
+    assert fold(JOB, job_log(settings, JOB)).slots[shard.shard_id].state is ShardState.DOING
+    with running_sharder(settings), ShardClient(settings, JOB, "w0", dataset) as client:
+        answer = client.request(0, quota=1)
+    assert [s.shard_id for s in answer.shards] == [1 - shard.shard_id]
+    done = [e for e in job_log(settings, JOB) if e.transition is T.DONE]
+    assert [(e.shard_id, e.writer_epoch) for e in done] == [(shard.shard_id, 2)]
 
 
 @pytest.mark.slow
