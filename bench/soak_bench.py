@@ -17,7 +17,9 @@ all along. Every minute:
   time to their first command;
 * each service's consumer lag (committed offset behind the end of its input,
   read once a minute: on the embedded broker every such read lists the
-  partition's whole log).
+  partition's whole log);
+* how many times ``antdt up`` rolled the embedded broker (``--roll-at-mb``,
+  :mod:`antdt.embedded.roll`).
 
 The first ``--baseline`` minutes (5) are the baseline. The soak holds when
 every later minute's grant p99 and the services' and broker's CPU stay
@@ -41,6 +43,7 @@ from confluent_kafka import TopicPartition
 from scale_bench import GROUPS
 
 from antdt.bus.clients import make_consumer
+from antdt.cli.up_cmd import ROLL_AT_MB
 from antdt.loadgen.driver import FleetDriver
 from antdt.loadgen.fleet import FleetSpec
 from antdt.settings import load_settings
@@ -50,6 +53,7 @@ SERVICES = ("monitor", "sharder", "controller")
 FLAT = 0.20  # within 20 % of the baseline
 GRANT_FLOOR_MS, CPU_FLOOR = 5.0, 5.0
 RSS_BOUND = 1.5
+LOOK_EVERY_S = 2.0  # how often the processes' CPU is read (a rolled broker's last 2 s are lost)
 
 
 def processes(up: psutil.Process) -> dict[str, psutil.Process]:
@@ -110,27 +114,64 @@ def fleet_spec(workers: int, speedup: float, seconds: float) -> FleetSpec:
     )
 
 
-def sample_minutes(driver, procs, settings, minutes: int, stop: threading.Event) -> list[dict]:
-    """One sample a minute while the fleet runs: CPU and RSS per process, lag per service."""
+class Usage:
+    """CPU seconds of ``antdt up``'s processes by name, looked at every few seconds: a roll
+    replaces the broker process, and the CPU of each process it had counts up to its last look."""
+
+    def __init__(self, up: psutil.Process, own: psutil.Process) -> None:
+        self.up, self.own = up, own
+        self.procs = processes(up) | {"loadgen": own}
+        self.cpu: dict[int, tuple[str, float]] = {}  # pid -> (name, CPU seconds at its last look)
+        self.brokers: set[int] = set()
+        self.look()
+
+    def look(self) -> None:
+        fresh = processes(self.up) | {"loadgen": self.own}
+        for name, process in fresh.items():
+            try:
+                self.cpu[process.pid] = (name, cpu_s(process))
+            except psutil.Error:  # gone between the listing and the look
+                continue
+        self.procs = fresh
+        self.brokers.add(fresh["broker"].pid)
+
+    def totals(self) -> dict[str, float]:
+        summed: dict[str, float] = dict.fromkeys(self.procs, 0.0)
+        for name, seconds in self.cpu.values():
+            summed[name] += seconds
+        return summed
+
+    def rss_mb(self) -> dict[str, float]:
+        return {k: round(p.memory_info().rss / 2**20, 1) for k, p in self.procs.items()}
+
+
+def sample_minutes(driver, usage: Usage, settings, minutes: int, stop) -> list[dict]:
+    """One sample a minute while the fleet runs: CPU and RSS per process, lag per service, and
+    how many times the broker was rolled in it."""
     consumer = make_consumer(settings)
     samples, began = [], time.monotonic()
-    last = {name: cpu_s(p) for name, p in procs.items()}
-    last_sent = 0
+    last, last_sent, last_brokers = usage.totals(), 0, len(usage.brokers)
     try:
         for minute in range(1, minutes + 1):
-            if stop.wait(max(0.0, began + 60.0 * minute - time.monotonic())):
+            end = began + 60.0 * minute
+            while not stop.wait(max(0.0, min(LOOK_EVERY_S, end - time.monotonic()))):
+                usage.look()
+                if time.monotonic() >= end:
+                    break
+            if stop.is_set():
                 break
-            now = {name: cpu_s(p) for name, p in procs.items()}
+            now = usage.totals()
             samples.append(
                 {
                     "minute": minute,
                     "cpu_percent": {k: round(100 * (now[k] - last[k]) / 60, 1) for k in now},
-                    "rss_mb": {k: round(p.memory_info().rss / 2**20, 1) for k, p in procs.items()},
+                    "rss_mb": usage.rss_mb(),
+                    "broker_rolls": len(usage.brokers) - last_brokers,
                     "records_sent": driver.sent - last_sent,
                     "lag": lag(consumer, settings),
                 }
             )
-            last, last_sent = now, driver.sent
+            last, last_sent, last_brokers = now, driver.sent, len(usage.brokers)
             print(f"soak minute {minute}: {samples[-1]}", file=sys.stderr, flush=True)
     finally:
         consumer.close()
@@ -212,22 +253,25 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", type=Path, help="write the minutes' figures to this PNG")
     parser.add_argument("--log-dir", type=Path, default=Path("reports/soak-logs"))
+    parser.add_argument(
+        "--roll-at-mb", type=float, help="antdt up's --roll-at-mb (default: antdt up's own)"
+    )
     args = parser.parse_args()
     if args.minutes <= args.baseline + 1 or args.workers < 4 or args.hours <= 0:
         parser.error("--minutes must exceed --baseline + 1, --workers >= 4, --hours > 0")
     speedup = args.hours * 60 / args.minutes
     seconds = 60.0 * args.minutes
-    with antdt_up(args.log_dir, ["--policy", "antdt-nd"]) as bus:
+    rolled = [] if args.roll_at_mb is None else ["--roll-at-mb", f"{args.roll_at_mb:g}"]
+    with antdt_up(args.log_dir, ["--policy", "antdt-nd", *rolled]) as bus:
         os.environ.update(bus.exports)
         settings = load_settings()
-        procs = processes(psutil.Process(bus.process.pid))
+        usage = Usage(psutil.Process(bus.process.pid), psutil.Process())
         driver = FleetDriver(settings, fleet_spec(args.workers, speedup, seconds))
-        procs["loadgen"] = psutil.Process()
         stop = threading.Event()
         seen: list = []
         runner = threading.Thread(target=lambda: seen.append(driver.run(seconds)), daemon=True)
         runner.start()
-        samples = sample_minutes(driver, procs, settings, args.minutes, stop)
+        samples = sample_minutes(driver, usage, settings, args.minutes, stop)
         runner.join(120)
         stop.set()
         if not seen:
@@ -242,6 +286,8 @@ def main() -> None:
             "hours_carried": args.hours,
             "minutes": args.minutes,
             "speedup": round(speedup, 2),
+            "roll_at_mb": args.roll_at_mb if args.roll_at_mb is not None else ROLL_AT_MB,
+            "broker_rolls": sum(s["broker_rolls"] for s in samples),
             "records_sent": driver.sent,
             "stragglers": driver.fleet.stragglers,
             "stragglers_commanded": len(seen[0].first_command_s),

@@ -9,6 +9,8 @@ processes configured exactly as in a deployment, waits for each one's
 ``/readyz`` and prints where everything is.
 Then it watches them: Ctrl-C or SIGTERM stops everything cleanly (exit 0),
 and a service that dies is reported at once with its log file (exit 1).
+On the embedded broker, whose log only grows, it rolls the broker once it
+holds ``--roll-at-mb`` (:mod:`antdt.embedded.roll`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ SERVICES = ("monitor", "sharder", "controller")
 #: torchrun otherwise keeps one store across restarts, and a restarted group finds the last one's
 #: addresses there.
 TORCHRUN_FIX = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+#: The embedded broker's memory at which ``antdt up`` rolls it (docs/reliability.md, "Soak").
+ROLL_AT_MB = 256.0
 
 
 def up(
@@ -59,6 +63,13 @@ def up(
     ),
     ready_within: float = typer.Option(
         60.0, "--ready-within", min=1.0, help="Seconds each service may take to be ready."
+    ),
+    roll_at_mb: float = typer.Option(
+        ROLL_AT_MB,
+        "--roll-at-mb",
+        min=0.0,
+        help="Embedded broker: start it again, empty, once it holds this many MB (0: never; "
+        "antdt.embedded.roll).",
     ),
     log_dir: Path | None = typer.Option(
         None,
@@ -93,10 +104,26 @@ def up(
             served = job or settings.job_id
             servers = ParameterServers(served, ps_shards or 1, ps_lr, ps_momentum)
             running |= servers.start(stack, settings, logs, ready_within)
+        roll = _roll(broker, settings, roll_at_mb)
         typer.echo(f"logs: {logs}; Ctrl-C stops everything")
         while not stop.wait(0.2):
             _check(running)
+            rolled = roll.check() if roll is not None else None
+            if rolled:
+                typer.echo(rolled)
         typer.echo("stopping")
+
+
+def _roll(broker, settings, bound_mb: float):
+    """The managed roll of the embedded broker's log, or None (an external bus, or 0)."""
+    from antdt.bus.admin import ensure_topics
+    from antdt.bus.clients import make_admin
+    from antdt.embedded.roll import BrokerRoll
+
+    if broker is None or bound_mb == 0:
+        return None
+    typer.echo(f"the embedded broker is rolled at {bound_mb:g} MB (--roll-at-mb)")
+    return BrokerRoll(broker, bound_mb, lambda: ensure_topics(make_admin(settings), settings))
 
 
 def _job_name(job: str | None) -> str | None:
