@@ -19,12 +19,13 @@ import threading
 import time
 from datetime import UTC, datetime
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from antdt.bus.clients import flush_or_raise, make_consumer, make_producer
 from antdt.bus.config import FetchPace
 from antdt.bus.markers import marker_id
 from antdt.bus.readers import assign_now, poll_batch
+from antdt.bus.watch import Rewinder, shared_watch
 from antdt.loadgen.fleet import Fleet, FleetSpec, Observations, Outgoing
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import MitigationCommand, ProgressKind, ShardAssignment, ShardProgress
@@ -47,6 +48,7 @@ class FleetDriver:
         self.settings, self.spec, self.tick_s = settings, spec, tick_s
         self.codec = make_codec(settings.schema_registry_url)
         self.sent = 0
+        self.dropped = 0  # records produce() refused (their topic gone with a bus reset)
         self.acked_s: list[float] = []  # produce to broker acknowledgement, of each shard request
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -119,9 +121,17 @@ class FleetDriver:
                 return
             except BufferError:  # the local queue is full: let it drain
                 producer.poll(0.05)
+            except KafkaException as exc:  # a topic a bus reset took: the agent drops it too
+                log.debug("loadgen: a record for %s dropped: %s", topic, exc)
+                with self._lock:
+                    self.dropped += 1
+                return
 
     def _read(self) -> None:
+        """Grants and commands, read from the beginning again after a bus reset (as the agent's
+        readers do: a reader left at its old offsets would wait past the new topics' records)."""
         consumer = make_consumer(self.settings, pace=FetchPace.LOW_LATENCY)
+        watch = shared_watch(self.settings)
         try:
             assign_now(
                 consumer,
@@ -131,11 +141,14 @@ class FleetDriver:
                     for p in range(topic_spec(component, name).partitions)
                 ],
             )
+            rewinder = Rewinder(consumer, watch)
             while not self._stop.is_set():
+                rewinder.check()
                 for message in poll_batch(consumer, 5000, 0.05):
                     self._take(message)
         finally:
             consumer.close()
+            watch.release()
 
     def _take(self, message) -> None:
         if message.error() is not None or marker_id(message) is not None or not message.value():

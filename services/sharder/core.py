@@ -62,7 +62,7 @@ from antdt.schemas.models import (
 from antdt.schemas.models import (
     ShardTransition as T,
 )
-from antdt.services.sharder.state import JobState, from_ms, to_ms
+from antdt.services.sharder.state import JobState, Slot, from_ms, to_ms
 
 
 def request_id(report: ShardProgress) -> str:
@@ -348,15 +348,27 @@ class ShardCore:
                 self._emit(
                     out.events, T.APPLIED, now_ms, worker_id=report.worker_id, commits=[commit]
                 )
-            self._emit(
-                out.events,
-                T.DONE,
-                now_ms,
-                shard_id=report.shard_id,
-                worker_id=report.worker_id,
-                attempt=slot.attempt,
-            )
+            self._emit_done(slot, report.worker_id, now_ms, out)
             self._close_epoch_if_complete(now_ms, out)
+
+    def _emit_done(self, slot: Slot, worker: str | None, now_ms: int, out: Outcome) -> None:
+        self._emit(
+            out.events,
+            T.DONE,
+            now_ms,
+            shard_id=slot.shard_id,
+            worker_id=worker,
+            attempt=slot.attempt,
+        )
+
+    def _done_if_complete(
+        self, slots: list[Slot], worker: str | None, now_ms: int, out: Outcome
+    ) -> None:
+        """DONE for each of ``slots`` still TODO or DOING with every sample applied, credited to
+        its holder (else ``worker``)."""
+        for slot in slots:
+            if slot.state in (ShardState.DOING, ShardState.TODO) and not slot.remaining():
+                self._emit_done(slot, slot.worker or worker, now_ms, out)
 
     # ------------------------------------------------------------ commits
 
@@ -481,17 +493,8 @@ class ShardCore:
             commits=named,
             update_id=report.update_id,
         )
-        for shard_id in sorted({c.shard_id for c in commits}):
-            slot = self.state.slots[shard_id]
-            if slot.state in (ShardState.DOING, ShardState.TODO) and not slot.remaining():
-                self._emit(
-                    out.events,
-                    T.DONE,
-                    now_ms,
-                    shard_id=shard_id,
-                    worker_id=slot.worker or report.worker_id,
-                    attempt=slot.attempt,
-                )
+        touched = [self.state.slots[i] for i in sorted({c.shard_id for c in commits})]
+        self._done_if_complete(touched, report.worker_id, now_ms, out)
         self._close_epoch_if_complete(now_ms, out)
 
     def complete_applied(self, now_ms: int) -> list[ShardLogEvent]:
@@ -507,16 +510,7 @@ class ShardCore:
         out = Outcome()
         if state.dataset is None or state.finished:
             return out.events
-        for slot in state.slots:
-            if slot.state in (ShardState.TODO, ShardState.DOING) and not slot.remaining():
-                self._emit(
-                    out.events,
-                    T.DONE,
-                    now_ms,
-                    shard_id=slot.shard_id,
-                    worker_id=slot.worker,
-                    attempt=slot.attempt,
-                )
+        self._done_if_complete(state.slots, None, now_ms, out)
         self._close_epoch_if_complete(now_ms, out)
         return out.events
 
