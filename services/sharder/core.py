@@ -687,7 +687,8 @@ class ShardCore:
         state = self.state
         while not state.finished and state.todo_count == 0 and state.doing_count == 0:
             closing = state.epoch
-            self._emit(out.events, T.EPOCH_CLOSED, now_ms, epoch=closing)
+            if not state.closed:  # closed already by a writer that died before opening the next
+                self._emit(out.events, T.EPOCH_CLOSED, now_ms, epoch=closing)
             if closing + 1 < state.dataset.epochs:
                 self._emit(out.events, T.EPOCH_OPENED, now_ms, epoch=closing + 1)
 

@@ -226,6 +226,9 @@ class JobState:
     dataset: DatasetSpec | None = None
     epoch: int = 0
     finished: bool = False
+    #: The current epoch's EPOCH_CLOSED is in the log (a writer that died before the next
+    #: EPOCH_OPENED leaves it so: the next one opens the epoch without closing it again).
+    closed: bool = False
     writer_epoch: int = 0
     writer: str | None = None
     last_seq: int = 0
@@ -353,7 +356,7 @@ class JobState:
     ) -> None:
         """A fresh pass over the dataset; ``done`` shards and ``partial`` samples (ShardCommits)
         restored as applied at ``seq``."""
-        self.epoch, self.epoch_opened_seq, self.finished = epoch, seq, False
+        self.epoch, self.epoch_opened_seq, self.finished, self.closed = epoch, seq, False, False
         self._ranks = grant_ranks(self.dataset, epoch)
         self.held, self.updates = {}, {}
         self.slots = [
@@ -561,6 +564,7 @@ def _quota_set(state: JobState, event: ShardLogEvent) -> None:
 
 
 def _epoch_closed(state: JobState, event: ShardLogEvent) -> None:
+    state.closed = True
     if event.epoch >= state.dataset.epochs - 1:
         state.finished = True
 
@@ -599,7 +603,7 @@ def _rewound(state: JobState, event: ShardLogEvent) -> None:
                 # work from before the rewind is not in the model: no late DONE or commit for it
                 slot.worker = None
                 slot.rewound_below = slot.attempt
-        state.finished = False
+        state.finished = state.closed = False
         return
     state.attempt_base = event.attempt or 0
     state._open_epoch(

@@ -378,7 +378,8 @@ class AuditedShardingMachine(ShardingMachine):
     def teardown(self):
         if not hasattr(self, "core"):
             return
-        assert audit_log(self.log).ok, "the audit flags a run in progress"
+        now = audit_log(self.log)
+        assert now.ok, [now.log_violations, *(e.violations for e in now.epochs)]
         self.drain()
         result = audit_log(self.log)
         assert result.ok, result.violations

@@ -31,6 +31,9 @@ from antdt.services.sharder.state import fold, slot_tuple
 from tests.services.sharder.helpers import JOB, dataset, new_core, report
 
 WORKERS = ["w0", "w1", "w2", "w3"]
+#: Rounds of requests the survivors get to finish the job: far more than any drawn job needs, and
+#: a job that never finishes fails in seconds, not minutes.
+DRAIN_ROUNDS = 300
 
 
 class ShardingMachine(RuleBasedStateMachine):
@@ -292,7 +295,7 @@ class ShardingMachine(RuleBasedStateMachine):
     def drain(self):
         """The surviving workers finish the job: each granted shard's remaining samples in one
         update."""
-        for _ in range(10_000):
+        for _ in range(DRAIN_ROUNDS):
             if self.core.state.finished:
                 return
             for worker in WORKERS:
