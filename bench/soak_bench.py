@@ -126,7 +126,7 @@ class Usage:
 
     def __init__(self, up: psutil.Process, own: psutil.Process) -> None:
         self.up, self.own = up, own
-        self.procs = processes(up) | {"loadgen": own}
+        self.procs: dict[str, psutil.Process] = {}  # by name, as of the last look
         self.cpu: dict[int, tuple[str, float]] = {}  # pid -> (name, CPU seconds at its last look)
         self.brokers: set[int] = set()
         self.look()

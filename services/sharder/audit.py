@@ -650,14 +650,14 @@ class Auditor:
             and event.epoch == current.epoch
             and event.version >= current.opened_seq
         ):
-            self._rewind_within(current, event.version, event.seq)
+            self._rewind_within(current, event.version)
         elif self.dataset is None:
             self._log_violation(f"seq {event.seq}: rewind before the dataset was defined")
         else:
             self._abandon_open_pass()
             self._open(event.epoch, event.seq, done=event.shard_ids, partial=event.commits)
 
-    def _rewind_within(self, current: _Pass, version: int, seq: int) -> None:
+    def _rewind_within(self, current: _Pass, version: int) -> None:
         """Work after the version is undone; in-flight and reclaimed work is void (the model lost
         it)."""
         if current.closed:  # the last epoch, reopened: its completed pass stays on record
@@ -674,15 +674,8 @@ class Auditor:
             redo = shard.state is ShardState.DOING or (
                 shard.state is ShardState.DONE and shard.done_seq > version
             )
-            if redo and shard.unapplied():
+            if redo and shard.unapplied():  # a DONE shard the restored model holds stays DONE
                 self._to_todo(shard)
-            elif redo and shard.state is ShardState.DOING:  # every sample in the restored model
-                shard.state, shard.holder, shard.done_seq, shard.done_by = (
-                    ShardState.DONE,
-                    None,
-                    seq,
-                    shard.holder,
-                )
             if shard.state is not ShardState.DONE:
                 shard.last_holder = None
 

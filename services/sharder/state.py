@@ -587,18 +587,11 @@ def _rewound(state: JobState, event: ShardLogEvent) -> None:
             redo = slot.state is ShardState.DOING or (
                 slot.state is ShardState.DONE and slot.done_seq > event.version
             )
+            # a DONE shard whose every sample is in the restored model stays DONE: granted again,
+            # nothing would be left to read, so nothing would ever complete it (no DOING shard has
+            # every sample applied: its DONE is written with the APPLIED that completes it)
             if redo and slot.remaining():
                 state._set_todo(slot, slot.attempt + 1)
-            elif redo and slot.state is ShardState.DOING:
-                # every sample is in the restored model: granted again, nothing would be left to
-                # read, so nothing would ever complete it
-                state._leave_todo(slot)
-                slot.state, slot.done_seq, slot.lease_ms, slot.started = (
-                    ShardState.DONE,
-                    event.seq,
-                    None,
-                    False,
-                )
             if slot.state is ShardState.TODO:
                 # work from before the rewind is not in the model: no late DONE or commit for it
                 slot.worker = None
