@@ -60,6 +60,7 @@ from antdt.schemas.models import (
 from antdt.schemas.models import (
     ShardTransition as T,
 )
+from antdt.services.sharder.applied import Applied
 from antdt.services.sharder.shards import grant_ranks, split
 
 _UTC = UTC
@@ -97,14 +98,17 @@ class Slot:
     done_seq: int | None = None
     reason: str | None = None
     # sample index -> seq of the APPLIED that recorded it
-    applied: dict[int, int] = field(default_factory=dict)
+    applied: Applied = field(init=False)
     #: grants of a lower attempt were taken back by a rewind: the model lost their updates, so their
     #: late commits are void.
     rewound_below: int = 0
 
+    def __post_init__(self) -> None:
+        self.applied = Applied(self.start, self.length)
+
     def remaining(self) -> list[int]:
         """Sample indices of the shard not applied yet."""
-        return [i for i in range(self.start, self.start + self.length) if i not in self.applied]
+        return self.applied.missing()
 
 
 def slot_tuple(slot: Slot) -> tuple:
@@ -119,7 +123,7 @@ def slot_tuple(slot: Slot) -> tuple:
         slot.done_seq,
         slot.reason,
         slot.rewound_below,
-        dict(slot.applied) if slot.applied else None,
+        slot.applied.copy() if slot.applied else None,
     )
 
 
@@ -210,12 +214,9 @@ class Captured:
         )
 
 
-def _groups(applied: dict[int, int] | None) -> list[tuple[int, list[int]]]:
+def _groups(applied: Applied | None) -> list[tuple[int, list[int]]]:
     """(seq, sorted samples) per APPLIED event, in seq order."""
-    groups: dict[int, list[int]] = {}
-    for sample, seq in (applied or {}).items():
-        groups.setdefault(seq, []).append(sample)
-    return [(seq, sorted(samples)) for seq, samples in sorted(groups.items())]
+    return applied.groups() if applied else []
 
 
 @dataclass
@@ -367,9 +368,9 @@ class JobState:
         for shard_id in done:
             slot = self.slots[shard_id]
             slot.state, slot.done_seq = ShardState.DONE, seq
-            slot.applied = dict.fromkeys(range(slot.start, slot.start + slot.length), seq)
+            slot.applied.record_all(seq)
         for commit in partial:
-            self.slots[commit.shard_id].applied.update(dict.fromkeys(commit.samples, seq))
+            self.slots[commit.shard_id].applied.record(commit.samples, seq)
         self._todo_heap = [
             (self._ranks[s.shard_id], s.shard_id) for s in self.slots if s.state is ShardState.TODO
         ]
@@ -459,9 +460,8 @@ class JobState:
                 entry.reason,
             )
             slot.rewound_below = entry.rewound_below
-            slot.applied = {
-                sample: group.seq for group in entry.applied for sample in group.samples
-            }
+            for group in entry.applied:
+                slot.applied.record(group.samples, group.seq)
             state.updates.update(
                 {group.update_id: group.seq for group in entry.applied if group.update_id}
             )
@@ -511,9 +511,7 @@ def _applied(state: JobState, event: ShardLogEvent) -> None:
     """Samples are in the model; the first record of a sample stands (a repeat is the audit's to
     report)."""
     for commit in event.commits:
-        applied = state.slots[commit.shard_id].applied
-        for sample in commit.samples:
-            applied.setdefault(sample, event.seq)
+        state.slots[commit.shard_id].applied.record(commit.samples, event.seq)
     if event.update_id is not None:
         state.updates[event.update_id] = event.seq
 
@@ -581,9 +579,7 @@ def _rewound(state: JobState, event: ShardLogEvent) -> None:
             update: seq for update, seq in state.updates.items() if seq <= event.version
         }
         for slot in state.slots:
-            slot.applied = {
-                sample: seq for sample, seq in slot.applied.items() if seq <= event.version
-            }
+            slot.applied.keep_up_to(event.version)
             redo = slot.state is ShardState.DOING or (
                 slot.state is ShardState.DONE and slot.done_seq > event.version
             )

@@ -37,7 +37,7 @@ def a_job(job_id: str) -> JobState:
     state._open_epoch(0, 1)
     for slot in state.slots[:40]:
         slot.state, slot.done_seq = ShardState.DONE, 5
-        slot.applied = dict.fromkeys(range(slot.start, slot.start + slot.length), 4)
+        slot.applied.record_all(4)
     held = state.slots[50]
     held.state, held.worker, held.lease_ms, held.attempt = (
         ShardState.DOING,
@@ -45,7 +45,7 @@ def a_job(job_id: str) -> JobState:
         1_700_000_000_000,
         1,
     )
-    held.applied = {held.start: 6}
+    held.applied.record([held.start], 6)
     state.last_seq = 6
     return state
 
