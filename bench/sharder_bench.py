@@ -4,7 +4,8 @@
         [--recovery-events 1000000] [--service-seconds 10]
 
 * core: the pure state machine, in memory: workers request and finish shards
-  as fast as the core can decide (every decision is a log event).
+  as fast as the core can decide (every decision is a log event); and the
+  process's RSS at the end, holding the whole epoch with every sample applied.
 * service: ``antdt sharder`` as its own process on the embedded broker, fed
   by a closed-loop load generator (many simulated workers, each holding a
   quota of shards, reporting DONE and asking again as soon as it is
@@ -21,6 +22,7 @@ from __future__ import annotations
 import time
 from contextlib import ExitStack
 
+import psutil
 from benchlib import bench_parser, distribution, embedded_broker, emit, fresh_settings
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -135,7 +137,10 @@ def bench_core() -> dict:
         "seconds": round(seconds, 3),
         "transitions_per_s": round(events / seconds),
         "shards": spec.shard_count,
+        "samples": spec.size,
         "workers": 64,
+        # the process holding the whole epoch, every sample applied
+        "rss_mb": round(psutil.Process().memory_info().rss / 2**20),
     }
 
 

@@ -62,8 +62,9 @@ ROLL_GRANT_P99_MS = 10_000.0
 LOOK_EVERY_S = 2.0  # how often the processes' CPU is read (a rolled broker's last 2 s are lost)
 
 
-def processes(up: psutil.Process) -> dict[str, psutil.Process]:
-    """``antdt up``'s broker and services by name (from their command lines)."""
+def processes(up: psutil.Process, required: bool = True) -> dict[str, psutil.Process]:
+    """``antdt up``'s broker and services by name (from their command lines); a missing one is an
+    error if ``required`` (at start; during a roll the broker is briefly not there)."""
     found = {}
     for child in up.children(recursive=True):
         command = " ".join(child.cmdline())
@@ -73,7 +74,7 @@ def processes(up: psutil.Process) -> dict[str, psutil.Process]:
             if f"antdt.cli.main {name}" in command or command.endswith(f"antdt {name}"):
                 found[name] = child
     missing = {"broker", *SERVICES} - set(found)
-    if missing:
+    if missing and required:
         raise RuntimeError(f"antdt up's children lack {', '.join(sorted(missing))}")
     return found
 
@@ -129,10 +130,12 @@ class Usage:
         self.procs: dict[str, psutil.Process] = {}  # by name, as of the last look
         self.cpu: dict[int, tuple[str, float]] = {}  # pid -> (name, CPU seconds at its last look)
         self.brokers: set[int] = set()
+        self.procs = processes(up)
         self.look()
 
     def look(self) -> None:
-        fresh = processes(self.up) | {"loadgen": self.own}
+        # a process not found now (the broker in the middle of a roll) stays as last seen
+        fresh = self.procs | processes(self.up, required=False) | {"loadgen": self.own}
         for name, process in fresh.items():
             try:
                 self.cpu[process.pid] = (name, cpu_s(process))
@@ -148,7 +151,14 @@ class Usage:
         return summed
 
     def rss_mb(self) -> dict[str, float]:
-        return {k: round(p.memory_info().rss / 2**20, 1) for k, p in self.procs.items()}
+        """Each process's RSS; one gone since the last look (a rolled broker) counts as 0."""
+        sizes = {}
+        for name, process in self.procs.items():
+            try:
+                sizes[name] = round(process.memory_info().rss / 2**20, 1)
+            except psutil.Error:
+                sizes[name] = 0.0
+        return sizes
 
 
 def sample_minutes(driver, usage: Usage, settings, minutes: int, stop) -> list[dict]:

@@ -62,6 +62,7 @@ from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import MisroutedRecord, check_key, decode_or_deadletter, poll_batch
 from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
 from antdt.errors import BusError
+from antdt.runtime.memory import FreeMemoryRelease
 from antdt.runtime.service_loop import LoopService
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import (
@@ -98,6 +99,9 @@ class SharderConfig:
     snapshot_every_events: int = 10_000
     snapshot_every_s: float = 30.0
     lease_check_every_s: float = 0.2
+    #: How often the memory malloc keeps free goes back to the system (:mod:`antdt.runtime.memory`;
+    #: also at once after a bus reset's burst).
+    release_memory_every_s: float = 60.0
     batch_size: int = 2000
     poll_timeout_s: float = 0.05
     use_snapshots: bool = True
@@ -185,6 +189,7 @@ class SharderService(LoopService):
         self._just_revoked: set[int] = set()
         # the latest incarnation that reported, per worker
         self._incarnations: dict[tuple[str, str], str] = {}
+        self._free_memory = FreeMemoryRelease(self.config.release_memory_every_s)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -264,6 +269,9 @@ class SharderService(LoopService):
         re-published."""
         if self._rewinder is not None and self._rewinder.check():
             self._republish()
+            self._free_memory.now()  # the state built again and the input read again: a burst
+        else:
+            self._free_memory.due()
 
     def _republish(self) -> None:
         """Snapshot every job we write for, or did a moment ago, into the empty bus.

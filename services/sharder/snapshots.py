@@ -154,6 +154,7 @@ class SnapshotWriter:
         self._producer, self._topic, self._codec = producer, topic, codec
         self._builder, self._registry_url = builder, registry_url
         self._process: BuilderProcess | None = None
+        self._building = threading.Lock()  # the builder process builds one snapshot at a time
         # job -> (capture, log offset, generation)
         self._pending: dict[str, tuple[Captured, int | None, int]] = {}
         self._lock = threading.Condition()
@@ -175,10 +176,13 @@ class SnapshotWriter:
             self._pending.clear()
 
     def write_now(self, captured: Captured, log_offset: int | None) -> bool:
-        """Build, encode and produce in the caller's thread; False if the producer refused it."""
+        """Build (in the builder process, if there is one), encode and produce before returning;
+        False if the producer refused it. Built in the service, a job's whole snapshot (after a
+        bus reset: every job at once) is a burst of millions of objects that leaves the heap
+        fragmented and the service's RSS higher at every reset."""
         with self._lock:
             generation = self._generation
-        return self._write(captured, log_offset, generation)
+        return self._write(captured, log_offset, generation, elsewhere=self._builder == "process")
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Write what is waiting, then stop the thread (bounded: a snapshot left unwritten only
@@ -225,17 +229,18 @@ class SnapshotWriter:
     def _built_elsewhere(self, captured: Captured, log_offset: int | None) -> bytes | None:
         """The snapshot built by the builder process; None (and the process replaced next time) if
         it failed."""
-        try:
-            if self._process is None:
-                self._process = BuilderProcess()
-            return self._process.build(captured, log_offset, self._registry_url, self._topic)
-        except (BuilderFailed, OSError) as exc:
-            log.warning("snapshot builder process failed (%s): building in the service", exc)
-            metrics.SNAPSHOT_BUILDER_FAILURES.inc()
-            process, self._process = self._process, None
-            if process is not None:
-                process.close()
-            return None
+        with self._building:
+            try:
+                if self._process is None:
+                    self._process = BuilderProcess()
+                return self._process.build(captured, log_offset, self._registry_url, self._topic)
+            except (BuilderFailed, OSError) as exc:
+                log.warning("snapshot builder process failed (%s): building in the service", exc)
+                metrics.SNAPSHOT_BUILDER_FAILURES.inc()
+                process, self._process = self._process, None
+                if process is not None:
+                    process.close()
+                return None
 
 
 if __name__ == "__main__":
