@@ -127,10 +127,9 @@ class Usage:
 
     def __init__(self, up: psutil.Process, own: psutil.Process) -> None:
         self.up, self.own = up, own
-        self.procs: dict[str, psutil.Process] = {}  # by name, as of the last look
+        self.procs = processes(up)  # by name, as of the last look
         self.cpu: dict[int, tuple[str, float]] = {}  # pid -> (name, CPU seconds at its last look)
         self.brokers: set[int] = set()
-        self.procs = processes(up)
         self.look()
 
     def look(self) -> None:

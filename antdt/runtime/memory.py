@@ -1,14 +1,12 @@
 """Give the memory the allocator keeps free back to the operating system.
 
 glibc's malloc keeps what a process frees for its next allocations and
-returns little of it: after a burst (the sharder builds a job's whole
-snapshot in its own thread when the bus was reset, and reads its input
-again) the freed pages stay in the process. Measured in the soak
-(``bench/soak_bench.py``), the sharder's memory in use stayed at 50-70 MB
-while malloc's free memory grew to 180 MB and its RSS with it, by a step at
-every roll of the embedded broker. ``malloc_trim(0)`` releases every whole
-free page of every arena. A no-op where the C library has no such call
-(musl, macOS).
+returns little of it. Measured in soaks (``bench/soak_bench.py``) with a
+roll of the embedded broker every 2 minutes, the sharder's memory in use
+stayed at 50-90 MB while malloc's free memory rose to 108-180 MB, and its
+RSS with it. ``malloc_trim(0)`` releases every whole free page of every
+arena: on that soak 10-40 MB a call, not all of it (free chunks share pages
+with live ones). A no-op where the C library has no such call (musl, macOS).
 """
 
 from __future__ import annotations
