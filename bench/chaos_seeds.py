@@ -9,7 +9,8 @@ come from the run's ledgers (the model's own count of every sample), the
 faults from the run's record of what it injected. Progress goes to stderr,
 one line a run; the report to stdout, and after every run to
 ``<out>/report.json`` (each run's figures to ``<out>/<mode>-<seed>/``).
-Exits 1 if any run did not pass.
+Exits 1 if any run did not pass. ``--resume`` keeps the figures of runs already in ``<out>``
+(a sweep stopped early, or run in parts, on the same code) and runs only the others.
 
     python bench/chaos_seeds.py --modes sync,preduce,async --seeds 1-30 --json
 """
@@ -75,6 +76,19 @@ def run_one(mode: str, seed: int, out: Path, extra: list[str], bound_s: float) -
     return run
 
 
+def kept_run(mode: str, seed: int, out: Path) -> dict | None:
+    """A run an earlier sweep left in ``out`` (its figures), or None: hung runs left none."""
+    saved = out / "figures.json"
+    if not saved.exists():
+        return None
+    figures = json.loads(saved.read_text())
+    outcome = "passed" if figures["passed"] else "failed"
+    run = {"mode": mode, "seed": seed, "outcome": outcome, "kept": True, "figures": figures}
+    if outcome == "failed":
+        run["why"] = why_failed(figures)
+    return run
+
+
 def why_failed(figures: dict) -> str:
     """The first things a failed run's figures say went wrong."""
     reasons = [
@@ -131,8 +145,9 @@ def progress(run: dict) -> str:
     if figures is None:
         return f"{run['mode']} seed {run['seed']}: {run['outcome']} ({run.get('why', '')})"
     ledger = figures["ledger"]
+    kept = " (kept from an earlier sweep)" if run.get("kept") else ""
     return (
-        f"{run['mode']} seed {run['seed']}: {run['outcome']} in {figures['wall_s']:.0f} s, "
+        f"{run['mode']} seed {run['seed']}: {run['outcome']}{kept} in {figures['wall_s']:.0f} s, "
         f"{figures['survived']}/{figures['kills']} faults back "
         f"({', '.join(f'{n} {k}' for k, n in figures['faults'].items())}), "
         f"lost {ledger['never_trained']}, duplicated {ledger['trained_twice']}"
@@ -147,6 +162,9 @@ def main() -> int:
     parser.add_argument("--faults", type=int, default=None, help="faults per run (antdt's default)")
     parser.add_argument("--bound", type=float, default=RUN_BOUND_S, help="a run past this is hung")
     parser.add_argument("--out", default="reports/chaos-seeds", help="run folders go here")
+    parser.add_argument(
+        "--resume", action="store_true", help="keep the runs already in --out, run the others"
+    )
     args = parser.parse_args()
     modes = args.modes.split(",")
     if unknown := [m for m in modes if m not in MODES]:
@@ -162,7 +180,10 @@ def main() -> int:
     out = Path(args.out)
     for mode in modes:
         for seed in seeds:
-            run = run_one(mode, seed, out / f"{mode}-{seed}", extra, args.bound)
+            folder = out / f"{mode}-{seed}"
+            run = (args.resume and kept_run(mode, seed, folder)) or run_one(
+                mode, seed, folder, extra, args.bound
+            )
             print(progress(run), file=sys.stderr, flush=True)
             by_mode.setdefault(mode, []).append(run)
             report = {

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -32,7 +33,7 @@ from antdt.bus.markers import marker_id
 from antdt.bus.readers import poll_batch, read_to_markers
 from antdt.bus.watch import BusWatch, Rewinder
 from antdt.control.trust import ControlGate
-from antdt.errors import AntdtError, ConfigError
+from antdt.errors import AntdtError, BusError, ConfigError
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import ControlComponent, ControlConfig
 from antdt.settings import Settings
@@ -242,6 +243,20 @@ class ControlFollower:
         if self._rewinder is not None:
             self._rewinder.check()
         return self._admitted(poll_batch(self._consumer, max_records, timeout_s), live=True)
+
+    def read_through(self, config_id: str, timeout_s: float) -> list[ControlConfig]:
+        """Changes from where the follower is up to the one with ``config_id``, and the rest of
+        the batch it came in: a record read is never dropped (a claim after ours, dropped, would
+        leave us claiming an epoch that another controller already holds). BusError past the
+        bound."""
+        deadline = time.monotonic() + timeout_s
+        changes: list[ControlConfig] = []
+        while time.monotonic() < deadline:
+            batch = self.poll(timeout_s=0.1)
+            changes += batch
+            if any(change.config_id == config_id for change in batch):
+                return changes
+        raise BusError(f"control record {config_id} did not come back within {timeout_s:.0f} s")
 
     def _admitted(self, messages: Iterable[Message], live: bool) -> list[ControlConfig]:
         changes = []

@@ -58,7 +58,7 @@ from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
 from antdt.control.epoch import claimed_epoch, epoch_claim
 from antdt.control.topic import ControlFollower, apply_and_count, control_topic
 from antdt.control.trust import signed_change
-from antdt.errors import BusError, ConfigError
+from antdt.errors import ConfigError
 from antdt.runtime.service_loop import LoopService
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import ControlConfig, MitigationCommand, StragglerVerdict, WorkerMetrics
@@ -236,10 +236,10 @@ class ControllerService(LoopService):
                 control_topic(self.settings), key=b"*", value=self.codec.encode(claim)
             )
             flush_or_raise(self._producer)
-            winner = None
-            for change in self._follow_until(claim.config_id, timeout_s):
-                if winner is None and claimed_epoch(change) == claimed_epoch(claim):
-                    winner = change.issued_by
+            changes = self._follower.read_through(claim.config_id, timeout_s)
+            # the first claim of the epoch in the log wins; ours is among the changes
+            winner = next(c for c in changes if claimed_epoch(c) == claimed_epoch(claim)).issued_by
+            for change in changes:
                 self._on_control(change)
             if winner == self.controller_id:
                 key = self.settings.signing_key
@@ -253,17 +253,6 @@ class ControllerService(LoopService):
         """Our claim of ``epoch``, signed with the control key when there is one: every claim we
         write, at takeover or again after a bus reset, must pass the services' control gate."""
         return signed_change(epoch_claim(epoch, self.controller_id), self.settings)
-
-    def _follow_until(self, config_id: str, timeout_s: float):
-        """Control records from where the follower is, up to and including the one with
-        ``config_id``."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for change in self._follower.poll(timeout_s=0.1):
-                yield change
-                if change.config_id == config_id:
-                    return
-        raise BusError(f"our epoch claim {config_id} did not come back within {timeout_s:.0f} s")
 
     def close(self) -> None:
         self.ready.clear()

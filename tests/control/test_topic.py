@@ -9,7 +9,7 @@ import pytest
 
 from antdt.bus.clients import producing
 from antdt.control.topic import ControlFollower, changes_for, control_topic
-from antdt.errors import ConfigError
+from antdt.errors import BusError, ConfigError
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.examples import worker_metrics
 from antdt.schemas.models import ControlComponent as Component
@@ -72,5 +72,30 @@ def test_the_follower_reads_the_history_then_follows(settings, topics):
             if seen:
                 break
         assert [c.config_id for c in seen] == ["c"]
+    finally:
+        follower.close()
+
+
+def test_reading_through_a_change_drops_nothing_read_with_it(settings, topics):
+    """A controller reads on until its epoch claim comes back; a claim written just after it, in
+    the same fetch, must still be seen (dropped, the controller later claimed an epoch another
+    one held: the suite's two-controller test caught it)."""
+    topic = control_topic(settings)
+    follower = ControlFollower(settings)
+    try:
+        follower.catch_up()
+        with producing(settings) as producer:
+            for config_id in ("ours", "theirs"):
+                value = CODEC.encode(change(config_id, {"monitor.k": "3"}))
+                producer.produce(topic, key=b"*", value=value)
+        seen = [c.config_id for c in follower.read_through("ours", timeout_s=30)]
+        assert seen[0] == "ours"
+        for _ in range(100):
+            if len(seen) == 2:
+                break
+            seen += [c.config_id for c in follower.poll(timeout_s=0.1)]
+        assert seen == ["ours", "theirs"]
+        with pytest.raises(BusError, match="never did not come back within 1 s"):
+            follower.read_through("never", timeout_s=1)
     finally:
         follower.close()
