@@ -8,11 +8,8 @@ import os
 import sys
 
 import typer
-from mode import Worker
 
 from antdt.bus.config import describe_profile
-from antdt.bus.faust_app import describe_faust
-from antdt.bus.faust_tuning import tune_gc_for_streaming
 from antdt.bus.watch import shared_watch
 from antdt.control.topic import parse_assignments
 from antdt.errors import ConfigError
@@ -43,7 +40,12 @@ def monitor(
     except ConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--set") from None
     # Imported here, not at the top: every command shares one process registry, and a
-    # service's /metrics must show its own metrics only.
+    # service's /metrics must show its own metrics only; and Faust (a third of a second to
+    # import) is for the monitor only, not for every antdt command.
+    from mode import Worker
+
+    from antdt.bus.faust_app import describe_faust
+    from antdt.bus.faust_tuning import tune_gc_for_streaming
     from antdt.services.monitor import metrics
     from antdt.services.monitor.app import MonitorConfig, MonitorService
 
