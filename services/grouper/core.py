@@ -19,6 +19,11 @@ Groups never mix generations of a job's process group: an announcement
 from a newer generation (the group was restarted) drops everything waiting
 from the older one, and older announcements are ignored.
 
+A rank that announces again the step its group was formed for never got its
+group (the record was lost: a bus reset failed its delivery); it is answered
+again with the same group (``resent_to``), not grouped twice, or it would
+wait for an answer that never comes.
+
 State machine of one rank, per generation::
 
     (not waiting) --ready--> WAITING --group formed--> (not waiting)
@@ -27,7 +32,7 @@ State machine of one rank, per generation::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from antdt.control.topic import refuse_broken
 from antdt.schemas.models import WHOLE_GROUP_REASONS, GroupReady, GroupReason
@@ -75,6 +80,7 @@ class Formed:
     reason: GroupReason
     members: tuple[Waiting, ...]
     at: float
+    resent_to: int | None = None  # a rank's record sent again: only this rank's
 
     @property
     def ranks(self) -> list[int]:
@@ -91,6 +97,7 @@ class JobGroups:
     waiting: dict[int, Waiting] = field(default_factory=dict)  # insertion order is arrival order
     # rank -> (incarnation, last seq grouped)
     answered: dict[int, tuple[str, int]] = field(default_factory=dict)
+    last_group: dict[int, Formed] = field(default_factory=dict)  # rank -> its last group
     next_id: int = 1
 
 
@@ -119,7 +126,7 @@ class GroupFormer:
             self.ignored += 1
             return []
         if self._already_grouped(job, event):
-            return []
+            return self._answer_again(job, event)
         job.world = event.world_size
         previous = job.waiting.get(event.rank)
         if previous is None or (previous.incarnation, previous.seq) != (
@@ -139,6 +146,15 @@ class GroupFormer:
         new one."""
         incarnation, seq = job.answered.get(event.rank, ("", 0))
         return incarnation == event.incarnation and event.seq <= seq
+
+    @staticmethod
+    def _answer_again(job: JobGroups, event: GroupReady) -> list[Formed]:
+        """The group of the rank's last grouped step, for that rank only; nothing for an older step
+        or while the rank waits for a newer one (it has moved on: the announcement was slow)."""
+        group, waiting = job.last_group.get(event.rank), job.waiting.get(event.rank)
+        if group is None or event.seq != job.answered[event.rank][1] or waiting is not None:
+            return []
+        return [replace(group, resent_to=event.rank)]
 
     def tick(self, now: float) -> list[Formed]:
         """The groups whose deadline or checkpoint time has come."""
@@ -202,4 +218,6 @@ class GroupFormer:
             now,
         )
         job.next_id += 1
+        for member in members:
+            job.last_group[member.rank] = formed
         return formed

@@ -6,6 +6,10 @@ ANNOUNCEMENTS = Counter(
     "antdt_grouper_announcements_total", "Ready announcements read", ["finished"]
 )
 GROUPS = Counter("antdt_grouper_groups_total", "Groups formed", ["reason"])
+RESENT = Counter(
+    "antdt_grouper_groups_resent_total",
+    "Group records sent again to a member that announced its step again (its record was lost)",
+)
 GROUP_SIZE = Histogram(
     "antdt_grouper_group_size", "Members per group", buckets=(1, 2, 3, 4, 6, 8, 16, 32, 64, 128)
 )

@@ -23,7 +23,8 @@ A grouper that dies loses only who is waiting: workers announce again when
 no group comes (:mod:`antdt.worker.preduce.client`), and a restarted
 grouper numbers its groups above its predecessor's. After a bus reset
 (:mod:`antdt.bus.watch`) it reads the new, empty topics from the beginning;
-the waiting workers announce again at once. A record that does not
+the waiting workers announce again at once, and one whose group record the
+reset lost (its delivery failed) is sent its group again. A record that does not
 decode, is not an announcement or is not keyed by its job id goes to the
 dead-letter topic and is counted.
 """
@@ -58,7 +59,7 @@ from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import GroupFormed, GroupReady
 from antdt.schemas.types import utc_now
 from antdt.services.grouper import metrics
-from antdt.services.grouper.core import Formed, GrouperConfig, GroupFormer
+from antdt.services.grouper.core import Formed, GrouperConfig, GroupFormer, Waiting
 from antdt.settings import Settings
 from antdt.topics import topic_spec, worker_key
 
@@ -173,11 +174,8 @@ class GrouperService(LoopService):
         touched: dict[int, bytes] = {}
         now = utc_now()
         for group in groups:
-            metrics.GROUPS.labels(group.reason.value).inc()
-            metrics.GROUP_SIZE.observe(len(group.members))
-            for member in group.members:
+            for member in self._recipients(group):
                 waited_s = max(0.0, group.at - member.since)
-                metrics.WAIT_SECONDS.observe(waited_s)
                 record = GroupFormed(
                     job_id=group.job_id,
                     worker_id=member.worker_id,
@@ -201,6 +199,27 @@ class GrouperService(LoopService):
         for partition, key in touched.items():
             send_marker(self._producer, self._formed_topic, key, partition=partition)
         self._producer.poll(0)
+
+    @staticmethod
+    def _recipients(group: Formed) -> list[Waiting]:
+        """Every member of a new group (counted); the one member a group is sent again to."""
+        if group.resent_to is not None:
+            metrics.RESENT.inc()
+            [member] = [m for m in group.members if m.rank == group.resent_to]
+            log.warning(
+                "%s announced step %d of job %s again: its group %d sent again (its record was "
+                "lost)",
+                member.worker_id,
+                member.seq,
+                group.job_id,
+                group.group_id,
+            )
+            return [member]
+        metrics.GROUPS.labels(group.reason.value).inc()
+        metrics.GROUP_SIZE.observe(len(group.members))
+        for member in group.members:
+            metrics.WAIT_SECONDS.observe(max(0.0, group.at - member.since))
+        return list(group.members)
 
 
 def _logged(error, message) -> None:

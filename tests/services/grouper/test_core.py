@@ -114,8 +114,23 @@ def test_an_announcement_sent_again_keeps_its_place_and_one_already_grouped_is_n
     grouper.ready(ready(0, 1), 0.0)
     grouper.ready(ready(0, 1), 0.04)  # sent again: still waiting since 0.0
     assert grouper.tick(0.05)[0].members[0].since == 0.0
-    # its group formed already
-    assert grouper.ready(ready(0, 1), 0.06) == [] and grouper.jobs[JOB].waiting == {}
+    # its group formed already: answered again, to this rank only, and not grouped twice
+    [again] = grouper.ready(ready(0, 1), 0.06)
+    assert (again.resent_to, again.group_id, again.ranks) == (0, 1, [0])
+    assert grouper.jobs[JOB].waiting == {}
+
+
+def test_a_rank_whose_group_record_was_lost_gets_the_same_group_again_and_a_late_one_nothing():
+    grouper = former(p=2)
+    [group] = grouper.ready(ready(0, 1), 0.0) + grouper.ready(ready(1, 1), 0.01)
+    # rank 1 never got its record (a bus reset failed the delivery) and announces step 1 again
+    [again] = grouper.ready(ready(1, 1), 2.0)
+    assert again.resent_to == 1 and (again.group_id, again.ranks) == (group.group_id, [0, 1])
+    assert grouper.jobs[JOB].waiting == {}
+    # rank 0 moved on to step 2; a slow copy of its step-1 announcement gets nothing
+    grouper.ready(ready(0, 2), 2.1)
+    assert grouper.ready(ready(0, 1), 2.2) == []
+    assert list(grouper.jobs[JOB].waiting) == [0]
 
 
 def test_group_ids_grow_within_a_job_from_the_first_id():
