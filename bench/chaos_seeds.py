@@ -69,11 +69,7 @@ def run_one(mode: str, seed: int, out: Path, extra: list[str], bound_s: float) -
             "took_s": took,
         }
     (out / "figures.json").write_text(stdout)
-    outcome = "passed" if process.returncode == 0 and figures["passed"] else "failed"
-    run = {"mode": mode, "seed": seed, "outcome": outcome, "took_s": took, "figures": figures}
-    if outcome == "failed":
-        run["why"] = why_failed(figures)
-    return run
+    return judged(mode, seed, figures, process.returncode == 0, took_s=took)
 
 
 def kept_run(mode: str, seed: int, out: Path) -> dict | None:
@@ -81,9 +77,13 @@ def kept_run(mode: str, seed: int, out: Path) -> dict | None:
     saved = out / "figures.json"
     if not saved.exists():
         return None
-    figures = json.loads(saved.read_text())
-    outcome = "passed" if figures["passed"] else "failed"
-    run = {"mode": mode, "seed": seed, "outcome": outcome, "kept": True, "figures": figures}
+    return judged(mode, seed, json.loads(saved.read_text()), True, kept=True)
+
+
+def judged(mode: str, seed: int, figures: dict, exited_ok: bool, **extra) -> dict:
+    """A finished run: passed or failed (with why) by its figures and exit."""
+    outcome = "passed" if exited_ok and figures["passed"] else "failed"
+    run = {"mode": mode, "seed": seed, "outcome": outcome, **extra, "figures": figures}
     if outcome == "failed":
         run["why"] = why_failed(figures)
     return run

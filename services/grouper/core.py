@@ -95,9 +95,13 @@ class JobGroups:
     world: int
     last_whole_at: float
     waiting: dict[int, Waiting] = field(default_factory=dict)  # insertion order is arrival order
-    # rank -> (incarnation, last seq grouped)
-    answered: dict[int, tuple[str, int]] = field(default_factory=dict)
     last_group: dict[int, Formed] = field(default_factory=dict)  # rank -> its last group
+
+    def last_grouped(self, rank: int) -> Waiting | None:
+        """The rank's announcement its last group answered (incarnation and seq), if any."""
+        group = self.last_group.get(rank)
+        return next(m for m in group.members if m.rank == rank) if group else None
+
     next_id: int = 1
 
 
@@ -144,17 +148,20 @@ class GroupFormer:
     def _already_grouped(job: JobGroups, event: GroupReady) -> bool:
         """An announcement sent again after its group formed (its answer was slow to arrive): not a
         new one."""
-        incarnation, seq = job.answered.get(event.rank, ("", 0))
-        return incarnation == event.incarnation and event.seq <= seq
+        grouped = job.last_grouped(event.rank)
+        return (
+            grouped is not None
+            and grouped.incarnation == event.incarnation
+            and event.seq <= grouped.seq
+        )
 
     @staticmethod
     def _answer_again(job: JobGroups, event: GroupReady) -> list[Formed]:
         """The group of the rank's last grouped step, for that rank only; nothing for an older step
         or while the rank waits for a newer one (it has moved on: the announcement was slow)."""
-        group, waiting = job.last_group.get(event.rank), job.waiting.get(event.rank)
-        if group is None or event.seq != job.answered[event.rank][1] or waiting is not None:
+        if event.seq != job.last_grouped(event.rank).seq or event.rank in job.waiting:
             return []
-        return [replace(group, resent_to=event.rank)]
+        return [replace(job.last_group[event.rank], resent_to=event.rank)]
 
     def tick(self, now: float) -> list[Formed]:
         """The groups whose deadline or checkpoint time has come."""
@@ -206,7 +213,6 @@ class GroupFormer:
     ) -> Formed:
         for member in members:
             del job.waiting[member.rank]
-            job.answered[member.rank] = (member.incarnation, member.seq)
         if reason in WHOLE_GROUP_REASONS:
             job.last_whole_at = now
         formed = Formed(
