@@ -255,6 +255,7 @@ class Agent:
         #: The last step's record (None before the first): what a caller's own trace reads.
         self.last_step: StepRecord | None = None
         self._injected_s = 0.0  # the last step's injected slowdown
+        self._booking: set[str] = set()  # the accounts a context is timing now
         self._stepped = False  # this process has finished a step
         self._inbox: deque[MitigationCommand] = deque()
         self._mark = time.perf_counter()
@@ -433,28 +434,43 @@ class Agent:
         """Time spent in this context counts as waiting for data, not compute."""
         return self._booked("_data_wait")
 
-    def sync_wait(self):
+    def sync_wait(self, settle: bool = True):
         """Time spent in this context counts as blocked at synchronisation (all-reduce, barrier).
 
         On CUDA the device's queued work is finished first and booked as
-        compute: the collective would otherwise wait for it inside the context.
+        compute: the collective would otherwise wait for it inside the context
+        (``settle=False``: the caller settles the device it knows). A context
+        entered inside one of its own kind books nothing more.
         """
-        return self._booked("_sync_wait", settle=True)
+        return self._booked("_sync_wait", settle=settle)
 
     def book_sync_wait(self, seconds: float) -> None:
         """Count ``seconds`` this step spent blocked at synchronisation, timed by the caller (inside
         DDP's backward pass, say, where no context can be entered)."""
         self._sync_wait += seconds
 
+    def waited_whole_step(self) -> None:
+        """Book this step so far, less its data wait, as sync wait: a rank with no samples that
+        joined the others' step did none of its own work (a framework's forward and backward on
+        a placeholder batch included), and a 0-sample step's time booked as compute would make
+        the rank look slower per sample."""
+        whole = time.perf_counter() - self._mark - self._data_wait
+        self._sync_wait = max(self._sync_wait, whole)
+
     @contextmanager
     def _booked(self, account: str, settle: bool = False) -> Iterator[None]:
+        if account in self._booking:  # already timed by the enclosing context
+            yield
+            return
         if settle:
             settle_device(self.spec.device)
+        self._booking.add(account)
         started = time.perf_counter()
         try:
             yield
         finally:
             setattr(self, account, getattr(self, account) + time.perf_counter() - started)
+            self._booking.discard(account)
 
     def iterate(self, iterable: Iterable) -> Iterator:
         """Yield from ``iterable``, booking the time to get each item as data wait.

@@ -157,7 +157,9 @@ def test_a_slowed_rank_gets_less_and_a_killed_one_resumes_from_the_framework_s_c
     assert all(len(steps) == 1 for steps in applied.values()), dict(applied)
     saved = saved_state(framework.newest_state(folder))
     assert saved["global_batch"] == GLOBAL_BATCH == sum(saved["batch_sizes"])
-    assert saved["batch_sizes"][2] < GLOBAL_BATCH // 3 < max(saved["batch_sizes"])
+    # the slowed rank, and only it, gets less (a collective booked as compute once made a healthy
+    # rank 0 look as slow as the straggler: the straggler then got more)
+    assert saved["batch_sizes"][2] < GLOBAL_BATCH // 3 < min(saved["batch_sizes"][:2])
     commands = job_records(bus, "commands", job)
     assert {
         c.global_batch_size for c in commands if c.action is CommandAction.ADJUST_BATCH_SIZE

@@ -172,6 +172,30 @@ def test_time_split_between_compute_data_and_sync(agent_settings):
     assert max(m.compute.max_s for m in metrics) < 0.05
 
 
+def test_a_sync_wait_inside_another_is_booked_once():
+    agent = Agent("job-agent", "w1", listen_for_commands=False)
+    started = time.perf_counter()
+    with agent.sync_wait():
+        with agent.sync_wait():  # a framework's collective inside antdt's own wait
+            time.sleep(0.05)
+    elapsed = time.perf_counter() - started
+    record = agent.step()
+    # booked twice, the wait would be longer than the time that passed
+    assert 0.05 <= record.sync_wait_s <= elapsed
+
+
+def test_a_step_without_samples_is_all_waiting_except_its_data_wait():
+    agent = Agent("job-agent", "w1", listen_for_commands=False)
+    agent.step()
+    with agent.data_wait():
+        time.sleep(0.02)
+    time.sleep(0.05)  # a placeholder batch's forward pass and the wait for the others
+    agent.waited_whole_step()
+    record = agent.step(samples=0)
+    assert record.sync_wait_s >= 0.05 and record.data_wait_s >= 0.02
+    assert record.compute_s < 0.05  # what is left is the clock reads between the calls
+
+
 def test_time_an_iterable_books_as_waiting_for_others_is_not_data_wait(agent_settings):
     with Agent("job-agent", "w1", settings=agent_settings, listen_for_commands=False) as agent:
 

@@ -18,7 +18,11 @@ set up (gloo or NCCL), and instead
   so a new split takes effect at the step after next (the next batch is
   already taken), with no round trip; it has no calibration step yet, and on short steps whose
   fixed costs it has not learnt it gives a slowed rank too little
-  (docs/torchrun.md). Either way the global batch never moves;
+  (docs/torchrun.md). Either way the global batch never moves. A rank's
+  compute is its step's time less its waits for data and for the others
+  (DDP's buffer broadcast before the forward pass among them:
+  :mod:`~antdt.worker.booked_waits`); a step without samples here is all
+  waiting;
 * **averages gradients weighted by batch size** inside DDP's own bucketed
   all-reduce (a communication hook, :class:`~antdt.worker.ddp_hook.WeightedReduce`),
   so the all-reduce still overlaps the backward pass; each rank takes its
@@ -72,6 +76,7 @@ from antdt.errors import AntdtError
 from antdt.schemas.models import AckStatus, CommandAction, MitigationCommand
 from antdt.sizing import BatchSizing
 from antdt.sizing.inband import InBandSizer
+from antdt.worker.booked_waits import book_as_sync_wait
 from antdt.worker.ddp import (
     CollectiveTimeout,
     StepSizedTimeout,
@@ -187,6 +192,8 @@ class ElasticJob(TrainingJob):
             self._collective(self._restore_or_start)
         if self.ddp is not None:
             self.reduce = WeightedReduce(self.ddp)
+            # rooted at rank 0 and waiting for the slowest rank: not rank 0's compute
+            book_as_sync_wait(self.ddp, "_sync_buffers", self.agent, self.reduce.device)
         if self.sizing is BatchSizing.IN_BAND and self.world > 1:
             # never below one sample: a rank sized to 0 would hand its shards back
             self.sizer = InBandSizer(self.world, self.rank, self.sizes, low=1)
@@ -319,11 +326,12 @@ class ElasticJob(TrainingJob):
 
     def _book_sync(self) -> None:
         """A trained step waited for the others in the control sums and from its backward's last
-        bucket on."""
+        bucket on; a step without samples here waited all along."""
         reduce = self.reduce
-        if reduce is None or not self._pending or reduce.backward_done_at is None:
-            return
-        self.agent.book_sync_wait(time.perf_counter() - reduce.backward_done_at)
+        if not self._pending:
+            self.agent.waited_whole_step()
+        elif reduce is not None and reduce.backward_done_at is not None:
+            self.agent.book_sync_wait(time.perf_counter() - reduce.backward_done_at)
 
     # ------------------------------------------------------------ batch sizes
 

@@ -223,14 +223,17 @@ class AntdtTrainer(Trainer):
 
     def _save_checkpoint(self, model, trial) -> None:
         """antdt's state (every rank: a collective) into the folder, then Trainer's (whose
-        ``trainer_state.json``, written last, marks the folder complete)."""
-        if self.job is not None:
+        ``trainer_state.json``, written last, marks the folder complete). Every rank waits for
+        the save alike: its time is booked as waiting, not as the rank's compute."""
+        if self.job is None:
+            return super()._save_checkpoint(model, trial)
+        with self.job.agent.sync_wait():
             state = self.job.state()
             if self.args.should_save:
                 folder = Path(self._get_output_dir(trial)) / f"checkpoint-{self.state.global_step}"
                 folder.mkdir(parents=True, exist_ok=True)
                 save_atomically(state, folder / STATE_FILE)
-        super()._save_checkpoint(model, trial)
+            super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         """Trainer's, except on CPUs in a distributed job, where transformers before 5.23 maps the

@@ -22,6 +22,9 @@ half of it:
   load (``load_model_state_dict``); a first start saves ``last.ckpt`` in
   the checkpoint callback's folder, and a restart resumes with
   ``trainer.fit(model, ckpt_path="last")``;
+* **Lightning's own collectives** that wait for the slowest rank (its
+  SIGTERM broadcast before each batch, a checkpoint's save) are booked as
+  waiting, not as the rank's compute (:mod:`~antdt.worker.booked_waits`);
 * **the end**: a broken group ends the process with exit 77 and RESTART
   or EVICT with theirs, for torchrun to act on (``on_exception``).
 
@@ -42,6 +45,7 @@ from torch.utils.data import IterableDataset
 
 from antdt.errors import AntdtError
 from antdt.sizing import BatchSizing
+from antdt.worker.booked_waits import book_as_sync_wait
 from antdt.worker.elastic.driven import DrivenLoader
 from antdt.worker.lightning.job import CHECKPOINT_KEY, LightningJob
 
@@ -152,7 +156,14 @@ class AntdtStrategy(DDPStrategy):
             epochs=trainer.max_epochs,
             **self._job_options,
         )
-        return self.job.__enter__()
+        job = self.job.__enter__()
+        # rooted at rank 0 before every batch, it waits for the slowest rank: not compute
+        book_as_sync_wait(
+            trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor", job.agent, self.root_device
+        )
+        # every rank waits for a checkpoint alike, as ElasticJob's own: not one rank's compute
+        book_as_sync_wait(trainer, "save_checkpoint", job.agent, self.root_device)
+        return job
 
     # ------------------------------------------------------------ the step
 
