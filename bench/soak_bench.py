@@ -67,7 +67,10 @@ def processes(up: psutil.Process, required: bool = True) -> dict[str, psutil.Pro
     error if ``required`` (at start; during a roll the broker is briefly not there)."""
     found = {}
     for child in up.children(recursive=True):
-        command = " ".join(child.cmdline())
+        try:
+            command = " ".join(child.cmdline())
+        except psutil.Error:  # gone, or a rolled broker not reaped yet (a zombie)
+            continue
         if "tansu" in command:
             found["broker"] = child
         for name in SERVICES:
