@@ -24,8 +24,10 @@ def sharder(
     """Serve data shards to workers from an event-sourced, replayable log."""
     # Imported here, not at the top: every command shares one process registry, and a
     # service's /metrics must show its own metrics only.
+    from antdt.runtime.memory import SHARDER_ARENAS, limit_malloc_arenas
     from antdt.services.sharder.service import SharderConfig, SharderService
 
+    limit_malloc_arenas(SHARDER_ARENAS)  # before any thread of the service starts
     configure_logging(log_level)
     settings = load_settings()
     config = SharderConfig(

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from antdt.runtime.memory import FreeMemoryRelease, _malloc_trim
+from antdt.runtime.memory import FreeMemoryRelease, _libc_call, _malloc_trim
 
 #: A child fragments its heap (keeps one 1 kB buffer in 100 of 200,000), then trims it.
 FRAGMENT_THEN_TRIM = """
@@ -47,3 +47,37 @@ def test_it_releases_at_most_every_period_unless_asked():
     assert release.due() is False and release.now() is expected
     now[0] = 120.0
     assert release.due() is False  # the period runs from the last release, asked for or not
+
+
+#: A child limited to one arena: threads allocating at once share the main arena, so malloc makes
+#: no other (glibc's malloc_info lists one ``<heap nr=...>`` per arena).
+ONE_ARENA_THEN_THREADS = """
+import ctypes, ctypes.util, os, tempfile, threading
+from antdt.runtime.memory import limit_malloc_arenas
+assert limit_malloc_arenas(1)
+barrier = threading.Barrier(4)
+def allocate():
+    barrier.wait()
+    kept = [bytes(512) for _ in range(20_000)]
+    barrier.wait()
+threads = [threading.Thread(target=allocate) for _ in range(4)]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.fopen.restype = ctypes.c_void_p
+path = tempfile.mktemp()
+stream = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, ctypes.c_void_p(stream))
+libc.fclose(ctypes.c_void_p(stream))
+print(open(path).read().count("<heap nr="))
+os.unlink(path)
+"""
+
+
+@pytest.mark.skipif(_libc_call("malloc_info") is None, reason="a C library without mallopt")
+def test_a_process_limited_to_one_arena_makes_no_other_for_its_threads():
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_ARENA_THEN_THREADS], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == 1
