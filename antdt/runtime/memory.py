@@ -36,10 +36,6 @@ def _libc_call(name: str):
         return None
 
 
-def _malloc_trim():
-    return _libc_call("malloc_trim")
-
-
 def limit_malloc_arenas(count: int) -> bool:
     """Let malloc make at most ``count`` arenas from now on (before the threads start: each
     thread's first allocation picks its arena); whether the C library could."""
@@ -49,7 +45,7 @@ def limit_malloc_arenas(count: int) -> bool:
 
 def release_free_memory() -> bool:
     """Return malloc's free pages to the system; whether the C library could."""
-    trim = _malloc_trim()
+    trim = _libc_call("malloc_trim")
     if trim is None:
         return False
     trim(0)

@@ -96,13 +96,12 @@ class JobGroups:
     last_whole_at: float
     waiting: dict[int, Waiting] = field(default_factory=dict)  # insertion order is arrival order
     last_group: dict[int, Formed] = field(default_factory=dict)  # rank -> its last group
+    next_id: int = 1
 
     def last_grouped(self, rank: int) -> Waiting | None:
         """The rank's announcement its last group answered (incarnation and seq), if any."""
         group = self.last_group.get(rank)
         return next(m for m in group.members if m.rank == rank) if group else None
-
-    next_id: int = 1
 
 
 class GroupFormer:

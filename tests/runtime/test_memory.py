@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from antdt.runtime.memory import FreeMemoryRelease, _libc_call, _malloc_trim
+from antdt.runtime.memory import FreeMemoryRelease, _libc_call
 
 #: A child fragments its heap (keeps one 1 kB buffer in 100 of 200,000), then trims it.
 FRAGMENT_THEN_TRIM = """
@@ -23,7 +23,9 @@ print(before, rss())
 """
 
 
-@pytest.mark.skipif(_malloc_trim() is None, reason="a C library without malloc_trim (not glibc)")
+@pytest.mark.skipif(
+    _libc_call("malloc_trim") is None, reason="a C library without malloc_trim (not glibc)"
+)
 def test_freed_pages_in_the_middle_of_the_heap_go_back_to_the_system():
     done = subprocess.run(
         [sys.executable, "-c", FRAGMENT_THEN_TRIM], capture_output=True, text=True, timeout=60
@@ -37,7 +39,7 @@ def test_freed_pages_in_the_middle_of_the_heap_go_back_to_the_system():
 def test_it_releases_at_most_every_period_unless_asked():
     now = [0.0]
     release = FreeMemoryRelease(60.0, clock=lambda: now[0])
-    expected = _malloc_trim() is not None
+    expected = _libc_call("malloc_trim") is not None
     assert release.due() is False
     now[0] = 59.0
     assert release.due() is False
@@ -74,7 +76,10 @@ os.unlink(path)
 """
 
 
-@pytest.mark.skipif(_libc_call("malloc_info") is None, reason="a C library without mallopt")
+@pytest.mark.skipif(
+    _libc_call("mallopt") is None or _libc_call("malloc_info") is None,
+    reason="a C library without mallopt and malloc_info (not glibc)",
+)
 def test_a_process_limited_to_one_arena_makes_no_other_for_its_threads():
     done = subprocess.run(
         [sys.executable, "-c", ONE_ARENA_THEN_THREADS], capture_output=True, text=True, timeout=60

@@ -275,13 +275,12 @@ class ElasticJob(TrainingJob):
 
     def _idle_step(self) -> None:
         """Join a step with no samples here: the others' averaged gradient still updates this
-        replica."""
+        replica. All of it is waiting for the others (booked at the step's end)."""
         if self.reduce is None or not self.reduce.total:
             return  # no rank has samples: no rank runs a backward pass
-        with self.agent.sync_wait():  # all of it is waiting for the others
-            self.optimizer.zero_grad(set_to_none=True)
-            self._collective(self.reduce.idle_step)
-            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._collective(self.reduce.idle_step)
+        self.optimizer.step()
 
     def _end_step(self) -> None:
         sums = self._sums()
