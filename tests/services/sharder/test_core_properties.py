@@ -54,11 +54,16 @@ class ShardingMachine(RuleBasedStateMachine):
         self.updates = itertools.count()
         self.checkpoints = []  # versions handed out
         self.first_events = len(self.log)  # the election and the dataset's definition
+        self.durable = self.first_events  # events up to the last answer sent: never lost
 
     def deliver(self, message):
         self.sent.append(message)
         outcome = self.core.on_progress(message, self.now)
         self.record(outcome.events)
+        if outcome.assignment is not None:
+            # the service makes the log durable before it answers: a dying writer never loses
+            # what a worker was told (a grant it then trains under, a checkpoint version)
+            self.durable = len(self.log)
         return outcome.assignment
 
     def record(self, events):
@@ -200,8 +205,9 @@ class ShardingMachine(RuleBasedStateMachine):
     @rule(lost=st.integers(0, 3))
     def writer_dies(self, lost):
         """The sharder is killed with its last ``lost`` events unwritten (an APPLIED may be in the
-        log without the DONE it implied); a new writer folds the log and takes over."""
-        del self.log[max(len(self.log) - lost, self.first_events) :]
+        log without the DONE it implied), never those of an answer it sent; a new writer folds the
+        log and takes over."""
+        del self.log[max(len(self.log) - lost, self.durable) :]
         last_seq = self.log[-1].seq
         self.views = {seq: view for seq, view in self.views.items() if seq <= last_seq}
         self.checkpoints = [version for version in self.checkpoints if version <= last_seq]
