@@ -9,6 +9,7 @@
 """
 
 import argparse
+import gc
 import os
 import sys
 from pathlib import Path
@@ -78,3 +79,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Free DDP's reference cycles while the interpreter still runs: left to its finalisation,
+    # gloo's threads are joined without the GIL and a rank may abort after training
+    # ("terminate called without an active exception"; pytorch issue 190489). antdt's jobs do this.
+    gc.collect()

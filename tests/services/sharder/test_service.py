@@ -100,6 +100,9 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_service_keeps_serving(setti
         producer.flush(5)
         other = ShardClient(settings, "job-d", "w1", spec(size=999, epochs=1))
         other.send(K.REQUESTED, 0, dataset=other.dataset)  # contradicts the job's dataset
+        # on the bus before w0's next request (the job's partition keeps their order), so the
+        # sharder has read it once w0 is answered, before it stops
+        other.flush()
         assert client.request(0).status is AssignmentStatus.GRANTED
         other.close()
     with consuming(settings) as consumer:
