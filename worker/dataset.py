@@ -48,7 +48,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -134,7 +134,6 @@ class ShardedDataset(IterableDataset):
         self.job_id, self.worker_id = job_id, worker_id
         self._quota, self._holding, self._woken = quota, True, threading.Event()
         self._waiting_for_others = waiting_for_others
-        self._until_needed: Callable[[], None] | None = None  # the feed's, once it reads for us
         self.shuffle, self.prefetch = shuffle, prefetch
         #: True while the sharder has nothing for this worker yet (others hold the epoch's last
         #: shards).
@@ -275,16 +274,11 @@ class ShardedDataset(IterableDataset):
         prefetched answer may be and still be trusted."""
         return self.spec.lease_s / 4
 
-    def read_in_background(self, until_needed: Callable[[], None] | None = None) -> None:
+    def read_in_background(self) -> None:
         """A feed's thread reads this dataset from now on: its waits for the others' shards are not
         the training thread's, so they are not booked on the agent's step (they once made the
-        steps of an epoch's end read as negative compute, and skewed DD's sizing there).
-
-        ``until_needed``: returns once the feed will soon need another shard; a rank that holds
-        one shard at a time asks for its next one only then, so it holds none unread for long (at
-        an epoch's end the others would wait while it trained it alone)."""
+        steps of an epoch's end read as negative compute, and skewed DD's sizing there)."""
         self._waiting_for_others = None
-        self._until_needed = until_needed
 
     def ask_again(self) -> None:
         """End a wait between requests now: what the sharder waited for (this worker's last
@@ -357,11 +351,7 @@ class ShardedDataset(IterableDataset):
             fresh = [s for s in answer.shards if self._read.get(s.shard_id) != s.attempt]
             if not fresh:
                 if early:
-                    # nothing more held (the prefetched answer may also predate the last reads):
-                    # ask again once the feed needs it
-                    if self._until_needed is not None:
-                        self._until_needed()
-                    continue
+                    continue  # the prefetched answer predates the last reads: ask again at once
                 if handed_out():
                     self.waiting = True
                     # nothing for us now: the consumer trains and commits what it has, then comes
@@ -463,7 +453,6 @@ class ShardedDataset(IterableDataset):
         state["_owns_client"] = True
         state["_woken"] = None  # nor does an Event: each process gets its own
         state["_waiting_for_others"] = None  # a loader process books into no agent
-        state["_until_needed"] = None  # nor reads for a feed
         return state
 
     def __setstate__(self, state: dict) -> None:

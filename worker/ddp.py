@@ -30,7 +30,6 @@ import atexit
 import gc
 import logging
 import os
-import statistics
 import sys
 import time
 from collections import deque
@@ -120,11 +119,6 @@ class StepSizedTimeout:
             while len(self._periods) > self.window:
                 self._periods.popleft()
         self._last_done = now
-
-    def median_period_s(self) -> float | None:
-        """The median of the last ``window`` step periods (None before any): the job's step time,
-        a checkpoint left out."""
-        return statistics.median(self._periods) if self._periods else None
 
     def not_a_step(self, now: float) -> None:
         """The time since the last collective was not a step (a checkpoint, say): leave it out of

@@ -32,13 +32,6 @@ import torch
 from antdt.worker.dataset import ShardedDataset, ShardGrant
 from antdt.worker.provenance import Tagged
 
-#: A rank that holds one shard at a time (its shards last long at its pace) asks for the next
-#: once what it buffered past its two batches lasts less than this at the pace batches are taken:
-#: several sharder round trips (15-50 ms), and no shard held unread meanwhile.
-ASK_LEAD_S = 0.2
-#: Takes over which that pace is measured.
-PACE_TAKES = 16
-
 
 def stack_pairs(samples: list) -> tuple[torch.Tensor, torch.Tensor]:
     """The default batch of ``(input, target)`` samples: each side stacked."""
@@ -80,7 +73,7 @@ class ShardFeed:
         ``DataLoader``'s ``collate_fn``; by default ``(input, target)`` pairs stacked)."""
         self.dataset = dataset
         self.collate = collate
-        dataset.read_in_background(until_needed=self._until_needed)
+        dataset.read_in_background()
         self.capacity = capacity if callable(capacity) else (lambda: capacity)
         self._keepalive_s = dataset.keepalive_s
         self._buffer: deque[_Reading] = deque()
@@ -88,8 +81,6 @@ class ShardFeed:
         self._source_done = False
         self._stopped = False
         self._sitting_out = False
-        self._takes: deque[tuple[float, int]] = deque(maxlen=PACE_TAKES)  # (when, samples so far)
-        self._taken = 0
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._fill, name="antdt-shard-feed", daemon=True)
 
@@ -136,26 +127,6 @@ class ShardFeed:
             if now >= reading.renew_at:
                 self.dataset.keep_alive(reading.grant)
                 reading.renew_at = now + self._keepalive_s
-
-    def _until_needed(self) -> None:
-        """Wait while what is buffered past the capacity lasts :data:`ASK_LEAD_S` or more at the
-        pace of the recent takes (not at all before that pace is known), keeping the buffered
-        grants' leases."""
-        with self._changed:
-            while not self._stopped and not self._sitting_out and self._spare_s() >= ASK_LEAD_S:
-                self._changed.wait(0.05)
-                self._keep_leases()
-
-    def _spare_s(self) -> float:
-        """Seconds the samples buffered past the capacity last at the recent takes' pace (0 while
-        it is unknown); with the lock held."""
-        spare = self._buffered - self.capacity()
-        if spare <= 0 or len(self._takes) < 2:
-            return 0.0
-        (first_at, first), (last_at, last) = self._takes[0], self._takes[-1]
-        if last <= first:
-            return 0.0
-        return spare * (last_at - first_at) / (last - first)
 
     @property
     def quota(self) -> int:
@@ -204,8 +175,6 @@ class ShardFeed:
             if self.error is not None:
                 raise self.error
             chosen = self._choose(wanted)
-            self._taken += sum(len(positions) for _, positions in chosen)
-            self._takes.append((time.monotonic(), self._taken))
             self._changed.notify_all()
         if not chosen:
             return None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -36,9 +35,8 @@ class ScriptedDataset:
         self.keepalive_s = self.spec.lease_s / 4
         self.revoked: set = set()
 
-    def read_in_background(self, until_needed=None) -> None:
+    def read_in_background(self) -> None:
         """Nothing is booked here: there is no agent."""
-        self.until_needed = until_needed
 
     def grants(self):
         epoch = self.epochs.pop(0)
@@ -79,29 +77,6 @@ def test_full_batches_across_epochs_then_exhausted():
     assert [x for batch in batches for x in batch] == list(range(8))
     assert batches[:2] == [[0, 1, 2], [3, 4, 5]]
     assert feed.dataset.closed
-
-
-def test_the_next_shard_is_asked_for_once_the_buffer_runs_low():
-    """A rank holding one shard at a time asks for the next only when what it buffered past its
-    batches would last less than ASK_LEAD_S at the pace it takes them."""
-    dataset = ScriptedDataset([list(range(100))])
-    feed = ShardFeed(dataset, capacity=4).start()
-    assert dataset.until_needed == feed._until_needed
-    first = feed.take(4)  # the shard is buffered whole: 96 samples left
-    assert first is not None and feed._spare_s() == 0.0  # the pace is not known yet: ask at once
-    dataset.until_needed()
-    now = time.monotonic()
-    feed._takes.clear()
-    feed._takes.extend([(now - 1.0, 0), (now, 10)])  # 10 samples a second
-    assert feed._spare_s() == pytest.approx(9.2, rel=0.01)  # 92 past the capacity of 4
-    asked = threading.Event()
-    waiter = threading.Thread(target=lambda: (dataset.until_needed(), asked.set()))
-    waiter.start()
-    assert not asked.wait(0.2)  # 9 s of samples spare: no request yet
-    feed.take(92)  # now 100 samples a second, 4 left: within the capacity
-    assert asked.wait(5)
-    waiter.join(5)
-    feed.close()
 
 
 def test_a_waiting_sharder_yields_a_short_batch_instead_of_blocking_the_step():

@@ -96,26 +96,16 @@ from antdt.worker.watchdog import StepWatch
 #: trip on the step's critical path: 13-15 s against 10.8 s for the user-style job,
 #: bench/user_job.py). Shards smaller than the feed's two batches need more (:func:`shards_held`).
 SHARDS_HELD = 2
-#: A shard that lasts this long at a rank's pace hides the sharder's round trip many times over
-#: (15-50 ms, a few hundred under a soak's load): the rank asks for its next shard as it starts
-#: one and holds no other. Holding one more there cost the epoch's end: a slowed rank under
-#: Lightning held 3-4 shards (12,000 samples) when the others ran dry and trained them alone, 43
-#: steps of 299 (docs/frameworks.md).
-SHARD_LASTS_S = 0.5
 #: How long a rank's trained samples may wait for their commit: a failure rewinds the job to its
 #: checkpoint anyway, and a checkpoint sends them first.
 COMMIT_EVERY_S = 0.1
 
 
-def shards_held(batch_size: int, shard_size: int, step_s: float | None = None) -> int:
+def shards_held(batch_size: int, shard_size: int) -> int:
     """Shards a rank holds for batches of ``batch_size``: what the feed buffers (two batches) and
     one more being granted, at least :data:`SHARDS_HELD`; fewer would put a sharder round trip on
-    every step. Only one where a step of ``step_s`` seconds (the job's recent steps) makes a shard
-    last :data:`SHARD_LASTS_S` or more: there the round trip hides in the shard being read."""
-    held = max(SHARDS_HELD, -(-2 * batch_size // shard_size) + 1)
-    if step_s and batch_size and shard_size * step_s / batch_size >= SHARD_LASTS_S:
-        return 1
-    return held
+    every step."""
+    return max(SHARDS_HELD, -(-2 * batch_size // shard_size) + 1)
 
 
 def _size(batch) -> int:
@@ -301,7 +291,6 @@ class ElasticJob(TrainingJob):
         self.samples += self._pending
         self._book_sync()
         self.timeout.completed(time.monotonic())
-        self._hold_shards()  # for the batch size and the step time as they are now
         # commits the samples: their update is in the model
         self.agent.step(samples=self._pending)
         if self._next is None:
@@ -363,12 +352,7 @@ class ElasticJob(TrainingJob):
     def _set_batch_size(self, size: int) -> None:
         """This rank's batch from the next one taken, and the shards it holds for it."""
         self.agent.batch_size = size
-        self._hold_shards()
-
-    def _hold_shards(self) -> None:
-        """The shards to hold for this rank's batch at the job's recent step time."""
-        step_s = self.timeout.median_period_s()
-        self.feed.quota = shards_held(self.agent.batch_size, self.spec.shard_size, step_s)
+        self.feed.quota = shards_held(size, self.spec.shard_size)
 
     def _switch_if_agreed(self) -> None:
         """Apply the pending batch size from the next batch taken once every changed rank holds
