@@ -67,7 +67,8 @@ for thread in threads: thread.start()
 for thread in threads: thread.join()
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.fopen.restype = ctypes.c_void_p
-path = tempfile.mktemp()
+with tempfile.NamedTemporaryFile(suffix=".xml", delete=False) as made:
+    path = made.name
 stream = libc.fopen(path.encode(), b"w")
 libc.malloc_info(0, ctypes.c_void_p(stream))
 libc.fclose(ctypes.c_void_p(stream))
