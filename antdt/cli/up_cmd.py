@@ -32,9 +32,9 @@ SERVICES = ("monitor", "sharder", "controller")
 #: torchrun otherwise keeps one store across restarts, and a restarted group finds the last one's
 #: addresses there.
 TORCHRUN_FIX = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
-#: The embedded broker's memory at which ``antdt up`` rolls it: at 100 MB the soak's latency
-#: stays flat on 2 cores, at 256 MB its grant p99 doubles between rolls (docs/reliability.md,
-#: "Soak").
+#: The embedded broker's memory at which ``antdt up`` rolls it: at 100 MB the soak's grant p50
+#: stays flat on 2 cores (its p99 verdict passed in one run of two), at 256 MB its grant p99
+#: doubles between rolls (docs/reliability.md, "Soak").
 ROLL_AT_MB = 100.0
 
 
