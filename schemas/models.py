@@ -136,6 +136,7 @@ class ShardTransition(str, Enum):
     CHECKPOINT = "CHECKPOINT"
     REWOUND = "REWOUND"
     APPLIED = "APPLIED"
+    GIVEN_BACK = "GIVEN_BACK"
 
 
 class ShardState(str, Enum):
@@ -335,6 +336,15 @@ class ShardCommit(AvroRecord):
     samples: list[Count64]
 
 
+class GrantRef(AvroRecord):
+    """One shard grant, by shard and attempt."""
+
+    avro_name: ClassVar[str] = "antdt.GrantRef"
+
+    shard_id: Count64
+    attempt: Count32
+
+
 class ShardProgress(AvroModel):
     avro_name: ClassVar[str] = "antdt.ShardProgress"
 
@@ -354,6 +364,7 @@ class ShardProgress(AvroModel):
     commits: list[ShardCommit] = Field(default_factory=list)
     update_id: Name | None = None
     read_shards: list[Count64] = Field(default_factory=list)
+    given_back: list[GrantRef] = Field(default_factory=list)
     timestamp: Timestamp
 
     @model_validator(mode="after")
@@ -368,6 +379,8 @@ class ShardProgress(AvroModel):
             raise ValueError("update_id belongs to COMMIT only")
         if self.read_shards and self.kind is not ProgressKind.REQUESTED:
             raise ValueError("read_shards belongs to REQUESTED only")
+        if self.given_back and self.kind is not ProgressKind.REQUESTED:
+            raise ValueError("given_back belongs to REQUESTED only")
         return self
 
 

@@ -285,6 +285,17 @@ class ShardedDataset(IterableDataset):
         commits, say) was just sent, and the next answer may differ."""
         self._woken.set()
 
+    def give_back(self, grants: list[ShardGrant]) -> None:
+        """Give back held grants of which the consumer read nothing (a feed does, at an epoch's
+        end, for workers out of data): the sharder grants them to others. They were handed out
+        already, so no answer hands them out again."""
+        by_epoch: dict[int, list[tuple[int, int]]] = {}
+        for grant in grants:
+            by_epoch.setdefault(grant.epoch, []).append((grant.shard_id, grant.attempt))
+        client = self._client_for_this_process()
+        for epoch, refs in by_epoch.items():
+            client.give_back(epoch, refs)
+
     def keep_alive(self, grant: ShardGrant) -> None:
         """Renew the lease of a grant whose samples are still being read."""
         self._client_for_this_process().started(grant.epoch, grant.shard_id, grant.attempt)

@@ -81,6 +81,7 @@ class ShardFeed:
         self._source_done = False
         self._stopped = False
         self._sitting_out = False
+        self._arriving: ShardGrant | None = None  # a grant waiting for room in the buffer
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._fill, name="antdt-shard-feed", daemon=True)
 
@@ -105,9 +106,18 @@ class ShardFeed:
         """Buffer ``grant`` once there is room; False (its samples dropped, never trained) if
         stopping or sitting out. While waiting, the leases of the buffered grants are kept."""
         with self._changed:
-            while self._buffered >= self.capacity() and not self._stopped and not self._sitting_out:
+            self._arriving = grant
+            while (
+                self._buffered >= self.capacity()
+                and not self._stopped
+                and not self._sitting_out
+                and self._arriving is grant
+            ):
                 self._changed.wait(0.1)
                 self._keep_leases()
+            if self._arriving is not grant:
+                return True  # given back while it waited (give_back_unbegun)
+            self._arriving = None
             if self._stopped or self._sitting_out:
                 return False
             if grant.positions:
@@ -150,6 +160,30 @@ class ShardFeed:
             self._buffer.clear()
         self.dataset.holding = not out
         self._changed.notify_all()
+
+    def give_back_unbegun(self) -> int:
+        """Give back every held grant none of whose samples was handed out: the buffered ones and
+        the one waiting for room. For an epoch's end, when other ranks are out of data: they
+        train these while this rank trains what it has begun, instead of waiting while it
+        trains them alone. Decided under the lock, so no sample of them is ever handed out
+        here; returns the samples given back."""
+        with self._changed:
+            revoked = self.dataset.revoked
+            unbegun = [
+                reading
+                for reading in self._buffer
+                if reading.next == 0 and reading.grant.key not in revoked
+            ]
+            for reading in unbegun:
+                self._buffer.remove(reading)
+            grants = [reading.grant for reading in unbegun]
+            if self._arriving is not None and self._arriving.positions:
+                grants.append(self._arriving)
+                self._arriving = None
+            self._changed.notify_all()
+        if grants:
+            self.dataset.give_back(grants)
+        return sum(len(grant.positions) for grant in grants)
 
     @property
     def exhausted(self) -> bool:

@@ -30,7 +30,13 @@ from antdt.bus.readers import decode_addressed, poll_batch
 from antdt.bus.watch import refresh_metadata
 from antdt.errors import AntdtError, BusError
 from antdt.schemas.codec import Codec
-from antdt.schemas.models import DatasetSpec, ProgressKind, ShardAssignment, ShardProgress
+from antdt.schemas.models import (
+    DatasetSpec,
+    GrantRef,
+    ProgressKind,
+    ShardAssignment,
+    ShardProgress,
+)
 from antdt.schemas.types import utc_now
 from antdt.settings import Settings
 from antdt.topics import topic_spec
@@ -196,6 +202,14 @@ class ShardClient(OwnKeyClient):
             quota=quota,
             dataset=self.dataset,
             read_shards=list(read_shards),
+        )
+
+    def give_back(self, epoch: int, grants: list[tuple[int, int]]) -> None:
+        """Give back held grants, ``(shard, attempt)``, of which nothing was read: a request whose
+        answer nobody waits for (the next request's answer tells what is held)."""
+        refs = [GrantRef(shard_id=shard, attempt=attempt) for shard, attempt in grants]
+        self.send(
+            ProgressKind.REQUESTED, epoch, answered=False, dataset=self.dataset, given_back=refs
         )
 
     def request(

@@ -90,6 +90,8 @@ class EpochAudit:
     leases_expired: int
     released: int
     retries: int
+    #: Shards their holder gave back unread for workers out of data (not reclaimed: handed on).
+    given_back: int = 0
     violations: list[str] = field(default_factory=list)
     #: Per dataset sample, how many APPLIED records of the reported pass name it (after rewinds).
     counts: list[int] = field(default_factory=list, repr=False)
@@ -122,6 +124,7 @@ class EpochAudit:
             "quarantined": {str(k): v for k, v in self.quarantined.items()},
             "leases_expired": self.leases_expired,
             "released": self.released,
+            "given_back": self.given_back,
             "retries": self.retries,
             "violations": self.violations,
         }
@@ -227,6 +230,7 @@ class _Pass:
     applied_twice: set[int] = field(default_factory=set)
     leases_expired: int = 0
     released: int = 0
+    given_back: int = 0
     retries: int = 0
 
     def gaps(self) -> list[tuple[int, int]]:
@@ -602,12 +606,19 @@ class Auditor:
         )
 
     def _lease_expired(self, event: ShardLogEvent) -> None:
+        self._back_to_todo(event, "leases_expired")
+
+    def _given_back(self, event: ShardLogEvent) -> None:
+        self._back_to_todo(event, "given_back")
+
+    def _back_to_todo(self, event: ShardLogEvent, counter: str) -> None:
+        """A held shard back to TODO, counted in the pass's ``counter``."""
         found = self._shard_of(event)
         if found is None:
             return
         current, shard = found
         self._must_be_doing(event, shard)
-        current.leases_expired += 1
+        setattr(current, counter, getattr(current, counter) + 1)
         self._to_todo(shard)
 
     def _released(self, event: ShardLogEvent) -> None:
@@ -754,6 +765,7 @@ class Auditor:
             quarantined=quarantined,
             leases_expired=chosen.leases_expired,
             released=chosen.released,
+            given_back=chosen.given_back,
             retries=chosen.retries,
             violations=violations,
             counts=self._counts(chosen),
@@ -785,6 +797,7 @@ _HANDLERS = {
     T.CHECKPOINT: Auditor._ignore,
     T.REWOUND: Auditor._rewound,
     T.APPLIED: Auditor._applied,
+    T.GIVEN_BACK: Auditor._given_back,
 }
 
 

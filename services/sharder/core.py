@@ -11,11 +11,14 @@ What each report does (the state machine is in :mod:`state`):
 
 * REQUESTED: optionally defines the dataset (first request) and the worker's quota, then grants TODO
   shards, lowest grant rank first, until the worker is reading its quota (held shards it has read to
-  the end, ``read_shards``, do not count). A quota of 0 gives back everything the worker holds
-  (RELEASED, progress kept: a synchronous rank that sits steps out drops what it had buffered, and
-  the rest of those shards is granted to others). Answers GRANTED (everything it holds, each shard
-  with the samples already applied), WAIT (nothing free now, but shards are in flight elsewhere),
-  EPOCH_END (the worker's epoch is over) or FINISHED.
+  the end, ``read_shards``, do not count). Grants listed in ``given_back`` (none of their samples
+  read: the worker gives them up for workers out of data at an epoch's end) go back to TODO first
+  (GIVEN_BACK), and are not granted to that worker again for ``give_back_hold_s``. A quota of 0
+  gives back everything the worker holds (RELEASED, progress kept: a synchronous rank that sits
+  steps out drops what it had buffered, and the rest of those shards is granted to others).
+  Answers GRANTED (everything it holds, each shard with the samples already applied), WAIT
+  (nothing free now, but shards are in flight elsewhere), EPOCH_END (the worker's epoch is over)
+  or FINISHED.
 * COMMIT: samples whose training update is in the model. Without an ``update_id`` the update is
   already applied (synchronous training): the samples are recorded, whatever the grants say, so the
   log tells the truth (a repeat is the audit's to report), except a grant a REWOUND took back: the
@@ -84,6 +87,9 @@ class CoreConfig:
     #: cannot be represented, is refused rather than defined.
     max_shards: int = 1_000_000
     max_lease_s: float = 7 * 24 * 3600.0
+    #: A shard given back is not granted to the worker that gave it back for this long, so that
+    #: the workers out of data, which ask every 20-160 ms, get it first; after it, anyone may.
+    give_back_hold_s: float = 1.0
 
 
 @dataclass
@@ -100,6 +106,9 @@ class ShardCore:
     def __init__(self, state: JobState, config: CoreConfig | None = None):
         self.state = state
         self.config = config or CoreConfig()
+        # shard -> (the worker that gave it back, until when it is not granted to it): a hint for
+        # whom to grant, not state (a sharder taking over starts without it)
+        self._given_back: dict[int, tuple[str, int]] = {}
 
     # ------------------------------------------------------------ event creation
 
@@ -227,6 +236,7 @@ class ShardCore:
             report.shard_id,
             *(c.shard_id for c in report.commits),
             *report.read_shards,
+            *(ref.shard_id for ref in report.given_back),
         ]:
             if shard_id is not None and shard_id >= dataset.shard_count:
                 raise ProgressRejected(
@@ -287,6 +297,7 @@ class ShardCore:
             )
             return
         if report.epoch == state.epoch:
+            self._take_back(report, now_ms, out)
             self._grant_up_to_quota(worker, now_ms, out, read=set(report.read_shards))
         out.assignment = self.assignment_for(worker, now_ms, in_reply_to=report.seq)
 
@@ -297,7 +308,7 @@ class ShardCore:
         quota = state.quotas.get(worker, self.config.default_quota)
         lease_ms = now_ms + int(state.dataset.lease_s * 1000)
         while len(state.held.get(worker, set()) - read) < quota:
-            shard_id = state.next_todo(worker)
+            shard_id = state.next_todo(worker, skip=self._withheld_from(worker, now_ms))
             if shard_id is None:
                 return
             attempt = state.slots[shard_id].attempt
@@ -310,6 +321,36 @@ class ShardCore:
                 attempt=attempt,
                 lease_ms=lease_ms,
             )
+
+    def _take_back(self, report: ShardProgress, now_ms: int, out: Outcome) -> None:
+        """GIVEN_BACK for each grant in ``given_back`` the worker holds at that attempt (others
+        are a normal race: ignored). Its holder read none of it, so nothing of it can be
+        committed under that grant; whoever is granted it next reads what is not applied."""
+        state = self.state
+        until_ms = now_ms + int(self.config.give_back_hold_s * 1000)
+        for ref in report.given_back:
+            slot = state.slots[ref.shard_id]
+            held = slot.state is ShardState.DOING and slot.worker == report.worker_id
+            if not held or slot.attempt != ref.attempt:
+                continue
+            self._emit(
+                out.events,
+                T.GIVEN_BACK,
+                now_ms,
+                shard_id=slot.shard_id,
+                worker_id=report.worker_id,
+                attempt=slot.attempt + 1,
+                reason="given back unread: other workers are out of data",
+            )
+            self._given_back[slot.shard_id] = (report.worker_id, until_ms)
+
+    def _withheld_from(self, worker: str, now_ms: int) -> frozenset[int]:
+        """Shards ``worker`` gave back less than ``give_back_hold_s`` ago (expired ones
+        forgotten)."""
+        if not self._given_back:
+            return frozenset()
+        self._given_back = {s: h for s, h in self._given_back.items() if h[1] > now_ms}
+        return frozenset(s for s, (giver, _) in self._given_back.items() if giver == worker)
 
     def _holds(self, report: ShardProgress) -> bool:
         """Is the report about the grant the worker holds now?"""

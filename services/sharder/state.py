@@ -13,6 +13,7 @@ Shard state machine (per shard, per epoch)::
        │ FAILED (attempt+1 < max_attempts)    │ │ │ STARTED / LEASE_RENEWED:
        ├──────────────────────────────────────┘ │ │ stays DOING, lease extended
        │ LEASE_EXPIRED / RELEASED (left, quota 0)│ │
+       │ / GIVEN_BACK (none of it read)          │ │
        ├────────────────────────────────────────┘ │ FAILED (attempt+1 >= max_attempts)
        │                                          └──────────────▶ QUARANTINED
        │ REWOUND: DOING, or DONE after the version, with a sample the version lacks ── back to TODO
@@ -289,23 +290,34 @@ class JobState:
     def doing_count(self) -> int:
         return sum(len(shards) for shards in self.held.values())
 
-    def next_todo(self, worker: str | None = None) -> int | None:
+    def next_todo(
+        self, worker: str | None = None, skip: frozenset[int] = frozenset()
+    ) -> int | None:
         """The TODO shard to grant ``worker`` next (lowest rank; under static assignment, of its
-        own), or None."""
+        own), or None; never one in ``skip``."""
         if self.dataset is not None and self.dataset.owners and worker is not None:
             mine = [
                 s.shard_id
                 for s in self.slots
-                if s.state is ShardState.TODO and self.dataset.owner_of(s.shard_id) == worker
+                if s.state is ShardState.TODO
+                and self.dataset.owner_of(s.shard_id) == worker
+                and s.shard_id not in skip
             ]
             return min(mine, key=self._ranks.__getitem__, default=None)
         heap = self._todo_heap
         while heap:
             _, shard_id = heap[0]
             if self.slots[shard_id].state is ShardState.TODO:
-                return shard_id
+                break
             heapq.heappop(heap)
-        return None
+        else:
+            return None
+        if shard_id not in skip:
+            return shard_id
+        # rare (an epoch's last shards, given back): the heap is scanned
+        rest = [entry for entry in heap if entry[1] not in skip]
+        rest = [entry for entry in rest if self.slots[entry[1]].state is ShardState.TODO]
+        return min(rest)[1] if rest else None
 
     def held_by(self, worker: str) -> list[Slot]:
         return [self.slots[i] for i in sorted(self.held.get(worker, ()))]
@@ -545,6 +557,11 @@ def _lease_expired(state: JobState, event: ShardLogEvent) -> None:
     state._set_todo(state.slots[event.shard_id], event.attempt)
 
 
+def _given_back(state: JobState, event: ShardLogEvent) -> None:
+    """Its holder gave it back unread, for workers out of data: TODO, its progress kept."""
+    state._set_todo(state.slots[event.shard_id], event.attempt)
+
+
 def _released(state: JobState, event: ShardLogEvent) -> None:
     for shard_id in sorted(state.held.get(event.worker_id, ())):
         slot = state.slots[shard_id]
@@ -621,10 +638,13 @@ _HANDLERS = {
     T.CHECKPOINT: _checkpoint,
     T.REWOUND: _rewound,
     T.APPLIED: _applied,
+    T.GIVEN_BACK: _given_back,
 }
 
 #: Transitions that change only the slot the event names.
-_ONE_SLOT = frozenset({T.GRANTED, T.STARTED, T.DONE, T.FAILED, T.QUARANTINED, T.LEASE_EXPIRED})
+_ONE_SLOT = frozenset(
+    {T.GRANTED, T.STARTED, T.DONE, T.FAILED, T.QUARANTINED, T.LEASE_EXPIRED, T.GIVEN_BACK}
+)
 #: Transitions that change the slots the event's worker holds.
 _HELD_SLOTS = frozenset({T.RELEASED, T.LEASE_RENEWED})
 #: Transitions that change no slot; any other (a new epoch, a rewind) may change them all.

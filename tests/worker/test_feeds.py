@@ -274,3 +274,100 @@ def test_the_feed_s_waits_for_the_others_shards_are_not_booked_on_the_training_t
         assert record.sync_wait_s == 0.0 and record.compute_s >= 0.0, record
         feed.close()
         held.close()
+
+
+def test_grants_not_begun_are_given_back_and_the_one_waiting_for_room_too():
+    """Only what no sample was handed out of goes back: the begun grant stays, the buffered
+    unbegun one and the one waiting for room in the buffer are given back, and none of their
+    samples is ever taken here."""
+
+    class Granting(ScriptedDataset):
+        def __init__(self, shards):
+            super().__init__([])
+            self.shards, self.given = shards, []
+
+        def grants(self):
+            for shard_id, positions in enumerate(self.shards):
+                yield ShardGrant(0, shard_id, 0, "w", positions)
+            self.finished = True
+
+        def give_back(self, grants):
+            self.given.extend(grants)
+
+    def arriving(shard_id: int) -> bool:
+        """Whether grant ``shard_id`` waits for room (bounded: 200 x 50 ms)."""
+        for _ in range(200):
+            if feed._arriving is not None and feed._arriving.shard_id == shard_id:
+                return True
+            threading.Event().wait(0.05)
+        return False
+
+    dataset = Granting([[0, 1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]])
+    feed = ShardFeed(dataset, capacity=6).start()
+    assert arriving(1)  # grant 0 fills the buffer
+    assert feed.take(2).data[1].tolist() == [0, 1]  # grant 0 begun: room for grant 1
+    assert arriving(2)
+    assert feed.give_back_unbegun() == 5
+    assert [grant.shard_id for grant in dataset.given] == [1, 2]
+    rest = drain(feed, 4)
+    feed.close()
+    assert [x for batch in rest for x in batch] == [2, 3, 4, 5, 11]
+
+
+def test_at_an_epoch_s_end_what_a_rank_has_not_begun_is_trained_by_the_rank_out_of_data(
+    settings, topics
+):
+    """A rank out of data while another holds unbegun shards gets them through the sharder (the
+    slow rank gives them back, as ElasticJob does when the step's sums count a rank out of data):
+    every sample once, the give-backs in the audit."""
+    from antdt.schemas.models import DatasetSpec
+    from antdt.services.sharder.audit import audit_log
+    from antdt.worker import Agent
+    from tests.services.sharder.harness import job_log, running_sharder
+
+    spec = DatasetSpec(
+        name="back", size=200, shard_size=20, epochs=1, shuffle_seed=1, max_attempts=3, lease_s=60
+    )
+    trained: dict[str, list[int]] = {"slow": [], "fast": []}
+    out_of_data = threading.Event()
+
+    with (
+        running_sharder(settings),
+        Agent("job-back", "slow", settings=settings, listen_for_commands=False) as slow,
+        Agent("job-back", "fast", settings=settings, listen_for_commands=False) as fast,
+    ):
+        data = slow.shards(Labelled(200), spec)
+        data.quota = 4
+        feed = ShardFeed(data, lambda: 8).start()
+
+        def fast_rank():
+            others = fast.shards(Labelled(200), spec)
+            while not others.finished:
+                for sample in fast.iterate(others):
+                    trained["fast"].append(int(sample[1]))
+                    fast.step()
+                if others.waiting:
+                    out_of_data.set()
+            others.close()
+
+        worker = threading.Thread(target=fast_rank, daemon=True)
+        worker.start()
+        given = 0
+        for _ in range(2000):  # bounded: the slow rank's steps, 4 samples each
+            batch = feed.take(4)
+            if batch is not None:
+                _, labels = slow.untag(batch)
+                trained["slow"].extend(labels.tolist())
+                slow.step(samples=len(labels))
+            if feed.exhausted:
+                break
+            if out_of_data.is_set():
+                given += feed.give_back_unbegun()
+            threading.Event().wait(0.02)
+        worker.join(60)
+        assert not worker.is_alive() and feed.exhausted
+        feed.close()
+    assert sorted(trained["slow"] + trained["fast"]) == list(range(200))
+    report = audit_log(job_log(settings, "job-back"), "job-back")
+    assert report.ok and report.finished, report.violations
+    assert given and report.epochs[0].given_back >= 1

@@ -7,7 +7,10 @@ set up (gloo or NCCL), and instead
 
 * reads **dynamic shards** from the sharder through a feed that never
   blocks a step (:class:`~antdt.worker.feeds.ShardFeed`): a rank out of
-  data joins the others' steps with nothing until every rank is out;
+  data joins the others' steps with nothing until every rank is out, and
+  while one is (the step's sums count them), the others give back the
+  shards they have not begun, so it trains them instead of waiting while
+  their holder does;
 * sizes each rank's batch by AntDT-DD, by default as the **DD controller**
   says: the changed ranks switch together at the command's effective step,
   later only if a command is late (agreed in-band,
@@ -250,11 +253,14 @@ class ElasticJob(TrainingJob):
             return self.feed.take(self.agent.batch_size)
 
     def _begin_step(self, batch) -> None:
-        """The step's sums: the next batch, data left, checkpoint due, resize offers."""
+        """The step's sums: the next batch, data left, checkpoint due, ranks out of data for now,
+        resize offers."""
         self._pending = _size(batch)
         due = int(self.rank == 0 and time.monotonic() >= self._checkpoint_at)
         with_data = int(self._next is not None or not self.feed.exhausted)
-        counters = [with_data, due, *self._resize.offer(self.agent.batch_size)]
+        # no next batch, and the sharder has none for it while others hold the epoch's last shards
+        starving = int(self._next is None and self.data.waiting)
+        counters = [with_data, due, starving, *self._resize.offer(self.agent.batch_size)]
         if self.watch is not None:
             self.watch.waiting(f"step {self.agent.step_count}")
         if self.reduce is None:
@@ -285,7 +291,7 @@ class ElasticJob(TrainingJob):
     def _end_step(self) -> None:
         sums = self._sums()
         self.step_samples = self.reduce.total if self.reduce is not None else self._pending
-        with_data, checkpoint_due, *rest = sums[1:]
+        with_data, checkpoint_due, starving, *rest = sums[1:]
         self._offers, timings = rest[:3], rest[3:]
         self.counts.count(self.agent.pending_tags)  # in every replica now
         self.samples += self._pending
@@ -295,6 +301,9 @@ class ElasticJob(TrainingJob):
         self.agent.step(samples=self._pending)
         if self._next is None:
             self._out_of_data(everyone_dry=not sums[0] and not self._dry)
+        elif starving:
+            # the others train what this rank has not begun, instead of waiting while it does
+            self.feed.give_back_unbegun()
         self._dry = not sums[0]
         if self.sizer is not None:
             # from the next batch taken: the one after this step's next

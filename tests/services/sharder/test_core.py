@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from antdt.schemas.models import AssignmentStatus, ShardState
+from antdt.schemas.models import AssignmentStatus, GrantRef, ShardCommit, ShardState
 from antdt.schemas.models import ProgressKind as K
 from antdt.schemas.models import ShardTransition as T
+from antdt.services.sharder.audit import audit_log
 from antdt.services.sharder.core import ProgressRejected, ShardCore
 from antdt.services.sharder.shards import grant_ranks, split
 from antdt.services.sharder.state import JobState, fold
@@ -135,6 +136,39 @@ def test_lease_expiry_reclaims_and_a_late_done_is_still_accepted():
     assert core.state.slots[shard.shard_id].state is ShardState.TODO
     late = core.on_progress(report(K.DONE, "w1", 0, shard_id=shard.shard_id, attempt=0), 1500)
     assert transitions(late.events) == [T.APPLIED, T.DONE]
+
+
+def test_a_grant_given_back_goes_to_another_worker_first_and_its_giver_later():
+    """At an epoch's end a rank gives back what it has not begun for ranks out of data: it goes
+    back to TODO with its applied samples kept, under a new attempt, to whoever asks next except
+    its giver, which gets it again only after give_back_hold_s."""
+    core, log = new_core(dataset(size=300, shard_size=100, epochs=1), quota=3)
+
+    def deliver(kind, worker, now_ms, **fields):
+        outcome = core.on_progress(report(kind, worker, 0, **fields), now_ms)
+        log.extend(outcome.events)
+        return outcome
+
+    held = deliver(K.REQUESTED, "w1", 0).assignment.shards
+    assert len(held) == 3
+    first = held[0]
+    commit = ShardCommit(shard_id=first.shard_id, attempt=0, samples=[first.start])
+    deliver(K.COMMIT, "w1", 0, commits=[commit])
+    refs = [GrantRef(shard_id=s.shard_id, attempt=s.attempt) for s in held[1:]]
+    stale = GrantRef(shard_id=first.shard_id, attempt=5)  # not the attempt held: ignored
+    back = deliver(K.REQUESTED, "w1", 10, given_back=[stale, *refs])
+    assert transitions(back.events) == [T.GIVEN_BACK, T.GIVEN_BACK]
+    assert {s.shard_id for s in back.assignment.shards} == {first.shard_id}  # none granted back
+    again = deliver(K.REQUESTED, "w1", 500)
+    assert {s.shard_id for s in again.assignment.shards} == {first.shard_id}  # withheld
+    other = deliver(K.REQUESTED, "w2", 600, quota=1).assignment.shards
+    assert len(other) == 1 and other[0].attempt == 1
+    assert other[0].shard_id in {r.shard_id for r in refs}
+    later = deliver(K.REQUESTED, "w1", 1011).assignment.shards
+    assert len(later) == 2  # the hold is over: the rest is anyone's, its giver's too
+    assert deliver(K.REQUESTED, "w3", 1100, given_back=refs).events == []  # not its grants
+    assert audit_log(log).epochs[0].given_back == 2
+    assert audit_log(log).epochs[0].reclaimed == 0
 
 
 def test_late_done_is_ignored_once_someone_else_holds_the_shard():

@@ -2,8 +2,8 @@
 
 Hypothesis drives a job through random interleavings of requests, starts,
 sample commits (parameter-server updates that may be refused, and
-synchronous ones already applied), whole-shard completions, failures, lease
-expiry, worker death, quota changes, checkpoints and rewinds, and duplicate
+synchronous ones already applied), whole-shard completions, failures, grants
+given back, lease expiry, worker death, quota changes, checkpoints and rewinds, and duplicate
 or stale deliveries of earlier reports, then lets the surviving workers
 finish. The independent audit must then find every sample applied exactly
 once per epoch, a refused update must have recorded nothing, the fold of
@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from antdt.schemas.models import AssignmentStatus, ShardCommit, ShardState
+from antdt.schemas.models import AssignmentStatus, GrantRef, ShardCommit, ShardState
 from antdt.schemas.models import ProgressKind as K
 from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.audit import audit_log
@@ -232,6 +232,19 @@ class ShardingMachine(RuleBasedStateMachine):
                     error="boom",
                 )
             )
+
+    @rule(worker=st.sampled_from(WORKERS), data=st.data(), stale=st.booleans())
+    def give_back_some(self, worker, data, stale):
+        """A worker gives back held grants it read nothing of (possibly naming an attempt it no
+        longer holds)."""
+        held = self.held(worker)
+        if not held:
+            return
+        slots = data.draw(st.lists(st.sampled_from(held), min_size=1, unique_by=id))
+        refs = [
+            GrantRef(shard_id=slot.shard_id, attempt=max(0, slot.attempt - stale)) for slot in slots
+        ]
+        self.deliver(report(K.REQUESTED, worker, self.core.state.epoch, self.now, given_back=refs))
 
     @rule(seconds=st.integers(1, 8))
     def time_passes(self, seconds):
