@@ -333,15 +333,8 @@ class ShardCore:
             held = slot.state is ShardState.DOING and slot.worker == report.worker_id
             if not held or slot.attempt != ref.attempt:
                 continue
-            self._emit(
-                out.events,
-                T.GIVEN_BACK,
-                now_ms,
-                shard_id=slot.shard_id,
-                worker_id=report.worker_id,
-                attempt=slot.attempt + 1,
-                reason="given back unread: other workers are out of data",
-            )
+            reason = "given back unread: other workers are out of data"
+            self._back_to_todo(out.events, T.GIVEN_BACK, slot, now_ms, reason)
             self._given_back[slot.shard_id] = (report.worker_id, until_ms)
 
     def _withheld_from(self, worker: str, now_ms: int) -> frozenset[int]:
@@ -630,16 +623,22 @@ class ShardCore:
             if state.slots[i].lease_ms is not None and state.slots[i].lease_ms <= now_ms
         ]
         for slot in sorted(expired, key=lambda s: s.shard_id):
-            self._emit(
-                out.events,
-                T.LEASE_EXPIRED,
-                now_ms,
-                shard_id=slot.shard_id,
-                worker_id=slot.worker,
-                attempt=slot.attempt + 1,
-                reason="lease expired",
-            )
+            self._back_to_todo(out.events, T.LEASE_EXPIRED, slot, now_ms, "lease expired")
         return out.events
+
+    def _back_to_todo(
+        self, events: list[ShardLogEvent], transition: T, slot: Slot, now_ms: int, reason: str
+    ) -> None:
+        """A held shard back to TODO (``transition``: why), under its next attempt."""
+        self._emit(
+            events,
+            transition,
+            now_ms,
+            shard_id=slot.shard_id,
+            worker_id=slot.worker,
+            attempt=slot.attempt + 1,
+            reason=reason,
+        )
 
     def worker_left(
         self, worker: str, now_ms: int, reason: str = "worker left"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from antdt.worker.dataset import ShardGrant
 from antdt.worker.feeds import ShardFeed
+from tests.services.sharder.helpers import dataset
 
 
 class Values:
@@ -131,7 +133,12 @@ def test_a_quota_commanded_while_sitting_out_holds_once_sized_up_again(settings)
     from antdt.worker.dataset import ShardedDataset
 
     data = ShardedDataset(
-        list(range(10)), spec_of(10), settings=settings, job_id="j", worker_id="w", quota=2
+        list(range(10)),
+        dataset(size=10, shard_size=5, epochs=1, lease_s=60),
+        settings=settings,
+        job_id="j",
+        worker_id="w",
+        quota=2,
     )
     feed = ShardFeed(data, capacity=4)
     with feed._changed:
@@ -144,14 +151,6 @@ def test_a_quota_commanded_while_sitting_out_holds_once_sized_up_again(settings)
     assert (feed.quota, data.asked_quota) == (5, 5)
     feed.quota = 3  # the job's sizing
     assert data.asked_quota == 3
-
-
-def spec_of(size: int):
-    from antdt.schemas.models import DatasetSpec
-
-    return DatasetSpec(
-        name="q", size=size, shard_size=5, epochs=1, shuffle_seed=1, max_attempts=3, lease_s=60
-    )
 
 
 def test_an_error_in_the_feed_reaches_the_training_thread():
@@ -171,14 +170,6 @@ def test_a_rank_sized_to_0_gives_its_shards_back_and_the_others_train_them_exact
 ):
     """Sitting out drops the buffer and returns the held shards (their progress kept); sized up, it
     reads again."""
-    from antdt.schemas.models import DatasetSpec
-    from antdt.services.sharder.audit import audit_log
-    from antdt.worker import Agent
-    from tests.services.sharder.harness import job_log, running_sharder
-
-    spec = DatasetSpec(
-        name="sit", size=200, shard_size=20, epochs=1, shuffle_seed=1, max_attempts=3, lease_s=60
-    )
     trained: list[int] = []
 
     def train_one_batch(agent, feed, size):
@@ -187,28 +178,12 @@ def test_a_rank_sized_to_0_gives_its_shards_back_and_the_others_train_them_exact
         trained.extend(labels.tolist())
         agent.step(samples=len(labels))
 
-    with (
-        running_sharder(settings),
-        Agent("job-sit", "r0", settings=settings, listen_for_commands=False) as sitter,
-        Agent("job-sit", "r1", settings=settings, listen_for_commands=False) as other,
-    ):
-        data = sitter.shards(Labelled(200), spec)
-        data.quota = 1
-        feed = ShardFeed(data, lambda: 8).start()
+    with fed_and_other(settings, "job-sit", quota=1) as (sitter, feed, other):
         train_one_batch(sitter, feed, 4)
         assert feed.take(0) is None  # sits out: what it buffered is dropped
         train_one_batch(sitter, feed, 4)  # sized up again: it reads a shard again
         assert feed.take(0) is None
-
-        def rest():
-            others = other.shards(Labelled(200), spec)
-            while not others.finished:
-                for sample in other.iterate(others):
-                    trained.append(int(sample[1]))
-                    other.step()
-            others.close()
-
-        worker = threading.Thread(target=rest, daemon=True)
+        worker = threading.Thread(target=train_the_rest, args=(other, trained), daemon=True)
         worker.start()
         worker.join(60)
         assert not worker.is_alive(), "the other rank waits for shards the sitting-out rank kept"
@@ -221,7 +196,44 @@ def test_a_rank_sized_to_0_gives_its_shards_back_and_the_others_train_them_exact
         assert feed.exhausted
         feed.close()
     assert sorted(trained) == list(range(200))
-    report = audit_log(job_log(settings, "job-sit"), "job-sit")
+    assert_audited_once(settings, "job-sit")
+
+
+@contextmanager
+def fed_and_other(settings, job: str, quota: int):
+    """A running sharder; one rank reading through a ShardFeed (holding ``quota`` shards) and
+    another rank's agent: ``(agent, feed, other agent)``."""
+    from antdt.worker import Agent
+    from tests.services.sharder.harness import running_sharder
+
+    with (
+        running_sharder(settings),
+        Agent(job, "r0", settings=settings, listen_for_commands=False) as fed,
+        Agent(job, "r1", settings=settings, listen_for_commands=False) as other,
+    ):
+        data = fed.shards(Labelled(200), dataset(size=200, shard_size=20, epochs=1, lease_s=60))
+        data.quota = quota
+        yield fed, ShardFeed(data, lambda: 8).start(), other
+
+
+def train_the_rest(agent, trained: list[int], out_of_data: threading.Event | None = None):
+    """A rank training sample by sample until the job is finished; ``out_of_data`` set whenever
+    the sharder has nothing for it while others hold shards."""
+    data = agent.shards(Labelled(200), dataset(size=200, shard_size=20, epochs=1, lease_s=60))
+    while not data.finished:
+        for sample in agent.iterate(data):
+            trained.append(int(sample[1]))
+            agent.step()
+        if out_of_data is not None and data.waiting:
+            out_of_data.set()
+    data.close()
+
+
+def assert_audited_once(settings, job: str) -> None:
+    from antdt.services.sharder.audit import audit_log
+    from tests.services.sharder.harness import job_log
+
+    report = audit_log(job_log(settings, job), job)
     assert report.ok and report.finished, report.violations
 
 
@@ -320,44 +332,22 @@ def test_at_an_epoch_s_end_what_a_rank_has_not_begun_is_trained_by_the_rank_out_
     """A rank out of data while another holds unbegun shards gets them through the sharder (the
     slow rank gives them back, as ElasticJob does when the step's sums count a rank out of data):
     every sample once, the give-backs in the audit."""
-    from antdt.schemas.models import DatasetSpec
     from antdt.services.sharder.audit import audit_log
-    from antdt.worker import Agent
-    from tests.services.sharder.harness import job_log, running_sharder
+    from tests.services.sharder.harness import job_log
 
-    spec = DatasetSpec(
-        name="back", size=200, shard_size=20, epochs=1, shuffle_seed=1, max_attempts=3, lease_s=60
-    )
-    trained: dict[str, list[int]] = {"slow": [], "fast": []}
+    trained: list[int] = []
     out_of_data = threading.Event()
-
-    with (
-        running_sharder(settings),
-        Agent("job-back", "slow", settings=settings, listen_for_commands=False) as slow,
-        Agent("job-back", "fast", settings=settings, listen_for_commands=False) as fast,
-    ):
-        data = slow.shards(Labelled(200), spec)
-        data.quota = 4
-        feed = ShardFeed(data, lambda: 8).start()
-
-        def fast_rank():
-            others = fast.shards(Labelled(200), spec)
-            while not others.finished:
-                for sample in fast.iterate(others):
-                    trained["fast"].append(int(sample[1]))
-                    fast.step()
-                if others.waiting:
-                    out_of_data.set()
-            others.close()
-
-        worker = threading.Thread(target=fast_rank, daemon=True)
+    with fed_and_other(settings, "job-back", quota=4) as (slow, feed, fast):
+        worker = threading.Thread(
+            target=train_the_rest, args=(fast, trained, out_of_data), daemon=True
+        )
         worker.start()
         given = 0
         for _ in range(2000):  # bounded: the slow rank's steps, 4 samples each
             batch = feed.take(4)
             if batch is not None:
                 _, labels = slow.untag(batch)
-                trained["slow"].extend(labels.tolist())
+                trained.extend(labels.tolist())
                 slow.step(samples=len(labels))
             if feed.exhausted:
                 break
@@ -367,7 +357,6 @@ def test_at_an_epoch_s_end_what_a_rank_has_not_begun_is_trained_by_the_rank_out_
         worker.join(60)
         assert not worker.is_alive() and feed.exhausted
         feed.close()
-    assert sorted(trained["slow"] + trained["fast"]) == list(range(200))
-    report = audit_log(job_log(settings, "job-back"), "job-back")
-    assert report.ok and report.finished, report.violations
-    assert given and report.epochs[0].given_back >= 1
+    assert sorted(trained) == list(range(200))
+    assert_audited_once(settings, "job-back")
+    assert given and audit_log(job_log(settings, "job-back"), "job-back").epochs[0].given_back
