@@ -606,20 +606,24 @@ class Auditor:
         )
 
     def _lease_expired(self, event: ShardLogEvent) -> None:
-        self._back_to_todo(event, "leases_expired")
+        current = self._back_to_todo(event)
+        if current is not None:
+            current.leases_expired += 1
 
     def _given_back(self, event: ShardLogEvent) -> None:
-        self._back_to_todo(event, "given_back")
+        current = self._back_to_todo(event)
+        if current is not None:
+            current.given_back += 1
 
-    def _back_to_todo(self, event: ShardLogEvent, counter: str) -> None:
-        """A held shard back to TODO, counted in the pass's ``counter``."""
+    def _back_to_todo(self, event: ShardLogEvent) -> _Pass | None:
+        """The event's held shard back to TODO; the pass it is in (None: no such shard now)."""
         found = self._shard_of(event)
         if found is None:
-            return
+            return None
         current, shard = found
         self._must_be_doing(event, shard)
-        setattr(current, counter, getattr(current, counter) + 1)
         self._to_todo(shard)
+        return current
 
     def _released(self, event: ShardLogEvent) -> None:
         current = self._pass

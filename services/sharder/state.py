@@ -315,8 +315,11 @@ class JobState:
         if shard_id not in skip:
             return shard_id
         # rare (an epoch's last shards, given back): the heap is scanned
-        rest = [entry for entry in heap if entry[1] not in skip]
-        rest = [entry for entry in rest if self.slots[entry[1]].state is ShardState.TODO]
+        rest = [
+            entry
+            for entry in heap
+            if entry[1] not in skip and self.slots[entry[1]].state is ShardState.TODO
+        ]
         return min(rest)[1] if rest else None
 
     def held_by(self, worker: str) -> list[Slot]:
@@ -553,12 +556,9 @@ def _quarantined(state: JobState, event: ShardLogEvent) -> None:
     )
 
 
-def _lease_expired(state: JobState, event: ShardLogEvent) -> None:
-    state._set_todo(state.slots[event.shard_id], event.attempt)
-
-
-def _given_back(state: JobState, event: ShardLogEvent) -> None:
-    """Its holder gave it back unread, for workers out of data: TODO, its progress kept."""
+def _back_to_todo(state: JobState, event: ShardLogEvent) -> None:
+    """A held shard back to TODO under the event's attempt, its progress kept (its lease ran out,
+    or its holder gave it back unread for workers out of data)."""
     state._set_todo(state.slots[event.shard_id], event.attempt)
 
 
@@ -630,7 +630,7 @@ _HANDLERS = {
     T.DONE: _done,
     T.FAILED: _failed,
     T.QUARANTINED: _quarantined,
-    T.LEASE_EXPIRED: _lease_expired,
+    T.LEASE_EXPIRED: _back_to_todo,
     T.RELEASED: _released,
     T.LEASE_RENEWED: _lease_renewed,
     T.QUOTA_SET: _quota_set,
@@ -638,7 +638,7 @@ _HANDLERS = {
     T.CHECKPOINT: _checkpoint,
     T.REWOUND: _rewound,
     T.APPLIED: _applied,
-    T.GIVEN_BACK: _given_back,
+    T.GIVEN_BACK: _back_to_todo,
 }
 
 #: Transitions that change only the slot the event names.
