@@ -136,6 +136,15 @@ class WeightedReduce:
         self._control = [next_batch, *integers]
         self._late = late
 
+    def recount(self, local: int) -> int:
+        """This step's batch here is ``local`` after all, not the size announced last step (a new
+        split applied to the batch taken ahead): the step's global batch summed again, before
+        its backward pass (a collective: every rank recounts the same step). Returns it."""
+        summed = torch.tensor([local], dtype=torch.int64, device=self.device)
+        dist.all_reduce(summed, group=self.group)
+        self.local, self.total = local, int(summed.item())
+        return self.total
+
     def sums(self) -> list[int]:
         """The step's ``[next step's global batch, *integers]`` summed over the ranks.
 

@@ -25,6 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -55,6 +56,20 @@ class _Reading:
         taken = self.grant.positions[self.next : self.next + count]
         self.next += len(taken)
         return taken
+
+
+@dataclass
+class Reserved:
+    """A batch's samples chosen from the feed but not read yet: a batch taken a step ahead, whose
+    size may still change (:meth:`ShardFeed.resize`); ``batch`` once read
+    (:meth:`ShardFeed.read`)."""
+
+    chosen: list[tuple[ShardGrant, list[int]]]
+    batch: Tagged | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(len(positions) for _, positions in self.chosen)
 
 
 class ShardFeed:
@@ -161,13 +176,17 @@ class ShardFeed:
         self.dataset.holding = not out
         self._changed.notify_all()
 
-    def give_back_unbegun(self) -> int:
+    def give_back_unbegun(self, taken: Reserved | None = None) -> int:
         """Give back every held grant none of whose samples was handed out: the buffered ones and
         the one waiting for room. For an epoch's end, when other ranks are out of data: they
         train these while this rank trains what it has begun, instead of waiting while it
-        trains them alone. Decided under the lock, so no sample of them is ever handed out
-        here; returns the samples given back."""
+        trains them alone. ``taken``: a batch taken ahead and not read yet, whose samples
+        past its first grant's that begin a grant are handed back first, so that grant goes
+        too. Decided under the lock, so no sample of them is ever handed out here; returns the
+        samples given back."""
         with self._changed:
+            if taken is not None and taken.batch is None:
+                self._hand_back_begun_grants(taken)
             revoked = self.dataset.revoked
             unbegun = [
                 reading
@@ -197,10 +216,17 @@ class ShardFeed:
 
         ``wanted`` 0 sits the rank out (module docstring).
         """
+        reserved = self.reserve(wanted)
+        return None if reserved is None else self.read(reserved)
+
+    def reserve(self, wanted: int, wait: bool = True) -> Reserved | None:
+        """:meth:`take`'s choice of samples, not read yet (None: none); ``wait`` False: only what
+        is buffered now."""
         with self._changed:
             self._sit_out(wanted == 0)
             while (
-                self._buffered < wanted
+                wait
+                and self._buffered < wanted
                 and not self._source_done
                 and not self.dataset.waiting
                 and not self._stopped
@@ -210,13 +236,60 @@ class ShardFeed:
                 raise self.error
             chosen = self._choose(wanted)
             self._changed.notify_all()
-        if not chosen:
-            return None
-        # read on this thread, outside the lock: the user's __getitem__, as a DataLoader would
-        source = self.dataset.source
-        samples = [source[position] for _, positions in chosen for position in positions]
-        tags = tuple(tag for grant, positions in chosen for tag in grant.tags(positions))
-        return Tagged(self.collate(samples), tags)
+        return Reserved(chosen) if chosen else None
+
+    def read(self, reserved: Reserved) -> Tagged:
+        """The reserved samples read and stacked (once: a second call returns the same batch).
+        Read on this thread, outside the lock: the user's ``__getitem__``, as a DataLoader
+        would."""
+        if reserved.batch is None:
+            source, chosen = self.dataset.source, reserved.chosen
+            samples = [source[position] for _, positions in chosen for position in positions]
+            tags = tuple(tag for grant, positions in chosen for tag in grant.tags(positions))
+            reserved.batch = Tagged(self.collate(samples), tags)
+        return reserved.batch
+
+    def resize(self, reserved: Reserved, wanted: int) -> None:
+        """Cut a reserved batch not read yet to ``wanted`` samples (at least one), without waiting:
+        its last samples go back to the head of the buffer, or more are added from what is
+        buffered (fewer if not enough is). A new batch size applies to the batch taken ahead
+        instead of the one after it."""
+        if reserved.batch is not None or wanted < 1:
+            raise ValueError("only a reserved batch not read yet is resized, to one sample or more")
+        with self._changed:
+            while reserved.size > wanted:
+                grant, positions = reserved.chosen[-1]
+                cut = min(len(positions), reserved.size - wanted)
+                self._hand_back(grant, cut)
+                if cut == len(positions):
+                    reserved.chosen.pop()
+                else:
+                    reserved.chosen[-1] = (grant, positions[:-cut])
+            if reserved.size < wanted:
+                reserved.chosen.extend(self._choose(wanted - reserved.size))
+            self._changed.notify_all()
+
+    def _hand_back_begun_grants(self, reserved: Reserved) -> None:
+        """Hand back the reserved runs, past the first, that began their grant (with the lock
+        held): the last runs chosen, so their grants are unbegun again."""
+        while len(reserved.chosen) > 1:
+            grant, positions = reserved.chosen[-1]
+            if positions[0] != grant.positions[0]:
+                return
+            self._hand_back(grant, len(positions))
+            reserved.chosen.pop()
+
+    def _hand_back(self, grant: ShardGrant, count: int) -> None:
+        """The last ``count`` positions handed out from ``grant`` are handed out again next (with
+        the lock held): nothing was handed out since, so the grant is the buffer's head, or was
+        dropped from it once all of its positions were out."""
+        head = self._buffer[0] if self._buffer else None
+        if head is not None and head.grant is grant:
+            head.next -= count
+            return
+        reading = _Reading(grant, self._keepalive_s)
+        reading.next = len(grant.positions) - count
+        self._buffer.appendleft(reading)
 
     def _choose(self, wanted: int) -> list[tuple[ShardGrant, list[int]]]:
         """Up to ``wanted`` positions from the head of the buffer, as (grant, positions) runs,

@@ -3,7 +3,8 @@
 Two real gloo ranks train a float64 model with BatchNorm (buffers DDP
 broadcasts) over several small buckets, with different batch sizes per
 step, each rank sitting out one step with no samples (its collectives
-shadowed as DDP's ``join()`` does) and one step with no samples anywhere.
+shadowed as DDP's ``join()`` does), one step with no samples anywhere, and
+one whose batches changed size after they were announced (recounted).
 Every rank's final parameters must equal single-process training on the
 concatenated batch, and the control numbers sent with each step (in the
 first bucket, or alone in the empty step) must come back summed.
@@ -29,6 +30,10 @@ from tests.worker.groups import join_gloo
 # per rank, per step: the batch size (0: the rank has no samples that step)
 SIZES = {0: [3, 0, 5, 0, 4, 7], 1: [5, 6, 0, 0, 4, 2]}
 STEPS = len(SIZES[0])
+# ... and the size announced a step ahead: at step 4 a new split cut the batches taken for it
+# (6 and 2) to 4 and 4 after they were announced, and every rank recounts that step
+ANNOUNCED = {0: [3, 0, 5, 0, 6, 7], 1: [5, 6, 0, 0, 2, 2]}
+RECOUNTED = {4}
 
 
 def new_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -57,12 +62,14 @@ def rank_main(rank: int, init_file: str, out_dir: str) -> None:
     model, optimizer = new_model()
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)  # several buckets
     reduce = WeightedReduce(ddp)
-    reduce.prime(SIZES[rank][0])
+    reduce.prime(ANNOUNCED[rank][0])
     sums = []
     for step in range(STEPS):
         inputs, targets = batch(step, rank)
-        following = SIZES[rank][step + 1] if step + 1 < STEPS else 0
+        following = ANNOUNCED[rank][step + 1] if step + 1 < STEPS else 0
         reduce.begin(following, [int(len(inputs) > 0), 10 + rank])
+        if step in RECOUNTED:
+            assert reduce.recount(len(inputs)) == sum(s[step] for s in SIZES.values())
         if reduce.total:
             optimizer.zero_grad(set_to_none=True)
             if len(inputs):
@@ -105,7 +112,7 @@ def test_weighted_ddp_steps_with_an_idle_rank_equal_one_process_on_the_whole_bat
             torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
         assert result["sums"] == [
             [
-                sum(s[step + 1] for s in SIZES.values()) if step + 1 < STEPS else 0,
+                sum(s[step + 1] for s in ANNOUNCED.values()) if step + 1 < STEPS else 0,
                 sum(s[step] > 0 for s in SIZES.values()),
                 21,
             ]

@@ -64,6 +64,22 @@ class ScriptedDataset:
         self.closed = True
 
 
+class Granting(ScriptedDataset):
+    """Grants the given shards, then is finished; records what is given back."""
+
+    def __init__(self, shards: list[list[int]]):
+        super().__init__([])
+        self.shards, self.given = shards, []
+
+    def grants(self):
+        for shard_id, positions in enumerate(self.shards):
+            yield ShardGrant(0, shard_id, 0, "w", positions)
+        self.finished = True
+
+    def give_back(self, grants):
+        self.given.extend(grants)
+
+
 def drain(feed: ShardFeed, wanted: int) -> list[list[int]]:
     batches = []
     while not feed.exhausted:
@@ -124,6 +140,53 @@ def test_a_revoked_grants_samples_are_dropped_untrained():
     dataset.revoked.add((0, 3, 0))  # the first grant: its commits were refused
     dataset.release.set()
     assert [x for batch in drain(feed, 4) for x in batch] == [3, 4]
+    feed.close()
+
+
+def every_grant_buffered(values: list[int]) -> ShardFeed:
+    """A feed that has buffered all of ``values``' grants (split where a value is negative)."""
+    dataset = ScriptedDataset([values])
+    dataset.release.set()
+    feed = ShardFeed(dataset, capacity=len(values)).start()
+    with feed._changed:
+        assert feed._changed.wait_for(lambda: feed._source_done, timeout=10)
+    return feed
+
+
+def labels(feed: ShardFeed, reserved) -> list[int]:
+    return feed.read(reserved).data[1].tolist()
+
+
+def test_a_reserved_batch_cut_down_hands_its_last_samples_out_next():
+    """A new split applied to the batch taken ahead: the samples cut from it, across a grant
+    already read to its end, are the next ones handed out, each once, in order."""
+    feed = every_grant_buffered([0, 1, 2, -1, 3, 4, 5, 6])
+    reserved = feed.reserve(5)
+    assert reserved.size == 5
+    feed.resize(reserved, 1)
+    assert reserved.size == 1 and labels(feed, reserved) == [0]
+    assert drain(feed, 3) == [[1, 2, 3], [4, 5, 6]]
+    feed.close()
+
+
+def test_a_reserved_batch_grown_adds_what_is_buffered_without_waiting():
+    feed = every_grant_buffered([0, 1, 2, -1, 3, 4, 5, 6])
+    reserved = feed.reserve(2)
+    feed.resize(reserved, 6)
+    assert labels(feed, reserved) == [0, 1, 2, 3, 4, 5]
+    last = feed.reserve(1)
+    feed.resize(last, 4)  # only one more sample exists: short, not a wait
+    assert labels(feed, last) == [6] and feed.exhausted
+    feed.close()
+
+
+def test_a_read_batch_keeps_its_size():
+    feed = every_grant_buffered([0, 1, 2])
+    reserved = feed.reserve(2)
+    assert feed.read(reserved) is feed.read(reserved)  # read once
+    with pytest.raises(ValueError, match="not read yet"):
+        feed.resize(reserved, 1)
+    assert drain(feed, 2) == [[2]]
     feed.close()
 
 
@@ -293,19 +356,6 @@ def test_grants_not_begun_are_given_back_and_the_one_waiting_for_room_too():
     unbegun one and the one waiting for room in the buffer are given back, and none of their
     samples is ever taken here."""
 
-    class Granting(ScriptedDataset):
-        def __init__(self, shards):
-            super().__init__([])
-            self.shards, self.given = shards, []
-
-        def grants(self):
-            for shard_id, positions in enumerate(self.shards):
-                yield ShardGrant(0, shard_id, 0, "w", positions)
-            self.finished = True
-
-        def give_back(self, grants):
-            self.given.extend(grants)
-
     def arriving(shard_id: int) -> bool:
         """Whether grant ``shard_id`` waits for room (bounded: 200 x 50 ms)."""
         for _ in range(200):
@@ -324,6 +374,21 @@ def test_grants_not_begun_are_given_back_and_the_one_waiting_for_room_too():
     rest = drain(feed, 4)
     feed.close()
     assert [x for batch in rest for x in batch] == [2, 3, 4, 5, 11]
+
+
+def test_a_grant_only_the_batch_taken_ahead_began_is_given_back_too():
+    """The batch taken ahead, not read yet, hands back its samples of a grant it began (not those
+    of the grant begun before it), so that grant is given back with the unbegun ones."""
+    dataset = Granting([[0, 1, 2], [3, 4, 5], [6]])
+    feed = ShardFeed(dataset, capacity=7).start()
+    with feed._changed:
+        assert feed._changed.wait_for(lambda: feed._source_done, timeout=10)
+    assert feed.take(2).data[1].tolist() == [0, 1]
+    taken = feed.reserve(3)  # 2 of grant 0, and 3, 4 of grant 1
+    assert feed.give_back_unbegun(taken) == 4
+    assert [grant.shard_id for grant in dataset.given] == [1, 2]
+    assert labels(feed, taken) == [2] and feed.exhausted
+    feed.close()
 
 
 def test_at_an_epoch_s_end_what_a_rank_has_not_begun_is_trained_by_the_rank_out_of_data(

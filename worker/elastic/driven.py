@@ -96,9 +96,9 @@ class DrivenJob(ElasticJob):
             raise StopIteration
         if self._handed == len(self._ahead):
             self._ahead.append(self._take())
-        batch = self._ahead[self._handed]
+        reserved = self._ahead[self._handed]
         self._handed += 1
-        return self._placeholder if batch is None else batch.data
+        return self._placeholder if reserved is None else self._read(reserved).data
 
     def begin(self) -> None:
         """Begin the step of the loader's oldest batch (the one the framework trains now)."""
@@ -111,6 +111,11 @@ class DrivenJob(ElasticJob):
         """End the step (after its optimizer step); whether the job is over."""
         self._end_step()
         return self.finished
+
+    def _next_open(self) -> bool:
+        """The framework's loader may have taken the next step's batch already (a placeholder
+        included): then it stays as it is."""
+        return self._handed == 0
 
     @property
     def nobody_trains(self) -> bool:

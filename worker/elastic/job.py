@@ -18,10 +18,11 @@ set up (gloo or NCCL), and instead
   ``sizing=BatchSizing.IN_BAND``, in-band: each step's samples and compute
   time so far ride in its first gradient bucket's all-reduce and every rank
   runs the same sizing on the same figures (:class:`~antdt.sizing.inband.InBandSizer`),
-  so a new split takes effect at the step after next (the next batch is
-  already taken), with no round trip; it has no calibration step yet, and on short steps whose
-  fixed costs it has not learnt it gives a slowed rank too little
-  (docs/torchrun.md). Either way the global batch never moves. A rank's
+  so a new split takes effect at the very next step, with no round trip: the
+  batch taken for it, not read yet, is cut to its new size, and that step's
+  sizes are summed once more before its backward pass. It has no calibration
+  step yet, and on short steps whose fixed costs it has not learnt it gives a
+  slowed rank too little (docs/torchrun.md). Either way the global batch never moves. A rank's
   compute is its step's time less its waits for data and for the others
   (DDP's buffer broadcast before the forward pass among them:
   :mod:`~antdt.worker.booked_waits`); a step without samples here is all
@@ -88,9 +89,10 @@ from antdt.worker.ddp import (
 )
 from antdt.worker.ddp_hook import WeightedReduce
 from antdt.worker.elastic.resize import AgreedResize
-from antdt.worker.feeds import ShardFeed, stack_pairs
+from antdt.worker.feeds import Reserved, ShardFeed, stack_pairs
 from antdt.worker.ledger import SyncedLedger
 from antdt.worker.liveness import PeerLiveness
+from antdt.worker.provenance import Tagged
 from antdt.worker.training_job import TrainingJob
 from antdt.worker.watchdog import StepWatch
 
@@ -111,9 +113,9 @@ def shards_held(batch_size: int, shard_size: int) -> int:
     return max(SHARDS_HELD, -(-2 * batch_size // shard_size) + 1)
 
 
-def _size(batch) -> int:
+def _size(reserved: Reserved | None) -> int:
     """Samples in a taken batch (None: none)."""
-    return 0 if batch is None else len(batch.tags)
+    return 0 if reserved is None else reserved.size
 
 
 def split_evenly(total: int, parts: int) -> list[int]:
@@ -180,6 +182,7 @@ class ElasticJob(TrainingJob):
         self.step_samples = 0  # every rank's samples in the last finished step
         self._pending = 0  # samples in the batch handed out, not yet stepped
         self._dry = False  # no rank had a next batch at the last step (the sums)
+        self._recount = False  # the next step's batches were resized after they were announced
         self._local_sums: list[int] = []  # this step's sums with one process
         self._resize = AgreedResize()
         self._offers = [0, 0, 0]  # this step's summed resize offers
@@ -241,16 +244,21 @@ class ElasticJob(TrainingJob):
     def _advance(self):
         """Begin the next step: its batch (its samples this step's, None: none), the one after
         taken if a loader has not taken it already, the step's sums started."""
-        batch = self._ahead.popleft()
+        reserved = self._ahead.popleft()
         if not self._ahead:
             self._ahead.append(self._take())
-        self._begin_step(batch)
-        return None if batch is None else self.agent.untag(batch)
+        self._begin_step(reserved)
+        return None if reserved is None else self.agent.untag(self._read(reserved))
 
-    def _take(self):
-        """The next step's batch, taken a step ahead: its size is announced in this step's sums."""
+    def _take(self) -> Reserved | None:
+        """The next step's batch, taken a step ahead (chosen, read when handed out): its size is
+        announced in this step's sums."""
         with self.agent.data_wait():
-            return self.feed.take(self.agent.batch_size)
+            return self.feed.reserve(self.agent.batch_size)
+
+    def _read(self, reserved: Reserved) -> Tagged:
+        with self.agent.data_wait():
+            return self.feed.read(reserved)
 
     def _begin_step(self, batch) -> None:
         """The step's sums: the next batch, data left, checkpoint due, ranks out of data for now,
@@ -265,13 +273,17 @@ class ElasticJob(TrainingJob):
             self.watch.waiting(f"step {self.agent.step_count}")
         if self.reduce is None:
             self._local_sums = [_size(self._next), *counters]
-        else:
-            self.reduce.begin(_size(self._next), counters, self._timing)
+            return
+        self.reduce.begin(_size(self._next), counters, self._timing)
+        if self._recount:
+            self._recount = False
+            with self.agent.sync_wait():
+                self._collective(lambda: self.reduce.recount(self._pending))
 
     def _timing(self) -> list[int]:
         """In-band sizing's figures of this very step, sent with the first bucket: its samples and
         its compute so far (the forward pass and the backward's start). The split they give
-        applies from the batch after the next (the next one is taken)."""
+        applies from the next step (:meth:`_resize_in_band`)."""
         if self.sizer is None:
             return []
         return self.sizer.encode(self._pending, self.agent.compute_so_far())
@@ -301,13 +313,11 @@ class ElasticJob(TrainingJob):
         self.agent.step(samples=self._pending)
         if self._next is None:
             self._out_of_data(everyone_dry=not sums[0] and not self._dry)
-        elif starving:
-            # the others train what this rank has not begun, instead of waiting while it does
-            self.feed.give_back_unbegun()
+        if starving:
+            self._share_the_last_shards()
         self._dry = not sums[0]
         if self.sizer is not None:
-            # from the next batch taken: the one after this step's next
-            self._set_batch_size(self.sizer.decide(timings))
+            self._resize_in_band(timings)
         else:
             self._switch_if_agreed()
         if with_data and checkpoint_due:
@@ -321,6 +331,23 @@ class ElasticJob(TrainingJob):
         if not with_data:
             self.finished = True
             self._finish()
+
+    def _share_the_last_shards(self) -> None:
+        """A rank is out of data while others hold an epoch's last shards: the others give back
+        the shards they have not begun (and those only the next batch has begun), so it trains
+        them instead of waiting while their holders do; a rank without a next batch takes what
+        has reached it since. Sizes announced in this step's sums change, so the next step's
+        are summed again (every rank: the sums said so on every rank)."""
+        taken = self._next if self._next_open() else None
+        if self._next is not None:
+            self.feed.give_back_unbegun(taken)
+        elif self._next_open():
+            self._ahead[0] = self.feed.reserve(self.agent.batch_size, wait=False)
+        self._recount = self.reduce is not None
+
+    def _next_open(self) -> bool:
+        """Whether the next step's batch may still change: no loader has taken it."""
+        return True
 
     def _out_of_data(self, everyone_dry: bool) -> None:
         """This rank has no next batch: the sharder can end the epoch (or grant the rest) only once
@@ -362,6 +389,22 @@ class ElasticJob(TrainingJob):
         """This rank's batch from the next one taken, and the shards it holds for it."""
         self.agent.batch_size = size
         self.feed.quota = shards_held(size, self.spec.shard_size)
+
+    def _resize_in_band(self, timings: list[int]) -> None:
+        """Every rank's split from this step's figures, from the very next step on: the batch
+        taken for it, not read yet, is cut to the new size here (a framework's loader may have
+        read it already: it keeps its size). Its size announced in this step's sums is then
+        stale, so the next step's sizes are summed again before its backward pass, on every
+        rank alike (the split changed on all of them)."""
+        before = list(self.sizer.sizes)
+        size = self.sizer.decide(timings)
+        self._set_batch_size(size)
+        if self.sizer.sizes == before:
+            return
+        self._recount = True
+        taken = self._next
+        if taken is not None and taken.batch is None and taken.size != size:
+            self.feed.resize(taken, size)
 
     def _switch_if_agreed(self) -> None:
         """Apply the pending batch size from the next batch taken once every changed rank holds
