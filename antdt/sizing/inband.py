@@ -35,6 +35,7 @@ from antdt.sizing.step_model import (
     balance,
     fixed_part_between,
     fixed_parts,
+    slowest_step_s,
     worth_moving,
 )
 
@@ -66,6 +67,8 @@ class InBandSizer:
         self.low, self.high = low, high if high is not None else self.total
         self.min_gain = min_gain
         self.resizes = 0
+        # how much the last decision's split shortens the modelled slowest step (0: no move)
+        self.saving_s = 0.0
         self._steps = 0
         self._seen = [0] * world  # full steps seen per rank (the first one is not evidence)
         # (samples, seconds) of the rank's latest step
@@ -97,7 +100,9 @@ class InBandSizer:
         fixed = fixed_parts({rank: list(found) for rank, found in enumerate(self._evidence)})
         models = [StepModel.through(x, t, fixed[r]) for r, (x, t) in enumerate(self._last)]
         split = balance(self.total, models, self.low, self.high)
+        self.saving_s = 0.0
         if split and split != self.sizes and worth_moving(models, self.sizes, split, self.min_gain):
+            self.saving_s = slowest_step_s(models, self.sizes) - slowest_step_s(models, split)
             self.sizes = split
             self.resizes += 1
         self._probe_idle_ranks()

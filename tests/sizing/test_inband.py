@@ -41,9 +41,15 @@ def test_a_slowdown_is_answered_at_the_next_step():
     even = [linear(0, 0.01)] * 3
     for _ in range(3):
         assert step(sizers, even) == [32, 32, 32]  # balanced: nothing moves
+    assert all(sizer.saving_s == 0 for sizer in sizers)
     slowed = [linear(0, 0.01), linear(0, 0.01), linear(0, 0.03)]
     sizes = step(sizers, slowed)
     assert sizes[2] < 20 and sum(sizes) == 96
+    # what the move gains, the same on every rank (the job cuts the taken batch when it is worth
+    # a collective): the slowest step from 0.96 s to rank 2's new one
+    then_s = max(0.01 * sizes[0], 0.01 * sizes[1], 0.03 * sizes[2])
+    for sizer in sizers:
+        assert sizer.saving_s == pytest.approx(0.96 - then_s)
 
 
 def test_the_fixed_part_is_learnt_from_the_resizes_and_shapes_the_split():

@@ -104,6 +104,12 @@ SHARDS_HELD = 2
 #: How long a rank's trained samples may wait for their commit: a failure rewinds the job to its
 #: checkpoint anyway, and a checkpoint sends them first.
 COMMIT_EVERY_S = 0.1
+#: A new in-band split applies to the batch already taken for the next step when it shortens the
+#: modelled step by at least this much: well over what it costs, one small all-reduce (two gloo
+#: ranks on 2 cores: 0.23 ms median, 2.5 ms p99). Smaller gains, the noise of short steps, wait
+#: for the batch after, with no collective: on the 2.8 ms steps of the user-style job, cutting on
+#: every move made in-band sizing 9-17 % slower.
+CUT_AT_ONCE_S = 0.002
 
 
 def shards_held(batch_size: int, shard_size: int) -> int:
@@ -391,15 +397,16 @@ class ElasticJob(TrainingJob):
         self.feed.quota = shards_held(size, self.spec.shard_size)
 
     def _resize_in_band(self, timings: list[int]) -> None:
-        """Every rank's split from this step's figures, from the very next step on: the batch
-        taken for it, not read yet, is cut to the new size here (a framework's loader may have
-        read it already: it keeps its size). Its size announced in this step's sums is then
-        stale, so the next step's sizes are summed again before its backward pass, on every
-        rank alike (the split changed on all of them)."""
-        before = list(self.sizer.sizes)
+        """Every rank's split from this step's figures, from the very next step on where it
+        gains :data:`CUT_AT_ONCE_S`: the batch taken for it, not read yet, is cut to the new
+        size here (a framework's loader may have read it already: it keeps its size). Its size
+        announced in this step's sums is then stale, so the next step's sizes are summed again
+        before its backward pass, on every rank alike. A smaller gain applies from the batch
+        after."""
         size = self.sizer.decide(timings)
         self._set_batch_size(size)
-        if self.sizer.sizes == before:
+        # the same figures on every rank: every rank decides alike whether to recount
+        if self.sizer.saving_s < CUT_AT_ONCE_S:
             return
         self._recount = True
         taken = self._next
