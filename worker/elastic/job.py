@@ -20,7 +20,8 @@ set up (gloo or NCCL), and instead
   runs the same sizing on the same figures (:class:`~antdt.sizing.inband.InBandSizer`),
   so a new split takes effect at the very next step, with no round trip: the
   batch taken for it, not read yet, is cut to its new size, and that step's
-  sizes are summed once more before its backward pass. It has no calibration
+  sizes are summed once more before its backward pass (a split that gains
+  less than :data:`CUT_AT_ONCE_S` waits a step instead). It has no calibration
   step yet, and on short steps whose fixed costs it has not learnt it gives a
   slowed rank too little (docs/torchrun.md). Either way the global batch never moves. A rank's
   compute is its step's time less its waits for data and for the others
