@@ -257,16 +257,11 @@ class ShardFeed:
         if reserved.batch is not None or wanted < 1:
             raise ValueError("only a reserved batch not read yet is resized, to one sample or more")
         with self._changed:
-            while reserved.size > wanted:
-                grant, positions = reserved.chosen[-1]
-                cut = min(len(positions), reserved.size - wanted)
-                self._hand_back(grant, cut)
-                if cut == len(positions):
-                    reserved.chosen.pop()
-                else:
-                    reserved.chosen[-1] = (grant, positions[:-cut])
-            if reserved.size < wanted:
-                reserved.chosen.extend(self._choose(wanted - reserved.size))
+            size = reserved.size
+            if size > wanted:
+                self._hand_back_last(reserved, size - wanted)
+            elif size < wanted:
+                reserved.chosen.extend(self._choose(wanted - size))
             self._changed.notify_all()
 
     def _hand_back_begun_grants(self, reserved: Reserved) -> None:
@@ -276,8 +271,20 @@ class ShardFeed:
             grant, positions = reserved.chosen[-1]
             if positions[0] != grant.positions[0]:
                 return
-            self._hand_back(grant, len(positions))
-            reserved.chosen.pop()
+            self._hand_back_last(reserved, len(positions))
+
+    def _hand_back_last(self, reserved: Reserved, count: int) -> None:
+        """The reserved batch's last ``count`` samples handed back, run by run from its end (with
+        the lock held)."""
+        while count:
+            grant, positions = reserved.chosen[-1]
+            cut = min(len(positions), count)
+            self._hand_back(grant, cut)
+            if cut == len(positions):
+                reserved.chosen.pop()
+            else:
+                reserved.chosen[-1] = (grant, positions[:-cut])
+            count -= cut
 
     def _hand_back(self, grant: ShardGrant, count: int) -> None:
         """The last ``count`` positions handed out from ``grant`` are handed out again next (with

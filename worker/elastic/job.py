@@ -345,9 +345,9 @@ class ElasticJob(TrainingJob):
         them instead of waiting while their holders do; a rank without a next batch takes what
         has reached it since. Sizes announced in this step's sums change, so the next step's
         are summed again (every rank: the sums said so on every rank)."""
-        taken = self._next if self._next_open() else None
         if self._next is not None:
-            self.feed.give_back_unbegun(taken)
+            # (its samples only if a loader has not read it)
+            self.feed.give_back_unbegun(self._next)
         elif self._next_open():
             self._ahead[0] = self.feed.reserve(self.agent.batch_size, wait=False)
         self._recount = self.reduce is not None
