@@ -222,16 +222,24 @@ class ShardFeed:
     def reserve(self, wanted: int, wait: bool = True) -> Reserved | None:
         """:meth:`take`'s choice of samples, not read yet (None: none); ``wait`` False: only what
         is buffered now."""
+        return self._reserve(wanted, wait, until=None)
+
+    def reserve_arriving(self, wanted: int, within_s: float) -> Reserved | None:
+        """As :meth:`reserve`, waiting up to ``within_s`` for ``wanted`` samples even while the
+        sharder's last answer was to wait: a new epoch is open, and this rank's shards are on
+        their way."""
+        return self._reserve(wanted, True, until=time.monotonic() + within_s)
+
+    def _reserve(self, wanted: int, wait: bool, until: float | None) -> Reserved | None:
+        """Wait for ``wanted`` samples (until the sharder has none for now, or ``until``), then
+        choose what is buffered."""
         with self._changed:
             self._sit_out(wanted == 0)
-            while (
-                wait
-                and self._buffered < wanted
-                and not self._source_done
-                and not self.dataset.waiting
-                and not self._stopped
-            ):
-                self._changed.wait(0.05)
+            while wait and self._buffered < wanted and not self._source_done and not self._stopped:
+                left = 0.05 if until is None else min(0.05, until - time.monotonic())
+                if left <= 0 or (until is None and self.dataset.waiting):
+                    break
+                self._changed.wait(left)
             if self.error is not None:
                 raise self.error
             chosen = self._choose(wanted)
@@ -262,6 +270,14 @@ class ShardFeed:
                 self._hand_back_last(reserved, size - wanted)
             elif size < wanted:
                 reserved.chosen.extend(self._choose(wanted - size))
+            self._changed.notify_all()
+
+    def put_back(self, reserved: Reserved) -> None:
+        """Hand a reserved batch not read yet back whole: its samples are handed out next."""
+        if reserved.batch is not None:
+            raise ValueError("a batch read already cannot be put back")
+        with self._changed:
+            self._hand_back_last(reserved, reserved.size)
             self._changed.notify_all()
 
     def _hand_back_begun_grants(self, reserved: Reserved) -> None:

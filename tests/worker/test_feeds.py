@@ -110,6 +110,21 @@ def test_a_waiting_sharder_yields_a_short_batch_instead_of_blocking_the_step():
     assert [x for batch in rest for x in batch] == [2, 3]
 
 
+def test_a_batch_arriving_after_the_sharder_said_wait_is_waited_for_within_the_bound():
+    """Once another rank's batch has opened an epoch, a rank told to wait takes its shards as they
+    arrive (reserve does not wait while the sharder says wait; reserve_arriving does, bounded)."""
+    dataset = ScriptedDataset([[-1, 0, 1, 2, 3]])
+    feed = ShardFeed(dataset, capacity=8).start()
+    with feed._changed:
+        assert feed._changed.wait_for(lambda: dataset.waiting, timeout=10)
+    assert feed.reserve(4) is None  # the sharder said wait: no step waits on it
+    assert feed.reserve_arriving(4, 0.01) is None  # bounded: nothing came
+    threading.Timer(0.05, dataset.release.set).start()
+    arrived = feed.reserve_arriving(4, 30.0)
+    assert labels(feed, arrived) == [0, 1, 2, 3]
+    feed.close()
+
+
 def test_buffered_grants_keep_their_leases_while_the_buffer_is_full():
     """A slow consumer must not lose the shards it holds unread: the feed renews each buffered
     grant every quarter lease while it waits for room."""
@@ -177,6 +192,14 @@ def test_a_reserved_batch_grown_adds_what_is_buffered_without_waiting():
     last = feed.reserve(1)
     feed.resize(last, 4)  # only one more sample exists: short, not a wait
     assert labels(feed, last) == [6] and feed.exhausted
+    feed.close()
+
+
+def test_a_reserved_batch_put_back_whole_is_handed_out_next():
+    feed = every_grant_buffered([0, 1, 2, -1, 3, 4])
+    reserved = feed.reserve(4)
+    feed.put_back(reserved)
+    assert drain(feed, 2) == [[0, 1], [2, 3], [4]]
     feed.close()
 
 

@@ -10,7 +10,9 @@ set up (gloo or NCCL), and instead
   data joins the others' steps with nothing until every rank is out, and
   while one is (the step's sums count them), the others give back the
   shards they have not begun, so it trains them instead of waiting while
-  their holder does;
+  their holder does; a batch that opens the next epoch is announced before
+  it is trained, and the ranks without one then wait briefly for their own
+  first shards of it, so no rank trains an epoch's first step alone;
 * sizes each rank's batch by AntDT-DD, by default as the **DD controller**
   says: the changed ranks switch together at the command's effective step,
   later only if a command is late (agreed in-band,
@@ -111,6 +113,10 @@ COMMIT_EVERY_S = 0.1
 #: for the batch after, with no collective: on the 2.8 ms steps of the user-style job, cutting on
 #: every move made in-band sizing 9-17 % slower.
 CUT_AT_ONCE_S = 0.002
+#: How long a rank without a next batch waits for its first shards once another rank's next batch
+#: has opened an epoch: about a round trip to the sharder is enough (two on the embedded broker,
+#: whose fetches wait 25 ms); past it the rank joins the next step with what it has.
+OPENED_WAIT_S = 0.25
 
 
 def shards_held(batch_size: int, shard_size: int) -> int:
@@ -123,6 +129,11 @@ def shards_held(batch_size: int, shard_size: int) -> int:
 def _size(reserved: Reserved | None) -> int:
     """Samples in a taken batch (None: none)."""
     return 0 if reserved is None else reserved.size
+
+
+def _epoch(reserved: Reserved | None) -> int:
+    """The latest epoch a taken batch's samples belong to (-1: none)."""
+    return max((grant.epoch for grant, _ in reserved.chosen), default=-1) if reserved else -1
 
 
 def split_evenly(total: int, parts: int) -> list[int]:
@@ -189,6 +200,7 @@ class ElasticJob(TrainingJob):
         self.step_samples = 0  # every rank's samples in the last finished step
         self._pending = 0  # samples in the batch handed out, not yet stepped
         self._dry = False  # no rank had a next batch at the last step (the sums)
+        self._epoch_begun: int | None = None  # the epoch of the last batch this rank began
         self._recount = False  # the next step's batches were resized after they were announced
         self._local_sums: list[int] = []  # this step's sums with one process
         self._resize = AgreedResize()
@@ -271,11 +283,21 @@ class ElasticJob(TrainingJob):
         """The step's sums: the next batch, data left, checkpoint due, ranks out of data for now,
         resize offers."""
         self._pending = _size(batch)
+        if batch is not None:
+            self._epoch_begun = _epoch(batch)
         due = int(self.rank == 0 and time.monotonic() >= self._checkpoint_at)
         with_data = int(self._next is not None or not self.feed.exhausted)
         # no next batch, and the sharder has none for it while others hold the epoch's last shards
         starving = int(self._next is None and self.data.waiting)
-        counters = [with_data, due, starving, *self._resize.offer(self.agent.batch_size)]
+        # the next batch opens an epoch here: the sharder has opened it for every rank
+        opened = int(self._epoch_begun is not None and _epoch(self._next) > self._epoch_begun)
+        counters = [
+            with_data,
+            due,
+            starving,
+            opened,
+            *self._resize.offer(self.agent.batch_size),
+        ]
         if self.watch is not None:
             self.watch.waiting(f"step {self.agent.step_count}")
         if self.reduce is None:
@@ -310,7 +332,7 @@ class ElasticJob(TrainingJob):
     def _end_step(self) -> None:
         sums = self._sums()
         self.step_samples = self.reduce.total if self.reduce is not None else self._pending
-        with_data, checkpoint_due, starving, *rest = sums[1:]
+        with_data, checkpoint_due, starving, opened, *rest = sums[1:]
         self._offers, timings = rest[:3], rest[3:]
         self.counts.count(self.agent.pending_tags)  # in every replica now
         self.samples += self._pending
@@ -320,7 +342,9 @@ class ElasticJob(TrainingJob):
         self.agent.step(samples=self._pending)
         if self._next is None:
             self._out_of_data(everyone_dry=not sums[0] and not self._dry)
-        if starving:
+        if opened:
+            self._take_the_opened_epoch()
+        elif starving:
             self._share_the_last_shards()
         self._dry = not sums[0]
         if self.sizer is not None:
@@ -349,7 +373,30 @@ class ElasticJob(TrainingJob):
             # (its samples only if a loader has not read it)
             self.feed.give_back_unbegun(self._next)
         elif self._next_open():
-            self._ahead[0] = self.feed.reserve(self.agent.batch_size, wait=False)
+            self._ahead[0] = self._late_take()
+        self._recount = self.reduce is not None
+
+    def _late_take(self) -> Reserved | None:
+        """What reached this rank since the step's start, unless it opens an epoch: a batch that
+        does is announced in a step's sums before it is trained, so the others wait for their
+        first shards of it too (:meth:`_take_the_opened_epoch`) instead of idling while the
+        first granted trains."""
+        taken = self.feed.reserve(self.agent.batch_size, wait=False)
+        if taken is not None and self._epoch_begun is not None:
+            if _epoch(taken) > self._epoch_begun:
+                self.feed.put_back(taken)
+                return None
+        return taken
+
+    def _take_the_opened_epoch(self) -> None:
+        """A rank's next batch opens an epoch, so the sharder has opened it for every rank: a rank
+        without a next batch asks for its shards at once and takes what arrives within
+        :data:`OPENED_WAIT_S`, so the first granted does not train a step alone while the
+        others' requests are on their way. Every rank sums the next step's sizes again."""
+        if self._next is None and self._next_open():
+            self.data.ask_again()
+            with self.agent.data_wait():
+                self._ahead[0] = self.feed.reserve_arriving(self.agent.batch_size, OPENED_WAIT_S)
         self._recount = self.reduce is not None
 
     def _next_open(self) -> bool:
