@@ -314,6 +314,7 @@ class ShardedDataset(IterableDataset):
         ahead: tuple[int, float] | None = None
         answered_at = time.monotonic()
         pause_s = self.wait_s
+        whole = not self._read  # nothing of the epoch read yet: its first answer, whole
         while True:
             early = ahead is not None and time.monotonic() - ahead[1] < self.keepalive_s
             try:
@@ -378,15 +379,22 @@ class ShardedDataset(IterableDataset):
                 pause_s = self.wait_s if woken else min(2 * pause_s, max(MAX_WAIT_S, self.wait_s))
                 continue
             self.waiting, pause_s = False, self.wait_s
-            # One shard per answer: the next answer (at most lease/4 old, see above)
-            # re-confirms what is still held, so a shard whose lease ran out is never read.
-            shard = fresh[0]
-            if self.prefetch:
-                ahead = (
-                    client.ask(epoch, quota=self.asked_quota, read_shards=sorted(self._read)),
-                    time.monotonic(),
-                )
-            yield shard, answer.epoch
+            # One shard per answer: the next answer (at most lease/4 old, see above) re-confirms
+            # what is still held, so a shard whose lease ran out is never read. But the first of
+            # an epoch is handed on whole (while that young): every rank starts an epoch at
+            # once, and a round trip per shard there delays its first step. (At an epoch's end
+            # a whole answer of given-back shards would go to the first rank to ask.)
+            count = len(fresh) if whole else 1
+            whole = False
+            for index, shard in enumerate(fresh[:count]):
+                if index and time.monotonic() - answered_at >= self.keepalive_s:
+                    break
+                if self.prefetch and index == count - 1:
+                    ahead = (
+                        client.ask(epoch, quota=self.asked_quota, read_shards=sorted(self._read)),
+                        time.monotonic(),
+                    )
+                yield shard, answer.epoch
 
     def _positions(self, epoch: int, shard) -> list[int]:
         """The shard's samples not in the model yet, in this epoch's order."""

@@ -292,6 +292,32 @@ def test_one_shard_at_a_time_a_pass_goes_on_until_the_sharder_really_has_nothing
     assert sorted(item.data for item in first_pass) == list(range(100))
 
 
+def test_an_epoch_s_first_answer_is_handed_on_whole_not_one_round_trip_per_shard(settings, topics):
+    """Every rank starts an epoch at once: the quota's shards of its first answer are handed on
+    together, with one prefetch as the last starts; later answers a shard each."""
+    with (
+        running_sharder(settings),
+        Agent("job-quota", "w0", settings=settings, listen_for_commands=False) as agent,
+    ):
+        data = agent.shards(list(range(100)), spec(size=100, shard_size=10, epochs=1))
+        data.quota = 4
+        client = agent.shard_client
+        answers_waited = []
+        waiting = client.wait_answer
+        client.wait_answer = lambda *a, **k: answers_waited.append(a[0]) or waiting(*a, **k)
+        grants = data.grants()
+        first = [next(grants) for _ in range(4)]
+        assert len(answers_waited) == 1, "the epoch's first shards came one answer at a time"
+        fifth = next(grants)
+        assert len(answers_waited) == 2
+        sixth = next(grants)
+        assert len(answers_waited) == 3, "a later answer's shards came together"
+        rest = list(grants)
+        data.close()
+    every = [p for grant in [*first, fifth, sixth, *rest] for p in grant.positions]
+    assert sorted(every) == list(range(100))
+
+
 def test_a_refused_rewind_ends_the_restore_naming_the_cause(settings, topics):
     """A rank restoring a checkpoint whose version the sharder cannot rewind to must not train on:
     the shard state would disagree with the model, and only the ledger would tell, at the end.
