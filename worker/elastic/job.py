@@ -289,8 +289,8 @@ class ElasticJob(TrainingJob):
         with_data = int(self._next is not None or not self.feed.exhausted)
         # no next batch, and the sharder has none for it while others hold the epoch's last shards
         starving = int(self._next is None and self.data.waiting)
-        # the next batch opens an epoch here: the sharder has opened it for every rank
-        opened = int(self._epoch_begun is not None and _epoch(self._next) > self._epoch_begun)
+        # the sharder has opened an epoch for every rank
+        opened = int(self._opens_an_epoch(self._next))
         counters = [
             with_data,
             due,
@@ -382,11 +382,15 @@ class ElasticJob(TrainingJob):
         first shards of it too (:meth:`_take_the_opened_epoch`) instead of idling while the
         first granted trains."""
         taken = self.feed.reserve(self.agent.batch_size, wait=False)
-        if taken is not None and self._epoch_begun is not None:
-            if _epoch(taken) > self._epoch_begun:
-                self.feed.put_back(taken)
-                return None
+        if self._opens_an_epoch(taken):
+            self.feed.put_back(taken)
+            return None
         return taken
+
+    def _opens_an_epoch(self, reserved: Reserved | None) -> bool:
+        """Whether a taken batch belongs to a later epoch than the last batch this rank began
+        (never before its first)."""
+        return self._epoch_begun is not None and _epoch(reserved) > self._epoch_begun
 
     def _take_the_opened_epoch(self) -> None:
         """A rank's next batch opens an epoch, so the sharder has opened it for every rank: a rank
