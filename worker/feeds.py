@@ -92,7 +92,12 @@ class ShardFeed:
         self.capacity = capacity if callable(capacity) else (lambda: capacity)
         self._keepalive_s = dataset.keepalive_s
         self._buffer: deque[_Reading] = deque()
-        self._changed = threading.Condition()
+        lock = threading.RLock()
+        #: Waited on by the training thread (samples arrived, the source ended) ...
+        self._changed = threading.Condition(lock)
+        #: ... and by the filling thread (room in the buffer, sitting out, stopping): apart, so a
+        #: step's take does not wake the filler while the buffer is still full.
+        self._room = threading.Condition(lock)
         self._source_done = False
         self._stopped = False
         self._sitting_out = False
@@ -128,7 +133,7 @@ class ShardFeed:
                 and not self._sitting_out
                 and self._arriving is grant
             ):
-                self._changed.wait(0.1)
+                self._room.wait(0.1)
                 self._keep_leases()
             if self._arriving is not grant:
                 return True  # given back while it waited (give_back_unbegun)
@@ -174,7 +179,7 @@ class ShardFeed:
         if out:
             self._buffer.clear()
         self.dataset.holding = not out
-        self._changed.notify_all()
+        self._notify_all()
 
     def give_back_unbegun(self, taken: Reserved | None = None) -> int:
         """Give back every held grant none of whose samples was handed out: the buffered ones and
@@ -199,7 +204,7 @@ class ShardFeed:
             if self._arriving is not None and self._arriving.positions:
                 grants.append(self._arriving)
                 self._arriving = None
-            self._changed.notify_all()
+            self._notify_all()
         if grants:
             self.dataset.give_back(grants)
         return sum(len(grant.positions) for grant in grants)
@@ -243,7 +248,7 @@ class ShardFeed:
             if self.error is not None:
                 raise self.error
             chosen = self._choose(wanted)
-            self._changed.notify_all()
+            self._wake_filler_if_room()
         return Reserved(chosen) if chosen else None
 
     def read(self, reserved: Reserved) -> Tagged:
@@ -270,7 +275,7 @@ class ShardFeed:
                 self._hand_back_last(reserved, size - wanted)
             elif size < wanted:
                 reserved.chosen.extend(self._choose(wanted - size))
-            self._changed.notify_all()
+            self._notify_all()
 
     def put_back(self, reserved: Reserved) -> None:
         """Hand a reserved batch not read yet back whole: its samples are handed out next."""
@@ -278,7 +283,7 @@ class ShardFeed:
             raise ValueError("a batch read already cannot be put back")
         with self._changed:
             self._hand_back_last(reserved, reserved.size)
-            self._changed.notify_all()
+            self._notify_all()
 
     def _hand_back_begun_grants(self, reserved: Reserved) -> None:
         """Hand back the reserved runs, past the first, that began their grant (with the lock
@@ -314,6 +319,18 @@ class ShardFeed:
         reading.next = len(grant.positions) - count
         self._buffer.appendleft(reading)
 
+    def _notify_all(self) -> None:
+        """Wake every waiter, on either side (with the lock held)."""
+        self._changed.notify_all()
+        self._room.notify_all()
+
+    def _wake_filler_if_room(self) -> None:
+        """After a take: wake the filling thread only if the buffer has room now (with the lock
+        held). A grant is often many batches long, so most takes leave the buffer full, and a
+        wake per step cost the training thread the interpreter's lock every step."""
+        if self._buffered < self.capacity():
+            self._room.notify_all()
+
     def _choose(self, wanted: int) -> list[tuple[ShardGrant, list[int]]]:
         """Up to ``wanted`` positions from the head of the buffer, as (grant, positions) runs,
         revoked grants dropped (with the lock held)."""
@@ -334,6 +351,6 @@ class ShardFeed:
     def close(self) -> None:
         with self._changed:
             self._stopped = True
-            self._changed.notify_all()
+            self._notify_all()
         self._thread.join(5)
         self.dataset.close()
