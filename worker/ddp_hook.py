@@ -264,11 +264,8 @@ class _Carrier:
         self._host_limbs = self.limbs.numpy() if self.whole.device.type == "cpu" else None
 
     def fits(self, buffer: torch.Tensor, limbs: int, dtype: torch.dtype) -> bool:
-        return (self.gradients.numel(), self.limbs.numel(), self.whole.dtype) == (
-            buffer.numel(),
-            limbs,
-            dtype,
-        ) and self.whole.device == buffer.device
+        shape = (self.gradients.numel(), self.limbs.numel(), self.whole.dtype, self.whole.device)
+        return shape == (buffer.numel(), limbs, dtype, buffer.device)
 
     def write_limbs(self, limbs: list[int]) -> None:
         if self._host_limbs is not None:

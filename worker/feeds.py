@@ -128,7 +128,7 @@ class ShardFeed:
         with self._changed:
             self._arriving = grant
             while (
-                self._buffered >= self.capacity()
+                not self._has_room
                 and not self._stopped
                 and not self._sitting_out
                 and self._arriving is grant
@@ -144,6 +144,12 @@ class ShardFeed:
                 self._buffer.append(_Reading(grant, self._keepalive_s))
             self._changed.notify_all()
             return True
+
+    @property
+    def _has_room(self) -> bool:
+        """Fewer positions buffered than the capacity: the filling thread may add its grant (and
+        a take wakes it only then)."""
+        return self._buffered < self.capacity()
 
     @property
     def _buffered(self) -> int:
@@ -328,7 +334,7 @@ class ShardFeed:
         """After a take: wake the filling thread only if the buffer has room now (with the lock
         held). A grant is often many batches long, so most takes leave the buffer full, and a
         wake per step cost the training thread the interpreter's lock every step."""
-        if self._buffered < self.capacity():
+        if self._has_room:
             self._room.notify_all()
 
     def _choose(self, wanted: int) -> list[tuple[ShardGrant, list[int]]]:
