@@ -39,10 +39,13 @@ class ControllerConfig:
     global_batch_size: int = 0  # 0: the sum of the workers' batch sizes when the job is first seen
     min_batch_size: int = 1
     max_batch_size: int = 4096
-    rebalance_interval_s: float = 10.0
+    # a decision waits anyway until every worker has reported steps from the last switch on; 10 s
+    # kept a 3x straggler at its first, rough split (734/290 of 768/256) for 10 s (docs/torchrun.md)
+    rebalance_interval_s: float = 2.0
     # a healthy user-style job moved 32/32 to 36/28 at 0.05 and got 6 % slower (docs/torchrun.md)
     min_relative_change: float = 0.10
-    switch_lead_s: float = 2.0
+    # a command arriving after its switch step delays the switch in-band, never splits it
+    switch_lead_s: float = 1.0
     # a worker with no report for this long has left (an evicted node, a shrunk job)
     silent_after_s: float = 15.0
 
