@@ -63,7 +63,11 @@ EMBEDDED_PACES = {
 #: retried duplicate is harmless, every consumer dedupes (seqs, grant ids,
 #: command ids). Reconnects back off to 1 s at most, not librdkafka's 10 s.
 EMBEDDED_PRODUCER = {"enable.idempotence": False, "max.in.flight.requests.per.connection": 1}
-EMBEDDED_RECONNECT = {"reconnect.backoff.max.ms": 1000}
+#: A fresh client's first request waits for its second connection: librdkafka drops the bootstrap
+#: connection once metadata names the broker, and connects again no sooner than half of
+#: ``reconnect.backoff.ms`` later (its 100 ms default: 52 ms of every fresh reader's assign, three
+#: of them in a sharder's take-over of a new job; 13 ms at 20 ms, librdkafka's floor being 11).
+EMBEDDED_RECONNECT = {"reconnect.backoff.ms": 20, "reconnect.backoff.max.ms": 1000}
 #: Production defaults that still keep end-to-end latency low (Kafka answers
 #: a waiting fetch as soon as data arrives, so the wait bounds idle polling only).
 KAFKA_CONSUMER = {"fetch.wait.max.ms": 100}

@@ -7,7 +7,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import consuming, flush_or_raise, make_admin, make_producer, producing
-from antdt.bus.config import consumer_config, describe_profile, producer_config
+from antdt.bus.config import common_config, consumer_config, describe_profile, producer_config
 from antdt.bus.readers import BEGINNING, KeyedReader, poll_batch
 from antdt.errors import BusError
 from antdt.schemas.codec import SingleObjectCodec
@@ -33,6 +33,14 @@ def test_embedded_producers_survive_a_broker_that_forgets_them():
     assert conf["max.in.flight.requests.per.connection"] == 1
     assert conf["allow.auto.create.topics"] is False
     assert conf["reconnect.backoff.max.ms"] <= 1000
+
+
+def test_embedded_clients_reconnect_soon_after_the_bootstrap_connection_drops():
+    """Every fresh client's first request waits half the reconnect backoff for its second
+    connection (antdt.bus.config): on the embedded profile that is librdkafka's 11 ms floor."""
+    embedded = common_config(load_settings(broker_profile=BrokerProfile.EMBEDDED))
+    assert embedded["reconnect.backoff.ms"] <= 22
+    assert "reconnect.backoff.ms" not in common_config(load_settings())
 
 
 def test_embedded_profile_shortens_sessions_and_fetch_waits():
