@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -55,6 +56,13 @@ def run_sync(worker, settings: Settings, started: float) -> None:
     run_in_group(worker, settings, started, lambda agent: train(worker, agent))
 
 
+def group_init_method(handshake: Path, generation: int) -> str:
+    """The generation's rendezvous file as a ``file://`` URL, absolute: a relative path (``antdt
+    demo``'s default ``reports/...``) would read as a host name, and the rendezvous would wait for
+    a file it can never create."""
+    return (handshake / f"group-{generation}").absolute().as_uri()
+
+
 def run_in_group(
     worker, settings: Settings, started: float, train: Callable[[Agent], None]
 ) -> None:
@@ -64,7 +72,7 @@ def run_in_group(
     joined = time.monotonic()
     dist.init_process_group(
         "gloo",
-        init_method=f"file://{worker.handshake / f'group-{args.generation}'}",
+        init_method=group_init_method(worker.handshake, args.generation),
         rank=worker.rank,
         world_size=worker.world,
         timeout=GROUP_TIMEOUT,

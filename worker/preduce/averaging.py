@@ -55,12 +55,30 @@ class GroupAverager:
         too."""
         if group.reason in WHOLE_GROUP_REASONS:
             return self._all_ranks(ledger)
-        if len(group.ranks) > 1:
-            self._point_to_point(group)
+        mean = self.mean_of(group, self.flat())
+        if mean is not None:
+            self._put(mean)
         return None
 
+    def mean_of(self, group: GroupFormed, flat: torch.Tensor) -> torch.Tensor | None:
+        """The mean of the members' ``flat`` replicas (this rank's given, changed in place), point
+        to point; None for a group of one. Only the members take part: a background thread may
+        run it while the training thread computes (``flat`` is then a snapshot)."""
+        if len(group.ranks) < 2:
+            return None
+        return self._point_to_point(group, flat)
+
+    def add(self, delta: torch.Tensor) -> None:
+        """Add a flat ``delta`` (a group's mean less the snapshot it averaged) to the model."""
+        offset = 0
+        with torch.no_grad():
+            for tensor in self.tensors:
+                n = tensor.numel()
+                tensor.add_(delta[offset : offset + n].view_as(tensor).to(tensor.device))
+                offset += n
+
     def _all_ranks(self, ledger: torch.Tensor | None) -> torch.Tensor | None:
-        flat = self._flat()
+        flat = self.flat()
         works = [dist.all_reduce(flat, async_op=True)]
         summed = None
         if ledger is not None:
@@ -71,9 +89,8 @@ class GroupAverager:
         self._put(flat.div_(dist.get_world_size()))
         return None if summed is None else summed.cpu()
 
-    def _point_to_point(self, group: GroupFormed) -> None:
+    def _point_to_point(self, group: GroupFormed, flat: torch.Tensor) -> torch.Tensor:
         me, leader, tag = dist.get_rank(), group.leader, group.group_id % (2**31)
-        flat = self._flat()
         # a pair swaps replicas both ways at once: one transfer's time, not two
         if len(group.ranks) == 2:
             other = group.ranks[1] if me == leader else leader
@@ -82,8 +99,7 @@ class GroupAverager:
                 [dist.isend(flat, other, tag=tag), dist.irecv(theirs, other, tag=tag)],
                 f"group {group.group_id}: swapping with rank {other}",
             )
-            self._put(flat.add_(theirs).div_(2))  # a + b == b + a: both hold the same mean
-            return
+            return flat.add_(theirs).div_(2)  # a + b == b + a: both hold the same mean
         if me != leader:
             self._wait(
                 [dist.isend(flat, leader, tag=tag)],
@@ -93,8 +109,7 @@ class GroupAverager:
                 [dist.irecv(flat, leader, tag=tag)],
                 f"group {group.group_id}: the mean from rank {leader}",
             )
-            self._put(flat)
-            return
+            return flat
         others = [r for r in group.ranks if r != me]
         parts = [torch.empty_like(flat) for _ in others]
         self._wait(
@@ -108,9 +123,11 @@ class GroupAverager:
             [dist.isend(flat, r, tag=tag) for r in others],
             f"group {group.group_id}: sending the mean",
         )
-        self._put(flat)
+        return flat
 
-    def _flat(self) -> torch.Tensor:
+    def flat(self) -> torch.Tensor:
+        """The replica's parameters and floating buffers, flattened into a new tensor (on the
+        exchange's device)."""
         return torch.cat([t.detach().reshape(-1) for t in self.tensors]).to(self._exchange_device())
 
     def _exchange_device(self) -> torch.device:

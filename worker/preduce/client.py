@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 
 from antdt.bus.markers import marker_id, send_marker
@@ -115,11 +116,14 @@ class GroupClient(OwnKeyClient):
         self._producer.produce(self._ready_topic, key=self.job_id.encode(), value=value)
         self._producer.poll(0)
 
-    def wait(self, seq: int, timeout_s: float) -> GroupFormed:
-        """The group formed for announcement ``seq``; NoGroup after ``timeout_s``."""
+    def wait(self, seq: int, timeout_s: float, stop: threading.Event | None = None) -> GroupFormed:
+        """The group formed for announcement ``seq``; NoGroup after ``timeout_s`` (or soon after
+        ``stop`` is set: the job is closing)."""
         began = time.monotonic()
         nudge_at, again_at = began + NUDGE_AFTER_S, began + ANNOUNCE_AGAIN_S
         while (now := time.monotonic()) - began < timeout_s:
+            if stop is not None and stop.is_set():
+                raise NoGroup(f"worker {self.worker_id}: stopped waiting for a group: closing")
             # the bus came back empty: our announcement is gone
             if self._rewinder.check() and self._last[0] == seq:
                 refresh_metadata(self._producer)

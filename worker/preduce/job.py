@@ -46,12 +46,13 @@ from pathlib import Path
 import torch
 
 from antdt.errors import AntdtError
-from antdt.schemas.models import GroupFormed, GroupReason
+from antdt.schemas.models import WHOLE_GROUP_REASONS, GroupFormed, GroupReason
 from antdt.worker.elastic.env import TorchrunEnv
 from antdt.worker.feeds import ShardFeed
 from antdt.worker.ledger import SampleLedger
 from antdt.worker.preduce.averaging import GroupAverager
 from antdt.worker.preduce.client import GroupClient
+from antdt.worker.preduce.rounds import BackgroundRounds
 from antdt.worker.training_job import TrainingJob, require_module_itself
 
 #: Longest wait for a group: a checkpoint waits for the slowest rank's step, the end for its last
@@ -91,12 +92,14 @@ class PartialReduceJob(TrainingJob):
         self.applied = SampleLedger(self.spec.size, self.spec.epochs)
         self.averager = GroupAverager(model)
         self.groups: GroupClient | None = None
+        self.rounds: BackgroundRounds | None = None
         self.reasons: dict[str, int] = {}  # groups joined, by reason
 
     # ------------------------------------------------------------ lifecycle
 
     def _start(self) -> None:
         self.groups = GroupClient.for_agent(self.agent, self.generation)
+        self.rounds = BackgroundRounds(self.groups, self.averager, self.group_wait_s)
         # what a rank holds when the epoch's shards run out, the others wait for: kept small
         self.data.quota = 1
         with self.agent.sync_wait():  # set-up holds every rank alike
@@ -105,22 +108,26 @@ class PartialReduceJob(TrainingJob):
         self.feed = ShardFeed(self.data, lambda: self.agent.batch_size).start()
 
     def _close_mode(self) -> None:
-        if self.groups is not None:
+        idle = self.rounds is None or self.rounds.close()
+        if self.groups is not None and idle:  # never under the background thread's feet
             self.groups.close()
 
     # ------------------------------------------------------------ the loop
 
     def batches(self) -> Iterator[tuple]:
         """This rank's batches until every epoch is done: one forward, backward and optimizer step
-        each, on this replica; each followed here by the commit and a group average."""
+        each, on this replica; each followed here by the commit and, once its group has formed, a
+        group average (:mod:`~antdt.worker.preduce.rounds`)."""
         while (batch := self._next_batch()) is not None:
             inputs, labels = self.agent.untag(batch)
             yield inputs, labels
             self.applied.add_tags(self.agent.pending_tags)
             self.samples += len(labels)
             self.agent.step(samples=len(labels))  # commits the samples: they are in this replica
-            self._average(finished=False)
-        group = self._average(finished=True)
+            self._after_step()
+        if self.rounds.in_flight:
+            self._round_now()  # the last announcement's group first (a checkpoint, say)
+        group = self._round_now(finished=True)
         if group.reason is not GroupReason.FINAL:
             raise AntdtError(f"the last group was {group.reason.value}, not FINAL")
         self.finished = True
@@ -134,23 +141,44 @@ class PartialReduceJob(TrainingJob):
                 batch = self.feed.take(self.agent.batch_size)
             if batch is not None or self.feed.exhausted:
                 return batch
-            self._average(finished=False)
+            self._round_now()
 
-    def _average(self, finished: bool) -> GroupFormed:
-        """Announce, wait for the group, average with it; booked as synchronisation."""
+    def _after_step(self) -> None:
+        """The group of the announcement in flight applied once it has formed (no wait); then the
+        next announcement."""
+        rounds = self.rounds
+        if rounds.in_flight and not rounds.done:
+            return
+        if rounds.in_flight:
+            self._apply(rounds)
+        rounds.start(self.agent.step_count)
+
+    def _round_now(self, finished: bool = False) -> GroupFormed:
+        """A group round waited for: the one in flight, else a new announcement's."""
+        if not self.rounds.in_flight:
+            self.rounds.start(self.agent.step_count, finished)
+        return self._apply(self.rounds)
+
+    def _apply(self, rounds: BackgroundRounds) -> GroupFormed:
+        """The round's outcome (waited for if need be) applied, booked as synchronisation: a
+        group's mean added, or a group of every rank averaged here, its ledgers summed and, for a
+        checkpoint, saved."""
         with self.agent.sync_wait():
-            group = self._collective(lambda: self._group_round(finished))
+            done = self._collective(rounds.take)
+            group = done.group
+            if group.reason in WHOLE_GROUP_REASONS:
+                self._collective(lambda: self._whole_group(group))
+            elif done.delta is not None:
+                self.averager.add(done.delta)
         self.reasons[group.reason.value] = self.reasons.get(group.reason.value, 0) + 1
         return group
 
-    def _group_round(self, finished: bool) -> GroupFormed:
-        """One group: a whole one also sums the ledgers and, for a checkpoint, saves."""
-        groups = self.groups
-        group = groups.wait(groups.announce(self.agent.step_count, finished), self.group_wait_s)
+    def _whole_group(self, group: GroupFormed) -> None:
+        """Every rank: the replicas averaged and the ledgers summed in one all-reduce; a checkpoint
+        saved."""
         summed = self.averager.average(group, self.applied.counts)
         if summed is not None:
             self.applied.counts.zero_()
             self.ledger.counts += summed.to(torch.int32)  # every rank: the same sums
         if group.reason is GroupReason.CHECKPOINT:
             self._checkpoint()
-        return group

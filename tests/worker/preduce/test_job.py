@@ -36,7 +36,7 @@ def job_with(feed: Feed) -> tuple[SimpleNamespace, list[bool]]:
     job = SimpleNamespace(
         agent=SimpleNamespace(batch_size=4, data_wait=nullcontext),
         feed=feed,
-        _average=lambda finished: rounds.append(finished),
+        _round_now=lambda finished=False: rounds.append(finished),
     )
     return job, rounds
 
