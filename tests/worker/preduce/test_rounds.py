@@ -57,7 +57,8 @@ def rounds_main(rank: int, init_file: str, out_dir: str) -> None:
     )
     alone.start(step=4)
     nothing = alone.take().delta
-    rounds.close(), alone.close()
+    rounds.close()
+    alone.close()
     Path(out_dir, f"rank-{rank}.txt").write_text(repr((sorted(after_pair), nothing)))
     dist.destroy_process_group()
 
