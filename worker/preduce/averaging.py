@@ -70,12 +70,9 @@ class GroupAverager:
 
     def add(self, delta: torch.Tensor) -> None:
         """Add a flat ``delta`` (a group's mean less the snapshot it averaged) to the model."""
-        offset = 0
         with torch.no_grad():
-            for tensor in self.tensors:
-                n = tensor.numel()
-                tensor.add_(delta[offset : offset + n].view_as(tensor).to(tensor.device))
-                offset += n
+            for tensor, part in self._parts(delta):
+                tensor.add_(part.to(tensor.device))
 
     def _all_ranks(self, ledger: torch.Tensor | None) -> torch.Tensor | None:
         flat = self.flat()
@@ -139,12 +136,18 @@ class GroupAverager:
         return torch.device("cpu")
 
     def _put(self, flat: torch.Tensor) -> None:
-        offset = 0
         with torch.no_grad():
-            for tensor in self.tensors:
-                n = tensor.numel()
-                tensor.copy_(flat[offset : offset + n].view_as(tensor))
-                offset += n
+            for tensor, part in self._parts(flat):
+                tensor.copy_(part)
+
+    def _parts(self, flat: torch.Tensor):
+        """Each of the model's tensors with its part of a flat tensor (as :meth:`flat` lays them
+        out), shaped like it."""
+        offset = 0
+        for tensor in self.tensors:
+            n = tensor.numel()
+            yield tensor, flat[offset : offset + n].view_as(tensor)
+            offset += n
 
     def _wait(self, works: list, what: str) -> None:
         wait_within(works, self.timeout_s, f"{what}:")
