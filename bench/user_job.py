@@ -23,7 +23,9 @@ it is F times slower per sample, as a slower device would be; a smaller
 batch gets a shorter sleep.
 
 Rank 0 prints one JSON line, ``{"train_s": ..., "steps": ..., "samples": ...}``
-(``dd`` and ``preduce`` add ``ledger_all_ones``: every sample trained exactly once; ``ps``
+(``dd`` and ``preduce`` add ``ledger_all_ones``: every sample trained exactly once,
+``job_steps``: the job's steps, those where rank 0 had no samples included, and ``pooled``: the
+samples rank 0 took from epoch tails pooled among the ranks; ``ps``
 leaves that to the bench, which reads the servers' ledger): the
 time from every rank's being ready (model, data and pacing built) to the
 end of training, the job's set-up included (imports are not: a script
@@ -209,7 +211,13 @@ def train_through(job, model, optimizer, pacing: Pacing) -> dict:
             steps, samples = steps + 1, samples + len(labels)
     # exactly once, by the in-model ledger (every rank holds the summed counts)
     all_ones = bool((job.ledger.counts == 1).all())
-    return {"steps": steps, "samples": samples, "ledger_all_ones": all_ones}
+    return {
+        "steps": steps,
+        "samples": samples,
+        "ledger_all_ones": all_ones,
+        "job_steps": job.agent.step_count,
+        "pooled": getattr(job, "pooled", 0),
+    }
 
 
 def framework_figures(module, ledgers: str | Path | None, epochs: int) -> dict:

@@ -79,6 +79,9 @@ class ShardGrant:
     attempt: int
     holder: str
     positions: list[int]
+    #: A part of a begun grant shared among a synchronous job's ranks at an epoch's end
+    #: (:mod:`~antdt.worker.elastic.pooling`): never given back, and renewed only by its holder.
+    pooled: bool = False
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -297,8 +300,11 @@ class ShardedDataset(IterableDataset):
             client.give_back(epoch, refs)
 
     def keep_alive(self, grant: ShardGrant) -> None:
-        """Renew the lease of a grant whose samples are still being read."""
-        self._client_for_this_process().started(grant.epoch, grant.shard_id, grant.attempt)
+        """Renew the lease of a grant whose samples are still being read (a share of another
+        rank's grant is that rank's to renew: its reports do)."""
+        client = self._client_for_this_process()
+        if grant.holder == client.worker_id:
+            client.started(grant.epoch, grant.shard_id, grant.attempt)
 
     def _shards(self, client: ShardClient, epoch: int, handed_out):
         """Granted shards of ``epoch``, each once, until the sharder ends the epoch or the pass

@@ -30,7 +30,9 @@ from typing import Any
 
 import torch
 
+from antdt.errors import AntdtError
 from antdt.worker.dataset import ShardedDataset, ShardGrant
+from antdt.worker.elastic.pooling import Run
 from antdt.worker.provenance import Tagged
 
 
@@ -181,6 +183,11 @@ class ShardFeed:
         """Start or end sitting out (module docstring); called with the lock held."""
         if out == self._sitting_out:
             return
+        if out and any(reading.grant.pooled for reading in self._buffer):
+            # their holders keep the grants: dropped here, they would never be trained
+            raise AntdtError(
+                "a rank holding its share of an epoch's pooled tail cannot be sized to 0"
+            )
         self._sitting_out = out
         if out:
             self._buffer.clear()
@@ -202,7 +209,9 @@ class ShardFeed:
             unbegun = [
                 reading
                 for reading in self._buffer
-                if reading.next == 0 and reading.grant.key not in revoked
+                if reading.next == 0
+                and not reading.grant.pooled
+                and reading.grant.key not in revoked
             ]
             for reading in unbegun:
                 self._buffer.remove(reading)
@@ -214,6 +223,42 @@ class ShardFeed:
         if grants:
             self.dataset.give_back(grants)
         return sum(len(grant.positions) for grant in grants)
+
+    @property
+    def buffered(self) -> int:
+        """Positions buffered and not handed out yet."""
+        with self._changed:
+            return self._buffered
+
+    def pool_out(self) -> list[Run]:
+        """Every buffered position not handed out, taken out of the buffer as runs per grant (for
+        :mod:`~antdt.worker.elastic.pooling`; revoked grants dropped, never trained)."""
+        with self._changed:
+            revoked = self.dataset.revoked
+            runs = [
+                Run(grant.epoch, grant.shard_id, grant.attempt, grant.holder, tuple(left))
+                for reading in self._buffer
+                if (grant := reading.grant).key not in revoked
+                and (left := grant.positions[reading.next :])
+            ]
+            self._buffer.clear()
+            self._notify_all()
+        return runs
+
+    def take_pooled(self, runs: list[Run]) -> None:
+        """This rank's share of a pooled tail, handed out before anything else buffered."""
+        with self._changed:
+            for run in reversed(runs):
+                grant = ShardGrant(
+                    run.epoch,
+                    run.shard_id,
+                    run.attempt,
+                    run.holder,
+                    list(run.positions),
+                    pooled=True,
+                )
+                self._buffer.appendleft(_Reading(grant, self._keepalive_s))
+            self._notify_all()
 
     @property
     def exhausted(self) -> bool:
@@ -296,7 +341,7 @@ class ShardFeed:
         held): the last runs chosen, so their grants are unbegun again."""
         while len(reserved.chosen) > 1:
             grant, positions = reserved.chosen[-1]
-            if positions[0] != grant.positions[0]:
+            if grant.pooled or positions[0] != grant.positions[0]:
                 return
             self._hand_back_last(reserved, len(positions))
 

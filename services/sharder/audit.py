@@ -92,6 +92,9 @@ class EpochAudit:
     retries: int
     #: Shards their holder gave back unread for workers out of data (not reclaimed: handed on).
     given_back: int = 0
+    #: Samples another worker applied under their holder's grant: a synchronous job's epoch tail
+    #: pooled among its ranks (docs/torchrun.md).
+    pooled: int = 0
     violations: list[str] = field(default_factory=list)
     #: Per dataset sample, how many APPLIED records of the reported pass name it (after rewinds).
     counts: list[int] = field(default_factory=list, repr=False)
@@ -125,6 +128,7 @@ class EpochAudit:
             "leases_expired": self.leases_expired,
             "released": self.released,
             "given_back": self.given_back,
+            "pooled": self.pooled,
             "retries": self.retries,
             "violations": self.violations,
         }
@@ -231,6 +235,7 @@ class _Pass:
     leases_expired: int = 0
     released: int = 0
     given_back: int = 0
+    pooled: int = 0
     retries: int = 0
 
     def gaps(self) -> list[tuple[int, int]]:
@@ -262,6 +267,12 @@ def shard_ranges(spec: DatasetSpec) -> list[tuple[int, int]]:
 def _ranges_text(ranges: list[tuple[int, int]], limit: int = 5) -> str:
     shown = ", ".join(f"[{start}, {end})" for start, end in ranges[:limit])
     return shown + (f" and {len(ranges) - limit} more" if len(ranges) > limit else "")
+
+
+def _same_worker(holder: str, worker: str) -> bool:
+    """Whether a grant's holder is ``worker`` itself or one of its DataLoader processes (named
+    ``<worker>.loader<N>``, whose samples the worker's main process commits)."""
+    return holder == worker or holder.startswith(f"{worker}.loader")
 
 
 class Auditor:
@@ -511,6 +522,8 @@ class Auditor:
                 continue
             current, shard = found
             holder = commit.holder or event.worker_id
+            if not _same_worker(holder, event.worker_id):
+                current.pooled += len(commit.samples)
             holds = shard.state is ShardState.DOING and shard.holder == holder
             late = shard.state is ShardState.TODO and shard.last_holder == holder
             if not (holds or late):
@@ -770,6 +783,7 @@ class Auditor:
             leases_expired=chosen.leases_expired,
             released=chosen.released,
             given_back=chosen.given_back,
+            pooled=chosen.pooled,
             retries=chosen.retries,
             violations=violations,
             counts=self._counts(chosen),

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from antdt.errors import AntdtError
 from antdt.worker.dataset import ShardGrant
 from antdt.worker.feeds import ShardFeed
 from tests.services.sharder.helpers import dataset
@@ -448,3 +449,86 @@ def test_at_an_epoch_s_end_what_a_rank_has_not_begun_is_trained_by_the_rank_out_
     assert sorted(trained) == list(range(200))
     assert_audited_once(settings, "job-back")
     assert given and audit_log(job_log(settings, "job-back"), "job-back").epochs[0].given_back
+
+
+def test_a_pooled_tail_leaves_the_feed_and_a_share_is_handed_out_first_and_never_given_back():
+    """``pool_out`` takes every position not handed out (of a begun grant and an unbegun one);
+    a share taken back is handed out before what arrives later, is never given back to the
+    sharder, and keeps the rank from sitting out (its holder could not grant it again)."""
+    from antdt.worker.elastic.pooling import Run
+
+    dataset = Granting([[0, 1, 2, 3], [4, 5]])
+    feed = ShardFeed(dataset, capacity=6).start()
+    with feed._changed:
+        assert feed._changed.wait_for(lambda: feed._source_done, timeout=10)
+    assert feed.take(1).data[1].tolist() == [0]
+    runs = feed.pool_out()
+    assert [(run.shard_id, run.positions) for run in runs] == [(0, (1, 2, 3)), (1, (4, 5))]
+    assert feed.buffered == 0 and feed.exhausted
+    share = [Run(0, 0, 0, "w", (2, 3)), Run(0, 9, 1, "other", (7,))]
+    feed.take_pooled(share)
+    assert feed.buffered == 3 and feed.give_back_unbegun() == 0 and not dataset.given
+    with pytest.raises(AntdtError, match="pooled tail"):
+        feed.take(0)
+    taken = feed.take(3)
+    assert taken.data[1].tolist() == [2, 3, 7]
+    assert [(tag.shard_id, tag.holder) for tag in taken.tags] == [(0, "w"), (0, "w"), (9, "other")]
+    feed.close()
+
+
+def test_a_share_of_another_rank_s_grant_is_trained_here_and_committed_under_its_holder(
+    settings, topics
+):
+    """Two ranks on the real sharder: r0 has begun a shard of 100 when r1 runs out; r0 pools the
+    rest and each trains a share, r1 committing its share under r0's grant. Every sample once, the
+    audit clean, the job finished."""
+    from antdt.worker import Agent
+    from antdt.worker.elastic.pooling import Offer, share_of
+    from tests.services.sharder.harness import running_sharder
+
+    spec = dataset(size=200, shard_size=100, epochs=1, lease_s=60)
+    trained: list[int] = []
+
+    def train(agent, feed, batch: int) -> None:
+        taken = feed.take(batch)
+        if taken is not None:
+            trained.extend(agent.untag(taken)[1].tolist())
+            agent.step(samples=len(taken.tags))
+
+    with (
+        running_sharder(settings),
+        Agent("job-pool", "r0", settings=settings, listen_for_commands=False) as r0,
+        Agent("job-pool", "r1", settings=settings, listen_for_commands=False) as r1,
+    ):
+        feeds = []
+        for agent in (r0, r1):
+            data = agent.shards(Labelled(200), spec)
+            data.quota = 1
+            feeds.append(ShardFeed(data, lambda: 200).start())
+        train(r0, feeds[0], 10)
+        for _ in range(10):  # r1's whole shard, then it is out of data
+            train(r1, feeds[1], 10)
+        offers = [Offer(10, tuple(feed.pool_out())) for feed in feeds]
+        assert [offer.samples for offer in offers] == [90, 0]
+        for rank, feed in enumerate(feeds):
+            feed.take_pooled(share_of(offers, rank))
+        for _ in range(5):
+            for agent, feed in zip((r0, r1), feeds, strict=True):
+                train(agent, feed, 10)
+        for agent, feed in zip((r0, r1), feeds, strict=True):
+            agent.commit_trained()
+            feed.dataset.ask_again()
+        for _ in range(400):  # bounded: 400 x 50 ms to learn the job is finished
+            if all(feed.exhausted for feed in feeds):
+                break
+            threading.Event().wait(0.05)
+        assert all(feed.exhausted for feed in feeds)
+        for feed in feeds:
+            feed.close()
+    assert sorted(trained) == list(range(200))
+    assert_audited_once(settings, "job-pool")
+    from antdt.services.sharder.audit import audit_log
+    from tests.services.sharder.harness import job_log
+
+    # r1's share, applied under r0's grant, is what the audit counts as pooled
+    assert audit_log(job_log(settings, "job-pool"), "job-pool").epochs[0].pooled == 45

@@ -10,7 +10,9 @@ set up (gloo or NCCL), and instead
   data joins the others' steps with nothing until every rank is out, and
   while one is (the step's sums count them), the others give back the
   shards they have not begun, so it trains them instead of waiting while
-  their holder does; a batch that opens the next epoch is announced before
+  their holder does, and every rank pools what is left of the begun ones
+  and takes a share by batch size (:mod:`~antdt.worker.elastic.pooling`),
+  so no rank trains an epoch's tail alone; a batch that opens the next epoch is announced before
   it is trained, and the ranks without one then wait briefly for their own
   first shards of it, so no rank trains an epoch's first step alone;
 * sizes each rank's batch by AntDT-DD, by default as the **DD controller**
@@ -91,6 +93,7 @@ from antdt.worker.ddp import (
     world_size,
 )
 from antdt.worker.ddp_hook import WeightedReduce
+from antdt.worker.elastic.pooling import Offer, share_of
 from antdt.worker.elastic.resize import AgreedResize
 from antdt.worker.feeds import Reserved, ShardFeed, stack_pairs
 from antdt.worker.ledger import SyncedLedger
@@ -205,6 +208,7 @@ class ElasticJob(TrainingJob):
         self._local_sums: list[int] = []  # this step's sums with one process
         self._resize = AgreedResize()
         self._offers = [0, 0, 0]  # this step's summed resize offers
+        self.pooled = 0  # samples this rank took from the ranks' pooled epoch tails
         self.agent.handle(CommandAction.ADJUST_BATCH_SIZE, self._on_resize)
 
     # ------------------------------------------------------------ lifecycle
@@ -291,11 +295,14 @@ class ElasticJob(TrainingJob):
         starving = int(self._next is None and self.data.waiting)
         # the sharder has opened an epoch for every rank
         opened = int(self._opens_an_epoch(self._next))
+        # what this rank could share if another runs out of data (pooling)
+        held = self.feed.buffered + _size(self._next) if self.world > 1 else 0
         counters = [
             with_data,
             due,
             starving,
             opened,
+            held,
             *self._resize.offer(self.agent.batch_size),
         ]
         if self.watch is not None:
@@ -332,7 +339,7 @@ class ElasticJob(TrainingJob):
     def _end_step(self) -> None:
         sums = self._sums()
         self.step_samples = self.reduce.total if self.reduce is not None else self._pending
-        with_data, checkpoint_due, starving, opened, *rest = sums[1:]
+        with_data, checkpoint_due, starving, opened, held, *rest = sums[1:]
         self._offers, timings = rest[:3], rest[3:]
         self.counts.count(self.agent.pending_tags)  # in every replica now
         self.samples += self._pending
@@ -346,6 +353,8 @@ class ElasticJob(TrainingJob):
             self._take_the_opened_epoch()
         elif starving:
             self._share_the_last_shards()
+            if self.reduce is not None and held > self.global_batch // self.world:
+                self._pool_the_tail()
         self._dry = not sums[0]
         if self.sizer is not None:
             self._resize_in_band(timings)
@@ -375,6 +384,25 @@ class ElasticJob(TrainingJob):
         elif self._next_open():
             self._ahead[0] = self._late_take()
         self._recount = self.reduce is not None
+
+    def _pool_the_tail(self) -> None:
+        """A rank is out of data while others still hold more than a batch of begun shards: every
+        rank pools what it has left (the next batch too, unless a loader has taken it) and takes
+        a share in proportion to its batch size (:mod:`~antdt.worker.elastic.pooling`), so the
+        tail ends on every rank at about the same step. A collective, on every rank alike (the
+        sums said so on every rank); the next step's sizes are summed again."""
+        if self._next_open() and self._next is not None:
+            self.feed.put_back(self._next)
+            self._ahead[0] = None
+        offer = Offer(self.agent.batch_size, tuple(self.feed.pool_out()))
+        offers: list[Any] = [None] * self.world
+        self._collective(lambda: dist.all_gather_object(offers, offer, group=self.reduce.group))
+        share = share_of(offers, self.rank)
+        self.pooled += sum(len(run.positions) for run in share)
+        self.feed.take_pooled(share)
+        if self._next_open() and self._next is None:
+            self._ahead[0] = self.feed.reserve(self.agent.batch_size, wait=False)
+        self._recount = True
 
     def _late_take(self) -> Reserved | None:
         """What reached this rank since the step's start, unless it opens an epoch: a batch that

@@ -630,3 +630,27 @@ def test_the_state_at_a_version_folds_from_the_snapshot_when_the_log_starts_afte
     assert state_at(JOB, version, new_log).last_seq != version  # what was refused
     # with the whole log, the snapshot is not needed
     assert state_at(JOB, version, log).logical_view() == expected.logical_view()
+
+
+def test_samples_applied_under_another_worker_s_grant_are_counted_as_pooled():
+    """A synchronous rank commits its share of a pooled epoch tail under the holder's grant; a
+    worker's DataLoader process's grant, committed by the worker itself, is not pooling."""
+    core, log = new_core(dataset(size=200, shard_size=100, epochs=1), quota=1)
+    a = send(core, log, report(K.REQUESTED, "w1", 0)).shards[0]
+    b = send(core, log, report(K.REQUESTED, "w1.loader0", 0)).shards[0]
+    own, share, loaders = [a.start, a.start + 1], [a.start + 2, a.start + 3], [b.start]
+    commits = [
+        ("w1", ShardCommit(holder="w1", shard_id=a.shard_id, attempt=a.attempt, samples=own)),
+        ("w2", ShardCommit(holder="w1", shard_id=a.shard_id, attempt=a.attempt, samples=share)),
+        (
+            "w1",
+            ShardCommit(
+                holder="w1.loader0", shard_id=b.shard_id, attempt=b.attempt, samples=loaders
+            ),
+        ),
+    ]
+    for worker, commit in commits:
+        send(core, log, report(K.COMMIT, worker, 0, commits=[commit]))
+    result = audit_log(log)
+    assert result.ok, result.violations
+    assert result.epochs[0].pooled == 2
