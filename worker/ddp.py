@@ -27,6 +27,7 @@ is kept here once:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import logging
 import os
@@ -36,13 +37,15 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from antdt.errors import AntdtError
 from antdt.worker.liveness import PeerLiveness, hang_verdict, silent_ranks
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +248,19 @@ def broadcast_int(value: int, src: int = 0, group: dist.ProcessGroup | None = No
     box = torch.tensor([value], dtype=torch.int64, device=collective_device(group))
     dist.broadcast(box, src=src, group=group)
     return int(box.item())
+
+
+def gather_objects(value: T, group: dist.ProcessGroup | None, device: torch.device) -> list[T]:
+    """Every rank's picklable ``value``, in rank order, on every rank. Under NCCL the pickles travel
+    on ``device`` (the model's GPU), not on whatever ``torch.cuda.current_device()`` a script
+    left set (``all_gather_object`` uses that one)."""
+    gathered: list[T] = [value] * world_size(group)
+    if len(gathered) == 1:
+        return gathered
+    on_gpu = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with on_gpu:
+        dist.all_gather_object(gathered, value, group=group)
+    return gathered
 
 
 def agreed_checkpoint_version(

@@ -106,6 +106,8 @@ def test_partial_reduce_survives_kills_mid_average_the_grouper_and_a_broker_rest
         "3",
         "--worker-kills",
         "3",
+        "--mid-step-every",
+        "1",
         "--broker-at",
         "4",
         "--services-at",
@@ -113,7 +115,10 @@ def test_partial_reduce_survives_kills_mid_average_the_grouper_and_a_broker_rest
     )
     killed = sorted(kill["target"] for kill in figures["killed"] if kill["kind"] == "service")
     assert killed == ["grouper", "sharder"] and figures["broker_restarts"] == 1
-    assert figures["worker_kills"] >= 2 and figures["survived"] == figures["kills"]
+    # (a kill waits for the group's checkpoint since its last restart and for the bus to be back:
+    # on a loaded machine the short run once ended before a second one, so every kill aims at the
+    # group average and one is enough)
+    assert figures["worker_kills"] >= 1 and figures["survived"] == figures["kills"]
     assert figures["restarts"] >= figures["worker_kills"]  # each kill restarted the whole group
     assert figures["passed"] and figures["audit_clean"] and figures["ledger"]["ok"]
     counts = np.load(tmp_path / "ledger-epoch0.npy")

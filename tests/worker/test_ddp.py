@@ -23,13 +23,15 @@ from antdt.worker.ddp import (
     DistributedError,
     StepSizedTimeout,
     agreed_checkpoint_version,
+    gather_objects,
     wait_within,
 )
 from tests.worker.groups import bounded_all_reduce, join_gloo
 
 
 def version_rank(rank: int, init_file: str, out_dir: str) -> None:
-    """Every rank flushes, only rank 0 asks; rank 0's failure to ask reaches every rank."""
+    """Every rank flushes, only rank 0 asks; rank 0's failure to ask reaches every rank; then each
+    rank's object is gathered on every rank."""
     join_gloo(init_file, rank, 3)
     try:
         flushed = []
@@ -41,8 +43,9 @@ def version_rank(rank: int, init_file: str, out_dir: str) -> None:
             failure = "asked and failed"
         except DistributedError:
             failure = "told"
+        gathered = gather_objects({"rank": rank, "runs": (rank,) * rank}, None, torch.device("cpu"))
         torch.save(
-            {"version": version, "flushed": len(flushed), "failure": failure},
+            {"version": version, "flushed": len(flushed), "failure": failure, "gathered": gathered},
             Path(out_dir) / f"rank{rank}.pt",
         )
         dist.barrier()  # nobody tears the group down while a peer is still in the last collective
@@ -51,12 +54,14 @@ def version_rank(rank: int, init_file: str, out_dir: str) -> None:
 
 
 @pytest.mark.slow
-def test_every_rank_gets_rank_0_s_checkpoint_version_and_learns_of_its_failure(tmp_path: Path):
+def test_every_rank_gets_rank_0_s_version_its_failure_and_every_rank_s_objects(tmp_path: Path):
     mp.spawn(version_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=3, join=True)
     for rank in range(3):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert got["version"] == 41 and got["flushed"] == 1
         assert got["failure"] == ("asked and failed" if rank == 0 else "told")
+        # every rank's object, in rank order, on every rank (a pooled epoch tail's offers)
+        assert got["gathered"] == [{"rank": r, "runs": (r,) * r} for r in range(3)]
 
 
 def stuck_rank_main(rank: int, init_file: str, out_dir: str) -> None:

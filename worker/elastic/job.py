@@ -90,6 +90,7 @@ from antdt.worker.ddp import (
     CollectiveTimeout,
     StepSizedTimeout,
     collective_device,
+    gather_objects,
     world_size,
 )
 from antdt.worker.ddp_hook import WeightedReduce
@@ -395,8 +396,8 @@ class ElasticJob(TrainingJob):
             self.feed.put_back(self._next)
             self._ahead[0] = None
         offer = Offer(self.agent.batch_size, tuple(self.feed.pool_out()))
-        offers: list[Any] = [None] * self.world
-        self._collective(lambda: dist.all_gather_object(offers, offer, group=self.reduce.group))
+        reduce = self.reduce
+        offers = self._collective(lambda: gather_objects(offer, reduce.group, reduce.device))
         share = share_of(offers, self.rank)
         self.pooled += sum(len(run.positions) for run in share)
         self.feed.take_pooled(share)
