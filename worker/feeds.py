@@ -25,14 +25,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from antdt.errors import AntdtError
 from antdt.worker.dataset import ShardedDataset, ShardGrant
-from antdt.worker.elastic.pooling import Run
 from antdt.worker.provenance import Tagged
 
 
@@ -230,34 +229,27 @@ class ShardFeed:
         with self._changed:
             return self._buffered
 
-    def pool_out(self) -> list[Run]:
-        """Every buffered position not handed out, taken out of the buffer as runs per grant (for
-        :mod:`~antdt.worker.elastic.pooling`; revoked grants dropped, never trained)."""
+    def pool_out(self) -> list[ShardGrant]:
+        """Every buffered position not handed out, taken out of the buffer, each grant's as a
+        grant of those positions (for :mod:`~antdt.worker.elastic.pooling`; revoked grants
+        dropped, never trained)."""
         with self._changed:
             revoked = self.dataset.revoked
-            runs = [
-                Run(grant.epoch, grant.shard_id, grant.attempt, grant.holder, tuple(left))
+            left = [
+                replace(reading.grant, positions=reading.grant.positions[reading.next :])
                 for reading in self._buffer
-                if (grant := reading.grant).key not in revoked
-                and (left := grant.positions[reading.next :])
+                if reading.grant.key not in revoked and reading.left
             ]
             self._buffer.clear()
             self._notify_all()
-        return runs
+        return left
 
-    def take_pooled(self, runs: list[Run]) -> None:
+    def take_pooled(self, grants: list[ShardGrant]) -> None:
         """This rank's share of a pooled tail, handed out before anything else buffered."""
         with self._changed:
-            for run in reversed(runs):
-                grant = ShardGrant(
-                    run.epoch,
-                    run.shard_id,
-                    run.attempt,
-                    run.holder,
-                    list(run.positions),
-                    pooled=True,
-                )
-                self._buffer.appendleft(_Reading(grant, self._keepalive_s))
+            for grant in reversed(grants):
+                pooled = replace(grant, pooled=True)
+                self._buffer.appendleft(_Reading(pooled, self._keepalive_s))
             self._notify_all()
 
     @property

@@ -455,17 +455,15 @@ def test_a_pooled_tail_leaves_the_feed_and_a_share_is_handed_out_first_and_never
     """``pool_out`` takes every position not handed out (of a begun grant and an unbegun one);
     a share taken back is handed out before what arrives later, is never given back to the
     sharder, and keeps the rank from sitting out (its holder could not grant it again)."""
-    from antdt.worker.elastic.pooling import Run
-
     dataset = Granting([[0, 1, 2, 3], [4, 5]])
     feed = ShardFeed(dataset, capacity=6).start()
     with feed._changed:
         assert feed._changed.wait_for(lambda: feed._source_done, timeout=10)
     assert feed.take(1).data[1].tolist() == [0]
-    runs = feed.pool_out()
-    assert [(run.shard_id, run.positions) for run in runs] == [(0, (1, 2, 3)), (1, (4, 5))]
+    left = feed.pool_out()
+    assert [(grant.shard_id, grant.positions) for grant in left] == [(0, [1, 2, 3]), (1, [4, 5])]
     assert feed.buffered == 0 and feed.exhausted
-    share = [Run(0, 0, 0, "w", (2, 3)), Run(0, 9, 1, "other", (7,))]
+    share = [ShardGrant(0, 0, 0, "w", [2, 3]), ShardGrant(0, 9, 1, "other", [7])]
     feed.take_pooled(share)
     assert feed.buffered == 3 and feed.give_back_unbegun() == 0 and not dataset.given
     with pytest.raises(AntdtError, match="pooled tail"):

@@ -399,7 +399,7 @@ class ElasticJob(TrainingJob):
         reduce = self.reduce
         offers = self._collective(lambda: gather_objects(offer, reduce.group, reduce.device))
         share = share_of(offers, self.rank)
-        self.pooled += sum(len(run.positions) for run in share)
+        self.pooled += sum(len(grant.positions) for grant in share)
         self.feed.take_pooled(share)
         if self._next_open() and self._next is None:
             self._ahead[0] = self.feed.reserve(self.agent.batch_size, wait=False)

@@ -27,32 +27,22 @@ Pure: what every rank computes alike from the same gathered offers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from antdt.errors import AntdtError
-
-
-@dataclass(frozen=True)
-class Run:
-    """Positions of one grant, in order: the grant's identity and holder, and the positions."""
-
-    epoch: int
-    shard_id: int
-    attempt: int
-    holder: str
-    positions: tuple[int, ...]
+from antdt.worker.dataset import ShardGrant
 
 
 @dataclass(frozen=True)
 class Offer:
-    """What one rank puts in the pool: its batch size and the runs it has left."""
+    """What one rank puts in the pool: its batch size and, as grants, the positions it has left."""
 
     batch_size: int
-    runs: tuple[Run, ...]
+    grants: tuple[ShardGrant, ...]
 
     @property
     def samples(self) -> int:
-        return sum(len(run.positions) for run in self.runs)
+        return sum(len(grant.positions) for grant in self.grants)
 
 
 def shares(total: int, weights: Sequence[int]) -> list[int]:
@@ -70,22 +60,21 @@ def shares(total: int, weights: Sequence[int]) -> list[int]:
     return parts
 
 
-def share_of(offers: Sequence[Offer], rank: int) -> list[Run]:
-    """``rank``'s share of the pooled runs: the positions of every offer in rank order, cut into
-    consecutive parts sized by :func:`shares` of the batch sizes, as runs per grant."""
+def share_of(offers: Sequence[Offer], rank: int) -> list[ShardGrant]:
+    """``rank``'s share of the pool: the positions of every offer in rank order, cut into
+    consecutive parts sized by :func:`shares` of the batch sizes, still under their grants."""
     sizes = shares(sum(offer.samples for offer in offers), [o.batch_size for o in offers])
     start = sum(sizes[:rank])
-    return _slice([run for offer in offers for run in offer.runs], start, start + sizes[rank])
+    pooled = [grant for offer in offers for grant in offer.grants]
+    return _slice(pooled, start, start + sizes[rank])
 
 
-def _slice(runs: list[Run], start: int, stop: int) -> list[Run]:
-    """The positions ``start:stop`` of the runs laid end to end, still as runs."""
+def _slice(grants: list[ShardGrant], start: int, stop: int) -> list[ShardGrant]:
+    """The positions ``start:stop`` of the grants' positions laid end to end, under their grants."""
     taken, offset = [], 0
-    for run in runs:
-        low, high = max(start - offset, 0), min(stop - offset, len(run.positions))
+    for grant in grants:
+        low, high = max(start - offset, 0), min(stop - offset, len(grant.positions))
         if low < high:
-            taken.append(
-                Run(run.epoch, run.shard_id, run.attempt, run.holder, run.positions[low:high])
-            )
-        offset += len(run.positions)
+            taken.append(replace(grant, positions=grant.positions[low:high]))
+        offset += len(grant.positions)
     return taken
