@@ -336,6 +336,22 @@ class ShardCommit(AvroRecord):
     samples: list[Count64]
 
 
+#: What names a worker's DataLoader process after the worker: ``<worker>.loader<N>``.
+LOADER_INFIX = ".loader"
+
+
+def loader_holder(worker_id: str, loader: int) -> str:
+    """The sharder client name of ``worker_id``'s DataLoader process ``loader``: it holds its own
+    grants, whose samples the worker's main process commits (:attr:`ShardCommit.holder`)."""
+    return f"{worker_id}{LOADER_INFIX}{loader}"
+
+
+def held_by_worker(holder: str, worker_id: str) -> bool:
+    """Whether grants of ``holder`` are ``worker_id``'s own: its main process's or one of its
+    DataLoader processes' (:func:`loader_holder`)."""
+    return holder == worker_id or holder.startswith(f"{worker_id}{LOADER_INFIX}")
+
+
 class GrantRef(AvroRecord):
     """One shard grant, by shard and attempt."""
 

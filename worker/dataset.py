@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from torch.utils.data import IterableDataset, get_worker_info
 
 from antdt.errors import ShardStateLost
-from antdt.schemas.models import AssignmentStatus, DatasetSpec
+from antdt.schemas.models import AssignmentStatus, DatasetSpec, loader_holder
 from antdt.settings import Settings
 from antdt.worker.provenance import SampleTag, Tagged, collate
 from antdt.worker.shard_client import NoAnswer, RequestRefused, ShardClient
@@ -417,7 +417,7 @@ class ShardedDataset(IterableDataset):
         process's."""
         if self._client is None or self._client_pid != os.getpid():
             info = get_worker_info()
-            identity = self.worker_id if info is None else f"{self.worker_id}.loader{info.id}"
+            identity = self.worker_id if info is None else loader_holder(self.worker_id, info.id)
             self._client = ShardClient(self.settings, self.job_id, identity, self.spec)
             self._client_pid = os.getpid()
             self._owns_client = True

@@ -51,7 +51,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from antdt.schemas.models import DatasetSpec, ShardLogEvent, ShardSnapshot, ShardState
+from antdt.schemas.models import (
+    DatasetSpec,
+    ShardLogEvent,
+    ShardSnapshot,
+    ShardState,
+    held_by_worker,
+)
 from antdt.schemas.models import ShardTransition as T
 
 _SETTLED = (ShardState.DONE, ShardState.QUARANTINED)
@@ -267,12 +273,6 @@ def shard_ranges(spec: DatasetSpec) -> list[tuple[int, int]]:
 def _ranges_text(ranges: list[tuple[int, int]], limit: int = 5) -> str:
     shown = ", ".join(f"[{start}, {end})" for start, end in ranges[:limit])
     return shown + (f" and {len(ranges) - limit} more" if len(ranges) > limit else "")
-
-
-def _same_worker(holder: str, worker: str) -> bool:
-    """Whether a grant's holder is ``worker`` itself or one of its DataLoader processes (named
-    ``<worker>.loader<N>``, whose samples the worker's main process commits)."""
-    return holder == worker or holder.startswith(f"{worker}.loader")
 
 
 class Auditor:
@@ -522,7 +522,7 @@ class Auditor:
                 continue
             current, shard = found
             holder = commit.holder or event.worker_id
-            if not _same_worker(holder, event.worker_id):
+            if not held_by_worker(holder, event.worker_id):
                 current.pooled += len(commit.samples)
             holds = shard.state is ShardState.DOING and shard.holder == holder
             late = shard.state is ShardState.TODO and shard.last_holder == holder
