@@ -48,7 +48,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -96,6 +96,11 @@ class ShardGrant:
         512 tags)."""
         epoch, shard, attempt, holder = self.epoch, self.shard_id, self.attempt, self.holder
         return tuple(SampleTag(epoch, position, shard, attempt, holder) for position in positions)
+
+
+def positions_in(grants: Iterable[ShardGrant]) -> int:
+    """The samples the grants name, all together."""
+    return sum(len(grant.positions) for grant in grants)
 
 
 class ShardedDataset(IterableDataset):

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from antdt.errors import AntdtError
-from antdt.worker.dataset import ShardedDataset, ShardGrant
+from antdt.worker.dataset import ShardedDataset, ShardGrant, positions_in
 from antdt.worker.provenance import Tagged
 
 
@@ -221,7 +221,7 @@ class ShardFeed:
             self._notify_all()
         if grants:
             self.dataset.give_back(grants)
-        return sum(len(grant.positions) for grant in grants)
+        return positions_in(grants)
 
     @property
     def buffered(self) -> int:
@@ -244,13 +244,15 @@ class ShardFeed:
             self._notify_all()
         return left
 
-    def take_pooled(self, grants: list[ShardGrant]) -> None:
-        """This rank's share of a pooled tail, handed out before anything else buffered."""
+    def take_pooled(self, grants: list[ShardGrant]) -> int:
+        """This rank's share of a pooled tail, handed out before anything else buffered; returns
+        its samples."""
         with self._changed:
             for grant in reversed(grants):
                 pooled = replace(grant, pooled=True)
                 self._buffer.appendleft(_Reading(pooled, self._keepalive_s))
             self._notify_all()
+        return positions_in(grants)
 
     @property
     def exhausted(self) -> bool:

@@ -398,9 +398,7 @@ class ElasticJob(TrainingJob):
         offer = Offer(self.agent.batch_size, tuple(self.feed.pool_out()))
         reduce = self.reduce
         offers = self._collective(lambda: gather_objects(offer, reduce.group, reduce.device))
-        share = share_of(offers, self.rank)
-        self.pooled += sum(len(grant.positions) for grant in share)
-        self.feed.take_pooled(share)
+        self.pooled += self.feed.take_pooled(share_of(offers, self.rank))
         if self._next_open() and self._next is None:
             self._ahead[0] = self.feed.reserve(self.agent.batch_size, wait=False)
         self._recount = True

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from antdt.errors import AntdtError
-from antdt.worker.dataset import ShardGrant
+from antdt.worker.dataset import ShardGrant, positions_in
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Offer:
 
     @property
     def samples(self) -> int:
-        return sum(len(grant.positions) for grant in self.grants)
+        return positions_in(self.grants)
 
 
 def shares(total: int, weights: Sequence[int]) -> list[int]:
