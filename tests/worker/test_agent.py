@@ -154,6 +154,23 @@ def test_events_arrive_and_decode(agent_settings):
     assert lifecycle[-1].exit_code == 0 and lifecycle[-1].reason == "finished"
 
 
+def test_the_first_step_is_reported_at_once_in_a_window_of_its_own(agent_settings):
+    """The opening report (one-off costs) does not wait for the report interval: the next one,
+    the first the monitor and DD time, then comes an interval sooner."""
+    settings = load_settings(**{**agent_settings.model_dump(), "report_interval_s": 60.0})
+    with Agent("job-opening", "w1", settings=settings, batch_size=8) as agent:
+        agent.step()
+        metrics = read_topic(
+            settings,
+            "worker",
+            "metrics",
+            lambda f: any(m.job_id == "job-opening" and m.step_count for m in f),
+        )
+        opening = [m for m in metrics if m.job_id == "job-opening" and m.step_count]
+        assert agent.state is AgentState.RUNNING  # not the exit's report
+    assert [(m.first_step, m.last_step, m.samples) for m in opening] == [(0, 0, 8)]
+
+
 def test_time_split_between_compute_data_and_sync(agent_settings):
     with Agent("job-agent", "w1", settings=agent_settings, listen_for_commands=False) as agent:
         for _ in range(5):
