@@ -744,7 +744,7 @@ class Agent:
         The first report with samples is the monitor's warm-up and the controller's opening
         window, left out as holding the set-up's one-off costs. Sent at once, it holds the first
         step alone, and the next one, a report interval later, is already measured: on the
-        user-style job (steps of 0.3 s) DD's first split came a step or two sooner.
+        user-style job (steps of 0.3 s) DD's first split came a step sooner.
         """
         next_report = time.monotonic() + self.spec.report_interval_s
         next_heartbeat = time.monotonic() + self.spec.heartbeat_interval_s
