@@ -1,0 +1,97 @@
+"""The soak benchmark's verdict (``bench/soak_bench.py``): windows the length of the baseline, each
+later one's pooled grant p99 and mean bus CPU within 20 % of the first's, no minute past the
+request timeout, memory bounded. Pure functions on made-up minutes: the soak itself takes half an
+hour (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+from antdt.loadgen.fleet import Grant, Observations
+
+sys.path.append(str(Path(__file__).parents[2] / "bench"))  # the bench scripts import as scripts
+soak_bench = importlib.import_module("soak_bench")
+
+SERVICES = ("broker", "monitor", "sharder", "controller")
+
+
+def minute(number: int, cpu: float = 30.0, rss: float = 100.0, rolls: int = 0) -> dict:
+    """One sample: each of the bus's processes at ``cpu`` % and ``rss`` MB."""
+    return {
+        "minute": number,
+        "cpu_percent": dict.fromkeys(SERVICES, cpu),
+        "rss_mb": dict.fromkeys(SERVICES, rss),
+        "broker_rolls": rolls,
+    }
+
+
+def seen_with(latency_ms) -> Observations:
+    """100 grants a minute for 10 minutes, each taking ``latency_ms(minute, k)``."""
+    seen = Observations()
+    for at in range(10):
+        for k in range(100):
+            seen.grants.append(Grant(60.0 * at + 0.5 * k, latency_ms(at + 1, k) / 1000, 0.0))
+    return seen
+
+
+def judged(samples: list[dict], seen: Observations, size: int = 5) -> list[str]:
+    soak_bench.add_latencies(samples, seen, type("Fleet", (), {"workers": {}, "start": 0.0}))
+    return soak_bench.verdict(samples, soak_bench.windows(samples, seen, size), size)
+
+
+def test_windows_pool_the_grants_asked_in_their_minutes():
+    samples = [minute(n, cpu=10.0 * n) for n in range(1, 11)]
+    seen = seen_with(lambda m, k: 1000.0 * m)
+    soak_bench.add_latencies(samples, seen, type("Fleet", (), {"workers": {}, "start": 0.0}))
+    spans = soak_bench.windows(samples, seen, 4)
+    assert [s["minutes"] for s in spans] == [[1, 4], [5, 8], [9, 10]]
+    assert [s["grant_ms"]["n"] for s in spans] == [400, 400, 200]
+    assert spans[0]["grant_ms"]["min"] == 1000.0 and spans[0]["grant_ms"]["max"] == 4000.0
+    assert spans[1]["bus_cpu_percent"] == 4 * 65.0  # the mean of minutes 5-8, four processes
+
+
+def test_a_flat_soak_passes_though_one_minute_in_a_window_is_slow():
+    """A roll's minute has slower grants; a window with one, like the baseline's, is flat."""
+    samples = [minute(n, rolls=int(n in (2, 7))) for n in range(1, 11)]
+    roll_minutes = {2, 7}
+    assert (
+        judged(samples, seen_with(lambda m, k: 900.0 if m in roll_minutes and k < 5 else 50.0))
+        == []
+    )
+
+
+def test_a_window_whose_p99_grew_by_more_than_a_fifth_fails():
+    problems = judged(
+        [minute(n) for n in range(1, 11)], seen_with(lambda m, k: 50.0 + 15 * (m > 5))
+    )
+    assert problems == ["minutes 6-10: grant p99 65.0 ms (baseline 50.0)"]
+
+
+def test_a_growing_bus_cpu_fails_but_a_quiet_one_is_not_held_to_its_noise():
+    samples = [minute(n, cpu=1.0 if n <= 5 else 2.0) for n in range(1, 11)]
+    assert judged(samples, seen_with(lambda m, k: 50.0)) == []  # 4 % against 8 %: within 5 points
+    samples = [minute(n, cpu=30.0 if n <= 5 else 40.0) for n in range(1, 11)]
+    assert judged(samples, seen_with(lambda m, k: 50.0)) == [
+        "minutes 6-10: bus CPU 160.0 % of a core (baseline 120.0)"
+    ]
+
+
+def test_a_minute_past_the_request_timeout_fails_even_in_a_flat_window():
+    slow = seen_with(lambda m, k: 20_000.0 if m == 8 else 50.0)
+    problems = judged([minute(n, rolls=1) for n in range(1, 11)], slow)
+    assert "minute 8: grant p99 20000.0 ms" in problems
+
+
+def test_memory_past_one_and_a_half_times_the_baselines_fails():
+    samples = [minute(n, rss=100.0 if n < 10 else 151.0) for n in range(1, 11)]
+    problems = judged(samples, seen_with(lambda m, k: 50.0))
+    assert problems == [f"{name} RSS 151.0 MB > 1.5x 100.0 MB" for name in SERVICES]
+
+
+def test_a_run_without_a_window_past_the_baseline_says_so():
+    samples = [minute(n) for n in range(1, 5)]
+    assert judged(samples, seen_with(lambda m, k: 50.0)) == [
+        "the run gave 4 minutes: not enough past the baseline"
+    ]
