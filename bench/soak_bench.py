@@ -215,7 +215,7 @@ def add_latencies(samples: list[dict], seen, fleet) -> None:
     onsets = {key: w.onset - fleet.start for key, w in fleet.workers.items() if w.onset is not None}
     for sample in samples:
         lo, hi = 60.0 * (sample["minute"] - 1), 60.0 * sample["minute"]
-        sample["grant_ms"] = distribution(grants_asked(seen, lo, hi), 2)
+        sample["grant_ms"] = distribution([g.read_s * 1000 for g in asked(seen, lo, hi)], 2)
         commanded = [
             seen.first_command_s[key]
             for key, at in onsets.items()
@@ -225,9 +225,9 @@ def add_latencies(samples: list[dict], seen, fleet) -> None:
         sample["onset_to_command_s"] = distribution(commanded, 2)
 
 
-def grants_asked(seen, lo: float, hi: float) -> list[float]:
-    """How long each grant asked from second ``lo`` to ``hi`` of the run took, ms."""
-    return [g.read_s * 1000 for g in seen.grants if lo <= g.sent_s < hi]
+def asked(seen, lo: float, hi: float) -> list:
+    """The grants asked from second ``lo`` to ``hi`` of the run."""
+    return [g for g in seen.grants if lo <= g.sent_s < hi]
 
 
 def bus_cpu(sample: dict) -> float:
@@ -241,16 +241,14 @@ def windows(samples: list[dict], seen, size: int) -> list[dict]:
     result = []
     for first in range(0, len(samples), size):
         minutes = samples[first : first + size]
-        lo, hi = 60.0 * (minutes[0]["minute"] - 1), 60.0 * minutes[-1]["minute"]
+        grants = asked(seen, 60.0 * (minutes[0]["minute"] - 1), 60.0 * minutes[-1]["minute"])
         result.append(
             {
                 "minutes": [minutes[0]["minute"], minutes[-1]["minute"]],
-                "grant_ms": distribution(grants_asked(seen, lo, hi), 2),
+                "grant_ms": distribution([g.read_s * 1000 for g in grants], 2),
                 # from the request's send to the sharder's stamp on its answer: the grant less the
                 # answer's way back to the fleet and the fleet's reading it
-                "stamped_ms": distribution(
-                    [g.stamped_s * 1000 for g in seen.grants if lo <= g.sent_s < hi], 2
-                ),
+                "stamped_ms": distribution([g.stamped_s * 1000 for g in grants], 2),
                 "bus_cpu_percent": round(sum(map(bus_cpu, minutes)) / len(minutes), 1),
                 "broker_rolls": sum(s["broker_rolls"] for s in minutes),
             }

@@ -15,6 +15,8 @@ sys.path.append(str(Path(__file__).parents[2] / "bench"))  # the bench scripts i
 soak_bench = importlib.import_module("soak_bench")
 
 SERVICES = ("broker", "monitor", "sharder", "controller")
+#: A fleet without onsets: the verdict reads only the grants.
+FLEET = type("Fleet", (), {"workers": {}, "start": 0.0})
 
 
 def minute(number: int, cpu: float = 30.0, rss: float = 100.0, rolls: int = 0) -> dict:
@@ -37,14 +39,14 @@ def seen_with(latency_ms) -> Observations:
 
 
 def judged(samples: list[dict], seen: Observations, size: int = 5) -> list[str]:
-    soak_bench.add_latencies(samples, seen, type("Fleet", (), {"workers": {}, "start": 0.0}))
+    soak_bench.add_latencies(samples, seen, FLEET)
     return soak_bench.verdict(samples, soak_bench.windows(samples, seen, size), size)
 
 
 def test_windows_pool_the_grants_asked_in_their_minutes():
     samples = [minute(n, cpu=10.0 * n) for n in range(1, 11)]
     seen = seen_with(lambda m, k: 1000.0 * m)
-    soak_bench.add_latencies(samples, seen, type("Fleet", (), {"workers": {}, "start": 0.0}))
+    soak_bench.add_latencies(samples, seen, FLEET)
     spans = soak_bench.windows(samples, seen, 4)
     assert [s["minutes"] for s in spans] == [[1, 4], [5, 8], [9, 10]]
     assert [s["grant_ms"]["n"] for s in spans] == [400, 400, 200]
