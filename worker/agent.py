@@ -107,10 +107,6 @@ EXIT_EVICTED = 76
 #: a restart cannot help, the job must be started again.
 EXIT_STATE_LOST = ShardStateLost.exit_code
 #: A job id (the settings' pattern).
-#: The first timed report (the one after the opening) comes this share of a report interval after
-#: the opening one, at the end of the first step from then: DD's first split waits for it.
-FIRST_TIMED_SHARE = 0.25
-
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -261,8 +257,6 @@ class Agent:
         self._injected_s = 0.0  # the last step's injected slowdown
         self._booking: set[str] = set()  # the accounts a context is timing now
         self._stepped = False  # this process has finished a step
-        # when the opening report was asked for; None once the first timed one has been
-        self._opened_at: float | None = None
         self._inbox: deque[MitigationCommand] = deque()
         self._mark = time.perf_counter()
         self._data_wait = 0.0
@@ -396,13 +390,7 @@ class Agent:
         compute = started - self._mark - data - sync
         warm, self._stepped = self._stepped, True
         if not warm:
-            self._opened_at = started
             self._wake.set()  # the opening report: one-off costs in a window of their own
-        elif self._opened_at is not None and started - self._opened_at >= (
-            FIRST_TIMED_SHARE * self.spec.report_interval_s
-        ):
-            self._opened_at = None
-            self._wake.set()  # the first timed report, sooner than a whole interval
         injected = 0.0
         if self._injector is not None and warm:
             injected = self._injector.after_compute(compute)
@@ -751,15 +739,12 @@ class Agent:
     # ------------------------------------------------------------ reporting
 
     def _report_loop(self) -> None:
-        """Report every ``report_interval_s``, once as soon as the first step ends, and once at the
-        end of the first step ``FIRST_TIMED_SHARE`` of an interval after that.
+        """Report every ``report_interval_s``, and once as soon as the first step ends.
 
         The first report with samples is the monitor's warm-up and the controller's opening
         window, left out as holding the set-up's one-off costs. Sent at once, it holds the first
-        step alone; the next one is the first that DD's split is made from, so it comes a
-        quarter interval later (or one step, if longer) rather than a whole one: on the
-        user-style job (steps of 0.3-0.6 s) the first split came a step sooner for the opening
-        report and sooner again for this one.
+        step alone, and the next one, a report interval later, is already measured: on the
+        user-style job (steps of 0.3 s) DD's first split came a step sooner.
         """
         next_report = time.monotonic() + self.spec.report_interval_s
         next_heartbeat = time.monotonic() + self.spec.heartbeat_interval_s

@@ -45,7 +45,7 @@ class ControllerConfig:
     # a healthy user-style job moved 32/32 to 36/28 at 0.05 and got 6 % slower (docs/torchrun.md)
     min_relative_change: float = 0.10
     # a command arriving after its switch step delays the switch in-band, never splits it
-    switch_lead_s: float = 0.25
+    switch_lead_s: float = 1.0
     # a worker with no report for this long has left (an evicted node, a shrunk job)
     silent_after_s: float = 15.0
 

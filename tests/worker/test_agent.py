@@ -26,7 +26,6 @@ from antdt.schemas.types import utc_now
 from antdt.settings import load_settings
 from antdt.topics import topic_spec, worker_key
 from antdt.worker import EXIT_EVICTED, EXIT_RESTART, Agent, AgentState
-from antdt.worker import agent as agent_module
 
 KEY = "s3cret-signing-key-for-tests-0123"
 CODEC = SingleObjectCodec()
@@ -170,31 +169,6 @@ def test_the_first_step_is_reported_at_once_in_a_window_of_its_own(agent_setting
         opening = [m for m in metrics if m.job_id == "job-opening" and m.step_count]
         assert agent.state is AgentState.RUNNING  # not the exit's report
     assert [(m.first_step, m.last_step, m.samples) for m in opening] == [(0, 0, 8)]
-
-
-def test_the_first_timed_report_comes_a_share_of_an_interval_after_the_opening(
-    agent_settings, monkeypatch
-):
-    """The report DD's first split is made from does not wait a whole interval either: it comes
-    at the end of the first step a share of one after the opening (the interval is a minute here,
-    so no other report can come while the agent runs)."""
-    monkeypatch.setattr(agent_module, "FIRST_TIMED_SHARE", 0.005)  # 0.3 s of the minute
-    settings = load_settings(**{**agent_settings.model_dump(), "report_interval_s": 60.0})
-    with Agent("job-timed", "w1", settings=settings, batch_size=8) as agent:
-        opened = time.monotonic()
-        agent.step()
-        while time.monotonic() - opened < 0.35:
-            time.sleep(0.05)
-            agent.step()
-        metrics = read_topic(
-            settings,
-            "worker",
-            "metrics",
-            lambda f: sum(1 for m in f if m.job_id == "job-timed" and m.step_count) >= 2,
-        )
-        assert agent.state is AgentState.RUNNING  # not the exit's report
-    timed = [m for m in metrics if m.job_id == "job-timed" and m.step_count]
-    assert [m.first_step for m in timed] == [0, 1]
 
 
 def test_time_split_between_compute_data_and_sync(agent_settings):
