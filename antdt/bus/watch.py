@@ -31,11 +31,18 @@ import threading
 import time
 from collections.abc import Callable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin
-from antdt.errors import AntdtError
+from antdt.errors import AntdtError, BusError, TopicMissing
 from antdt.settings import Settings
 from antdt.topics import TOPICS
 
@@ -43,6 +50,15 @@ log = logging.getLogger(__name__)
 
 #: How often the cluster is looked at. One metadata request on an open connection: cheap.
 CHECK_EVERY_S = 0.5
+#: How long a write waits for a reset's topics to come back before it fails.
+TOPICS_BACK_WITHIN_S = 60.0
+#: Between tries of a write whose topic is not back yet.
+RETRY_PAUSE_S = 0.1
+#: What a record for a topic a reset took fails with: the producer's own refusal, Kafka's answer,
+#: and the embedded broker's (Tansu answers a missing topic's records with UNKNOWN, -1).
+MISSING_TOPIC = frozenset(
+    {KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.UNKNOWN}
+)
 
 
 class BusWatch:
@@ -184,6 +200,74 @@ def refresh_metadata(client: Producer | Consumer, timeout_s: float = 2.0) -> Non
         client.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         log.debug("metadata refresh after a bus reset: %s", exc)
+
+
+Record = tuple[str, bytes, bytes]  # topic, key, value
+
+
+def deliver_through_reset(
+    producer: Producer,
+    watch: BusWatch,
+    records: list[Record],
+    within_s: float = TOPICS_BACK_WITHIN_S,
+) -> None:
+    """Deliver ``records`` (topic, key, value), even while a bus reset has taken their topics.
+
+    Right after a reset a topic may be one the watch is still re-creating,
+    or one it has not yet seen missing: a producer whose metadata says the
+    topic is gone refuses its records at once ("Unknown topic"), and one that
+    takes them has them fail on delivery. The controller once died of the
+    first, writing its epoch claim in a rebalance a broker roll began before
+    the topics were back; the second lost the record silently. So every
+    record is confirmed delivered; one refused or failed for a missing topic
+    is tried again once the watch has looked (it re-creates what is missing)
+    and the producer's metadata is fresh, for at most ``within_s``. Any other
+    failure, or the bound, raises BusError (TopicMissing) naming the topic.
+    """
+    deadline = time.monotonic() + within_s
+    pending = list(records)
+    while True:
+        failed = _deliver(producer, pending, max(0.1, deadline - time.monotonic()))
+        if not failed:
+            return
+        pending = [record for record, _ in failed]
+        topic, error = pending[0][0], failed[0][1]
+        if any(error.code() not in MISSING_TOPIC for _, error in failed):
+            raise BusError(f"cannot write to {topic}: {error.str()} ({error.code()})")
+        if time.monotonic() >= deadline:
+            raise TopicMissing(
+                f"cannot write to {topic}: {error.str()} for {within_s:.0f} s "
+                "(the bus was reset and its topics are not back)"
+            )
+        watch.check_now()
+        watch.wait_restored(max(0.0, deadline - time.monotonic()))
+        refresh_metadata(producer)
+        time.sleep(RETRY_PAUSE_S)
+
+
+def _deliver(
+    producer: Producer, records: list[Record], timeout_s: float
+) -> list[tuple[Record, KafkaError]]:
+    """Produce and flush ``records``; the ones refused or failed, with their errors."""
+    failed: list[tuple[Record, KafkaError]] = []
+    delivered: list[Record] = []
+
+    def outcome(record: Record):
+        def report(error, _message):
+            failed.append((record, error)) if error is not None else delivered.append(record)
+
+        return report
+
+    for record in records:
+        topic, key, value = record
+        try:
+            producer.produce(topic, key=key, value=value, on_delivery=outcome(record))
+        except KafkaException as exc:
+            failed.append((record, exc.args[0]))
+    producer.flush(timeout_s)
+    if len(failed) + len(delivered) < len(records):
+        raise BusError(f"records for {records[0][0]} still undelivered after {timeout_s:.0f} s")
+    return failed
 
 
 class Rewinder:

@@ -54,7 +54,7 @@ from antdt.bus.clients import drain, flush_or_raise, make_admin, make_consumer, 
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import decode_or_deadletter, poll_batch, resume_or_end
-from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
+from antdt.bus.watch import Rewinder, deliver_through_reset, refresh_metadata, shared_watch
 from antdt.control.epoch import claimed_epoch, epoch_claim
 from antdt.control.topic import ControlFollower, apply_and_count, control_topic
 from antdt.control.trust import signed_change
@@ -232,10 +232,7 @@ class ControllerService(LoopService):
         wins."""
         while True:
             claim = self._claim_of(self.highest_epoch + 1)
-            self._producer.produce(
-                control_topic(self.settings), key=b"*", value=self.codec.encode(claim)
-            )
-            flush_or_raise(self._producer)
+            self._write_claim(claim)
             changes = self._follower.read_through(claim.config_id, timeout_s)
             # the first claim of the epoch in the log wins; ours is among the changes
             winner = next(c for c in changes if claimed_epoch(c) == claimed_epoch(claim)).issued_by
@@ -248,6 +245,12 @@ class ControllerService(LoopService):
                 )
                 metrics.EPOCH.set(self.core.stamp.epoch)
                 return
+
+    def _write_claim(self, claim: ControlConfig) -> None:
+        """Append ``claim`` to the control topic, durably; after a bus reset, once the topic is
+        back (a rebalance can ask for a claim before it is)."""
+        record = (control_topic(self.settings), b"*", self.codec.encode(claim))
+        deliver_through_reset(self._producer, self._watch, [record])
 
     def _claim_of(self, epoch: int) -> ControlConfig:
         """Our claim of ``epoch``, signed with the control key when there is one: every claim we
@@ -322,9 +325,17 @@ class ControllerService(LoopService):
         for reason in outcome.skipped:
             metrics.SKIPPED.inc()
             log.info("not done: %s", reason)
-        for command in outcome.commands:
-            key = worker_key(command.job_id, command.target_worker).encode()
-            self._producer.produce(self._commands_topic, key=key, value=self.codec.encode(command))
+        records = [
+            (
+                self._commands_topic,
+                worker_key(command.job_id, command.target_worker).encode(),
+                self.codec.encode(command),
+            )
+            for command in outcome.commands
+        ]
+        if records:
+            deliver_through_reset(self._producer, self._watch, records)
+        for command, (_, key, _) in zip(outcome.commands, records, strict=True):
             metrics.COMMANDS.labels(command.action.value, str(command.dry_run).lower()).inc()
             log.info(
                 "command %s %s %s: %s",
@@ -355,12 +366,8 @@ class ControllerService(LoopService):
         metrics.BUS_RESETS.inc()
         if not self.held:
             return
-        claim = self._claim_of(self.core.stamp.epoch)
         refresh_metadata(self._producer)
-        self._producer.produce(
-            control_topic(self.settings), key=b"*", value=self.codec.encode(claim)
-        )
-        flush_or_raise(self._producer)
+        self._write_claim(self._claim_of(self.core.stamp.epoch))
         log.warning(
             "the bus was reset: epoch %d claimed again; reading the input from the beginning",
             self.core.stamp.epoch,

@@ -7,14 +7,19 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from antdt.bus.admin import ensure_topics, partition_counts
 from antdt.bus.clients import make_admin, make_consumer, make_producer
 from antdt.bus.config import FetchPace
 from antdt.bus.readers import BEGINNING, assign_now, poll_batch
-from antdt.bus.watch import BusWatch, Rewinder, shared_watch
+from antdt.bus.watch import (
+    BusWatch,
+    Rewinder,
+    deliver_through_reset,
+    shared_watch,
+)
 from antdt.embedded.broker import EmbeddedBroker
 from antdt.errors import AuthenticationError, BusError, TopicMissing
 from antdt.settings import BrokerProfile, load_settings
@@ -81,6 +86,68 @@ def test_a_deleted_topic_on_the_same_cluster_is_recreated(bus):
         assert live_count(admin, name) == registry_counts(bus)[name]
     finally:
         watch.close()
+
+
+def producer_told_topic_is_gone(settings, admin: AdminClient, name: str):
+    """A producer that wrote to ``name``, then learnt that the topic is gone, as the controller's
+    had at a broker roll: it refuses the topic's records at once. (librdkafka believes a topic
+    gone only once its handle is older than ``topic.metadata.propagation.max.ms``, 30 s by
+    default, so the stand-in for a long-lived producer makes that short.)"""
+    producer = make_producer(settings, **{"topic.metadata.propagation.max.ms": 10})
+    producer.produce(name, key=b"job", value=b"before")
+    assert producer.flush(10) == 0
+    admin.delete_topics([name])[name].result(10)
+    wait_until(lambda: live_count(admin, name) is None)
+    wait_until(lambda: refuses(producer, name))
+    return producer
+
+
+def refuses(producer, name: str) -> bool:
+    """Whether ``producer``, having asked for ``name``'s metadata, refuses a record for it at once
+    (a record it takes instead fails when the metadata says the topic is gone)."""
+    producer.list_topics(topic=name, timeout=5)
+    try:
+        producer.produce(name, key=b"job", value=b"probe")
+    except KafkaException as exc:
+        return "Unknown topic" in str(exc)
+    return False
+
+
+def test_a_record_for_a_topic_a_reset_took_is_written_once_the_topic_is_back(bus):
+    """The controller once died of that refusal, writing its epoch claim in a rebalance before a
+    broker roll's topics were back."""
+    name = f"{bus.topic_prefix}.shard.log"
+    admin: AdminClient = make_admin(bus)
+    producer = producer_told_topic_is_gone(bus, admin, name)
+    watch = BusWatch(bus)  # not started: the write itself asks it to look
+    deliver_through_reset(producer, watch, [(name, b"job", b"written")], within_s=30)
+    assert watch.generation == 1 and watch.restored == 1
+    partitions = registry_counts(bus)[name]
+    assert live_count(admin, name) == partitions
+    consumer = make_consumer(bus, pace=FetchPace.LOW_LATENCY)
+    try:
+        assign_now(consumer, [TopicPartition(name, p, BEGINNING) for p in range(partitions)])
+        seen = []
+        wait_until(
+            lambda: (
+                seen.extend(m.value() for m in poll_batch(consumer, 100, 0.05))
+                or b"written" in seen
+            )
+        )
+    finally:
+        consumer.close()
+
+
+def test_a_write_whose_topic_never_comes_back_fails_naming_it(bus, monkeypatch):
+    import antdt.bus.watch as watch_module
+
+    name = f"{bus.topic_prefix}.shard.log"
+    producer = producer_told_topic_is_gone(bus, make_admin(bus), name)
+    watch = BusWatch(bus)
+    monkeypatch.setattr(watch, "check_now", lambda: False)  # a watch that cannot put it back
+    monkeypatch.setattr(watch_module, "RETRY_PAUSE_S", 0.01)
+    with pytest.raises(TopicMissing, match=f"cannot write to {name}"):
+        deliver_through_reset(producer, watch, [(name, b"job", b"lost")], within_s=0.5)
 
 
 def live_count(admin: AdminClient, name: str) -> int | None:
