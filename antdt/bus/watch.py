@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 #: How often the cluster is looked at. One metadata request on an open connection: cheap.
 CHECK_EVERY_S = 0.5
-#: How long a write waits for a reset's topics to come back before it fails.
+#: How long a write (or the sharder's re-publishing) waits for a reset's topics to come back.
 TOPICS_BACK_WITHIN_S = 60.0
 #: Between tries of a write whose topic is not back yet.
 RETRY_PAUSE_S = 0.1
@@ -254,7 +254,10 @@ def _deliver(
 
     def outcome(record: Record):
         def report(error, _message):
-            failed.append((record, error)) if error is not None else delivered.append(record)
+            if error is None:
+                delivered.append(record)
+            else:
+                failed.append((record, error))
 
         return report
 

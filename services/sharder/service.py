@@ -60,7 +60,7 @@ from antdt.bus.config import FetchPace
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import MisroutedRecord, check_key, decode_or_deadletter, poll_batch
-from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
+from antdt.bus.watch import TOPICS_BACK_WITHIN_S, Rewinder, refresh_metadata, shared_watch
 from antdt.errors import BusError
 from antdt.runtime.memory import FreeMemoryRelease
 from antdt.runtime.service_loop import LoopService
@@ -114,8 +114,6 @@ class SharderConfig:
 #: (a 100k-shard snapshot is ~1.5 MB raw, a few hundred kB compressed, under Kafka's 1 MB default).
 LARGE_RECORDS = {"linger.ms": 0, "compression.type": "lz4", "message.max.bytes": 64 << 20}
 
-#: How long a bus reset's re-publishing waits for the topics to be back.
-TOPICS_BACK_WITHIN_S = 60.0
 #: How soon the state is written again when writing it after a bus reset failed.
 RETRY_STATE_EVERY_S = 0.5
 #: How long the state of a job whose partition was revoked is kept, should the bus turn out to have
