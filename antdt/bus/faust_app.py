@@ -21,7 +21,7 @@ from typing import Any
 import faust
 from faust.serializers import codecs
 
-from antdt.bus.config import fetch_wait_ms
+from antdt.bus.config import FetchPace, fetch_wait_ms
 from antdt.bus.faust_tuning import QuietMonitor, TunedApp
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import AvroModel
@@ -89,8 +89,11 @@ def _faust_dir() -> str:
     return path
 
 
-def make_faust_app(settings: Settings, app_id: str, **overrides: Any) -> faust.App:
-    """A Faust app configured from settings; ``overrides`` win over every default."""
+def make_faust_app(
+    settings: Settings, app_id: str, pace: FetchPace = FetchPace.STEADY, **overrides: Any
+) -> faust.App:
+    """A Faust app configured from settings, its fetches waiting as ``pace`` says; ``overrides``
+    win over every default."""
     register_codec(settings)
     conf: dict[str, Any] = {
         "broker": broker_urls(settings),
@@ -118,7 +121,7 @@ def make_faust_app(settings: Settings, app_id: str, **overrides: Any) -> faust.A
         conf.update(EMBEDDED_FAUST)
     conf.update(overrides)
     return TunedApp(
-        f"{settings.topic_prefix}.{app_id}", fetch_max_wait_ms=fetch_wait_ms(settings), **conf
+        f"{settings.topic_prefix}.{app_id}", fetch_max_wait_ms=fetch_wait_ms(settings, pace), **conf
     )
 
 

@@ -51,6 +51,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import drain, flush_or_raise, make_admin, make_consumer, make_producer
+from antdt.bus.config import FetchPace
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import decode_or_deadletter, poll_batch, resume_or_end
@@ -141,6 +142,9 @@ class ControllerService(LoopService):
             self.settings,
             group_id=f"{self.settings.topic_prefix}.controller",
             client_id=self.controller_id,
+            # decisions rest on seconds of reports, commands switch a second ahead: a fetch waits
+            # longer, the idle broker works less (docs/embedded-broker.md)
+            pace=FetchPace.BACKGROUND,
             # co-partitioned: same numbers
             **{"partition.assignment.strategy": "range"},
         )
