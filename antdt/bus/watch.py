@@ -231,9 +231,10 @@ def deliver_through_reset(
         if not failed:
             return
         pending = [record for record, _ in failed]
-        topic, error = pending[0][0], failed[0][1]
-        if any(error.code() not in MISSING_TOPIC for _, error in failed):
-            raise BusError(f"cannot write to {topic}: {error.str()} ({error.code()})")
+        for (topic, _, _), error in failed:
+            if error.code() not in MISSING_TOPIC:  # named as itself, not as the first failure
+                raise BusError(f"cannot write to {topic}: {error.str()} ({error.code()})")
+        (topic, _, _), error = failed[0]
         if time.monotonic() >= deadline:
             raise TopicMissing(
                 f"cannot write to {topic}: {error.str()} for {within_s:.0f} s "

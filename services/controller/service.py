@@ -348,7 +348,6 @@ class ControllerService(LoopService):
                 key.decode(),
                 command.reason,
             )
-        self._producer.poll(0)
         return list(outcome.commands)
 
     def _actuate(self, commands: list[MitigationCommand]) -> None:
