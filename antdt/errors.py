@@ -37,6 +37,10 @@ class TopicMissing(BusError):
     """A topic antdt needs does not exist (yet: the bus may be in the middle of a reset)."""
 
 
+class BusUnreachable(BusError):
+    """The bus gave no cluster metadata within the wait: nothing answers at its address."""
+
+
 class AuthenticationError(BusError):
     """The broker refused the client's credentials (or its SASL mechanism); retrying cannot help."""
 

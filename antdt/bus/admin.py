@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
 from antdt.embedded.broker import accepts_connections
-from antdt.errors import BusError, TopicMissing
+from antdt.errors import BusError, BusUnreachable, TopicMissing
 from antdt.settings import SecurityProtocol, Settings
 from antdt.topics import TOPICS, TopicSpec
 
@@ -57,7 +57,7 @@ def cluster_metadata(
         if watch is not None:
             watch.raise_if_refused()
         if time.monotonic() >= deadline:
-            raise BusError(_unreachable(settings, error, timeout_s))
+            raise BusUnreachable(_unreachable(settings, error, timeout_s))
         time.sleep(max(slice_s - (time.monotonic() - started), 0))
         wait_s = min(wait_s * 2, longest_s)
 

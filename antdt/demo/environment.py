@@ -10,7 +10,11 @@ from contextlib import contextmanager
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import make_admin
 from antdt.embedded.broker import EmbeddedBroker
+from antdt.errors import BusUnreachable
 from antdt.settings import BrokerProfile, Settings, load_settings
+
+#: How long an external bus (``ANTDT_BOOTSTRAP_SERVERS``) has to answer before the command gives up.
+EXTERNAL_BUS_WITHIN_S = 15.0
 
 
 def external_bus() -> bool:
@@ -37,7 +41,7 @@ def bus_and_broker(
     if external_bus():
         settings = load_settings()
         if create_topics:
-            ensure_topics(make_admin(settings), settings)
+            _ensure_external_topics(settings)
         yield settings, settings.bootstrap_servers, None
         return
     with EmbeddedBroker(port=port) as broker:
@@ -51,3 +55,16 @@ def bus_and_broker(
             f"embedded broker {broker.bootstrap_servers} (ready in {broker.ready_after_s:.3f} s)",
             broker,
         )
+
+
+def _ensure_external_topics(settings: Settings) -> None:
+    """The topics on the bus ``ANTDT_BOOTSTRAP_SERVERS`` names; if it does not answer, say why
+    this command went there: the variable is often left over from an earlier ``antdt up``."""
+    try:
+        ensure_topics(make_admin(settings), settings, timeout_s=EXTERNAL_BUS_WITHIN_S)
+    except BusUnreachable as exc:
+        raise BusUnreachable(
+            f"{exc} (ANTDT_BOOTSTRAP_SERVERS is set, so this uses that bus instead of starting an "
+            "embedded broker; if it was an earlier antdt up's, that broker is gone: unset "
+            "ANTDT_BOOTSTRAP_SERVERS and ANTDT_BROKER_PROFILE)"
+        ) from None
