@@ -48,10 +48,12 @@ class OwnKeyClient:
         ):
             pass  # replies to an earlier incarnation: not ours
         self._watch = shared_watch(settings)
-        # after a bus reset, replies come from offset 0 again
+        # after a bus reset, replies come from offset 0 again, and requests go out at once
         self._rewinder = Rewinder(self._consumer, self._watch)
+        self._watch.keep_fresh(self._producer)
 
     def close(self) -> None:
+        self._watch.forget(self._producer)
         self._producer.flush(5)
         self._consumer.close()
         self._watch.release()

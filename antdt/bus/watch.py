@@ -74,6 +74,7 @@ class BusWatch:
         self._topics = [spec.full_name(settings.topic_prefix) for spec in TOPICS]
         self._admin = make_admin(settings, client_id="antdt-bus-watch")
         self._callbacks: list[Callable[[], None]] = []
+        self._kept_fresh: list[Producer] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="antdt-bus-watch", daemon=True)
@@ -93,6 +94,20 @@ class BusWatch:
     def on_reset(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (on the watch's thread) after each reset, once the topics are back."""
         self._callbacks.append(callback)
+
+    def keep_fresh(self, producer: Producer) -> None:
+        """Refresh ``producer``'s metadata after each reset, once the topics are back
+        (:func:`refresh_metadata`, on the watch's thread): left alone, it holds what it sends to
+        the re-created topics for 1.4-1.9 s (measured on the embedded broker; 0.05 s refreshed).
+        :meth:`forget` it before closing it. A consumer refreshes on its own thread instead
+        (:class:`Rewinder`)."""
+        with self._lock:
+            self._kept_fresh.append(producer)
+
+    def forget(self, producer: Producer) -> None:
+        """Stop refreshing ``producer`` (it is being closed)."""
+        with self._lock:
+            self._kept_fresh = [kept for kept in self._kept_fresh if kept is not producer]
 
     def check_now(self) -> bool:
         """Look at the cluster now; True if it was reset (and is now handled). Never raises."""
@@ -145,6 +160,8 @@ class BusWatch:
             return
         self._unfinished = False
         self.restored = self.generation
+        for producer in self._kept_fresh:
+            refresh_metadata(producer)
         for callback in self._callbacks:
             try:
                 callback()
@@ -198,7 +215,7 @@ def refresh_metadata(client: Producer | Consumer, timeout_s: float = 2.0) -> Non
     """
     try:
         client.list_topics(timeout=timeout_s)
-    except KafkaException as exc:
+    except (KafkaException, RuntimeError) as exc:  # RuntimeError: a client closed meanwhile
         log.debug("metadata refresh after a bus reset: %s", exc)
 
 
@@ -282,7 +299,10 @@ class Rewinder:
     position would wait past records written to the new topics (or, if it
     asked before they existed, be reset by librdkafka, perhaps after some).
     With a group (``group=True``) it seeks, leaving the group's assignment
-    alone; otherwise it assigns the same partitions again.
+    alone; otherwise it assigns the same partitions again. Once the reset's
+    topics are back, a later check refreshes the consumer's metadata: left
+    alone, librdkafka fetches from the re-created topics only 0.4-0.9 s later
+    (measured on the embedded broker; 4-41 ms refreshed).
     """
 
     def __init__(self, consumer: Consumer, watch: BusWatch, group: bool = False):
@@ -290,23 +310,35 @@ class Rewinder:
         self._watch = watch
         self._group = group
         self._seen = watch.generation
+        self._refresh_due = False
 
     def check(self) -> bool:
         """True if the bus was reset since the last check (the consumer is now at the beginning)."""
         if self._watch.generation == self._seen:
+            self._refresh_if_back()
             return False
         self._seen = self._watch.generation
+        self._refresh_due = True
         partitions = [
             TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING)
             for tp in self._consumer.assignment()
         ]
         if not self._group:
             self._consumer.assign(partitions)
-            return True
+        else:
+            self._seek(partitions)
+        self._refresh_if_back()
+        return True
+
+    def _seek(self, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             try:
                 self._consumer.seek(tp)
             # not fetching yet: it starts from the (lost) committed offset, i.e. the beginning
             except KafkaException as exc:
                 log.debug("seek %s[%d] to the beginning: %s", tp.topic, tp.partition, exc)
-        return True
+
+    def _refresh_if_back(self) -> None:
+        if self._refresh_due and self._watch.restored >= self._seen:
+            self._refresh_due = False
+            refresh_metadata(self._consumer)

@@ -132,6 +132,8 @@ class FleetDriver:
         readers do: a reader left at its old offsets would wait past the new topics' records)."""
         consumer = make_consumer(self.settings, pace=FetchPace.LOW_LATENCY)
         watch = shared_watch(self.settings)
+        for producer in self._producers:  # what they send after a reset goes out at once
+            watch.keep_fresh(producer)
         try:
             assign_now(
                 consumer,
@@ -148,6 +150,8 @@ class FleetDriver:
                     self._take(message)
         finally:
             consumer.close()
+            for producer in self._producers:
+                watch.forget(producer)
             watch.release()
 
     def _take(self, message) -> None:

@@ -203,6 +203,74 @@ def test_a_record_buffered_during_the_restart_is_delivered_and_read_from_offset_
         watch.release()
 
 
+def spy_on_refreshes(monkeypatch) -> list:
+    """The clients :func:`antdt.bus.watch.refresh_metadata` is called for, in order."""
+    from antdt.bus import watch as watch_module
+
+    refreshed, original = [], watch_module.refresh_metadata
+
+    def spy(client, timeout_s: float = 2.0) -> None:
+        refreshed.append(client)
+        original(client, timeout_s)
+
+    monkeypatch.setattr(watch_module, "refresh_metadata", spy)
+    return refreshed
+
+
+def test_a_producer_kept_fresh_is_refreshed_once_the_topics_are_back(own_broker, bus, monkeypatch):
+    """Left alone, librdkafka holds what a producer sends to a re-created topic for 1-2 s."""
+    refreshed = spy_on_refreshes(monkeypatch)
+    producer, other = make_producer(bus), make_producer(bus)
+    watch = BusWatch(bus).start()
+    try:
+        wait_until(lambda: watch.cluster_id is not None)
+        watch.keep_fresh(producer)
+        own_broker.restart()
+        wait_until(lambda: watch.restored == 1)
+        assert refreshed == [producer]  # not the one it was not asked to keep fresh
+        watch.forget(producer)
+        own_broker.restart()
+        wait_until(lambda: watch.restored == 2)
+        assert refreshed == [producer]
+    finally:
+        watch.close()
+
+
+def test_a_rewound_reader_refreshes_its_metadata_once_the_topics_are_back(
+    own_broker, bus, monkeypatch
+):
+    """On its own thread, at the first check after the topics are back (librdkafka would fetch
+    from the new topics 0.4-0.9 s later otherwise), and once per reset."""
+    from antdt.bus import watch as watch_module
+
+    refreshed = spy_on_refreshes(monkeypatch)
+    topic = f"{bus.topic_prefix}.control.config"
+    consumer = make_consumer(bus, pace=FetchPace.LOW_LATENCY)
+    assign_now(consumer, [TopicPartition(topic, 0, BEGINNING)])
+    watch = BusWatch(bus)  # checked by hand: the reset is seen before its topics are back
+    rewinder = Rewinder(consumer, watch)
+    def not_yet(*_args, **_kwargs):
+        raise BusError("the topics cannot be made yet")
+
+    try:
+        watch.check_now()
+        own_broker.restart()
+        monkeypatch.setattr(watch_module, "ensure_topics", not_yet)
+        watch.check_now()
+        assert watch.generation == 1 and watch.restored == 0
+        assert rewinder.check() is True and refreshed == []
+        assert rewinder.check() is False and refreshed == []
+        monkeypatch.undo()
+        refreshed = spy_on_refreshes(monkeypatch)
+        watch.check_now()  # now they are
+        assert watch.restored == watch.generation == 1
+        assert rewinder.check() is False and refreshed == [consumer]
+        assert rewinder.check() is False and refreshed == [consumer]
+    finally:
+        consumer.close()
+        watch.close()
+
+
 def test_shared_watches_are_one_per_bus_and_stop_with_their_last_user(bus):
     first, second = shared_watch(bus), shared_watch(bus)
     assert first is second
