@@ -41,6 +41,7 @@ bench-chaos: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/codec_bench.py
 	$(BIN)/python bench/broker_start_bench.py
+	$(BIN)/python bench/reset_pickup_bench.py
 	$(BIN)/python bench/broker_log_bench.py
 	$(BIN)/python bench/offset_gap_bench.py
 	$(BIN)/python bench/sharder_bench.py

@@ -37,11 +37,15 @@ not held to its noise), no minute's grant p99 passes the agent's request
 timeout (10 s: a slower answer is asked for again), and the broker's and
 each service's RSS in the last minute is at most 1.5 times its highest in
 the baseline. Exits 1 otherwise. The JSON keeps every minute's figures and
-every window's.
+every window's (with its grants past 1 s: a roll holds every worker's open
+request for seconds, so about one per worker per roll); ``--grants-csv``
+writes every grant (asked at, s into the run; to its answer read and to the
+sharder's stamp on it, ms).
 """
 
 from __future__ import annotations
 
+import csv
 import os
 import sys
 import threading
@@ -230,6 +234,17 @@ def asked(seen, lo: float, hi: float) -> list:
     return [g for g in seen.grants if lo <= g.sent_s < hi]
 
 
+def write_grants(grants: list, path: Path) -> None:
+    """Every grant: when it was asked (s into the run), to its answer read and to the sharder's
+    stamp (ms)."""
+    with path.open("w", newline="") as out:
+        rows = csv.writer(out)
+        rows.writerow(["asked_s", "read_ms", "stamped_ms"])
+        for grant in grants:
+            ms = (round(grant.read_s * 1000, 2), round(grant.stamped_s * 1000, 2))
+            rows.writerow([round(grant.sent_s, 3), *ms])
+
+
 def bus_cpu(sample: dict) -> float:
     """The broker's and the services' CPU in a minute, percent of one core."""
     return sum(sample["cpu_percent"][k] for k in ("broker", *SERVICES))
@@ -251,6 +266,9 @@ def windows(samples: list[dict], seen, size: int) -> list[dict]:
                 "stamped_ms": distribution([g.stamped_s * 1000 for g in grants], 2),
                 "bus_cpu_percent": round(sum(map(bus_cpu, minutes)) / len(minutes), 1),
                 "broker_rolls": sum(s["broker_rolls"] for s in minutes),
+                # a roll holds every worker's open request for seconds: about one grant per worker
+                # per roll is past 1 s, and how many there are sets where the pooled p99 falls
+                "grants_over_1s": sum(g.read_s > 1.0 for g in grants),
             }
         )
     return result
@@ -332,6 +350,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", type=Path, help="write the minutes' figures to this PNG")
     parser.add_argument("--log-dir", type=Path, default=Path("reports/soak-logs"))
+    parser.add_argument("--grants-csv", type=Path, help="write every grant to this CSV")
     parser.add_argument(
         "--roll-at-mb", type=float, help="antdt up's --roll-at-mb (default: antdt up's own)"
     )
@@ -357,6 +376,8 @@ def main() -> None:
             sys.exit("soak bench FAILED: the fleet did not finish")
         add_latencies(samples, seen[0], driver.fleet)
         spans = windows(samples, seen[0], args.baseline)
+        if args.grants_csv:
+            write_grants(seen[0].grants, args.grants_csv)
     problems = verdict(samples, spans, args.baseline)
     if args.plot:
         plot(samples, spans, args.plot)

@@ -52,6 +52,17 @@ def test_windows_pool_the_grants_asked_in_their_minutes():
     assert [s["grant_ms"]["n"] for s in spans] == [400, 400, 200]
     assert spans[0]["grant_ms"]["min"] == 1000.0 and spans[0]["grant_ms"]["max"] == 4000.0
     assert spans[1]["bus_cpu_percent"] == 4 * 65.0  # the mean of minutes 5-8, four processes
+    # minute m's grants take m seconds: those of minutes 2-4, 5-8 and 9-10 are past 1 s
+    assert [s["grants_over_1s"] for s in spans] == [300, 400, 200]
+
+
+def test_every_grant_is_written_to_the_csv(tmp_path):
+    seen = seen_with(lambda m, k: 10.0 * k)
+    path = tmp_path / "grants.csv"
+    soak_bench.write_grants(seen.grants, path)
+    rows = path.read_text().splitlines()
+    assert rows[0] == "asked_s,read_ms,stamped_ms" and len(rows) == 1 + 1000
+    assert rows[2] == "0.5,10.0,0.0"
 
 
 def test_a_flat_soak_passes_though_one_minute_in_a_window_is_slow():
