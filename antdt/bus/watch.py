@@ -98,7 +98,8 @@ class BusWatch:
     def keep_fresh(self, producer: Producer) -> None:
         """Refresh ``producer``'s metadata after each reset, once the topics are back
         (:func:`refresh_metadata`, on the watch's thread): left alone, it holds what it sends to
-        the re-created topics for 1.4-1.9 s (measured on the embedded broker; 0.05 s refreshed).
+        the re-created topics for 1.4-1.9 s (measured on the embedded broker; a few ms refreshed,
+        ``bench/reset_pickup_bench.py``).
         :meth:`forget` it before closing it. A consumer refreshes on its own thread instead
         (:class:`Rewinder`)."""
         with self._lock:
@@ -159,9 +160,9 @@ class BusWatch:
             self._unfinished = True
             return
         self._unfinished = False
-        self.restored = self.generation
-        for producer in self._kept_fresh:
+        for producer in self._kept_fresh:  # before ``restored``: a writer waiting on it finds them
             refresh_metadata(producer)
+        self.restored = self.generation
         for callback in self._callbacks:
             try:
                 callback()
