@@ -52,6 +52,12 @@ def recover_job(
     )
 
 
+def held_state(state: JobState, last_offset: int) -> Recovered:
+    """A state held in memory, which is the fold of the log up to ``last_offset``, as a recovery's
+    base."""
+    return Recovered(state, last_offset, from_snapshot=False, events_replayed=0, seconds=0.0)
+
+
 def take_over(
     settings: Settings,
     job_id: str,
@@ -62,9 +68,16 @@ def take_over(
     config: CoreConfig,
     now_ms: int,
     use_snapshots: bool = True,
+    known: Recovered | None = None,
 ) -> tuple[ShardCore, Recovered]:
-    """Recover the job and become its writer (fencing every older writer)."""
-    recovered = recover_job(settings, job_id, codec, producer, use_snapshots)
+    """Recover the job and become its writer (fencing every older writer).
+
+    ``known`` is a state this writer holds that is the fold of the log up to its
+    ``last_offset`` (see :func:`held_state`): it stands in for the snapshot and
+    the log before that offset, whose reading and decoding cost most of a
+    take-over; whatever follows it is folded in as always.
+    """
+    recovered = known or recover_job(settings, job_id, codec, producer, use_snapshots)
     core = ShardCore(recovered.state, config)
     election = core.election_event(recovered.state.writer_epoch + 1, now_ms, writer)
     log.append([election])
