@@ -185,14 +185,16 @@ class Usage:
         return sizes
 
 
-def sample_minutes(driver, usage: Usage, settings, minutes: int, stop) -> list[dict]:
+def sample_minutes(driver, usage: Usage, settings, minutes: int, stop, up) -> list[dict]:
     """One sample a minute while the fleet runs: CPU and RSS per process, lag per service, and
-    how many times the broker was rolled in it."""
+    how many times the broker was rolled in it. Ends the soak if ``antdt up`` (``up``, its
+    process) exits."""
     samples, began = [], time.monotonic()
     last, last_sent, last_brokers = usage.totals(), 0, len(usage.brokers)
     for minute in range(1, minutes + 1):
         end = began + 60.0 * minute
         while not stop.wait(max(0.0, min(LOOK_EVERY_S, end - time.monotonic()))):
+            still_up(up, minute)
             usage.look()
             if time.monotonic() >= end:
                 break
@@ -212,6 +214,17 @@ def sample_minutes(driver, usage: Usage, settings, minutes: int, stop) -> list[d
         last, last_sent, last_brokers = now, driver.sent, len(usage.brokers)
         print(f"soak minute {minute}: {samples[-1]}", file=sys.stderr, flush=True)
     return samples
+
+
+def still_up(up, minute: int) -> None:
+    """Fail at once if ``antdt up`` exited (a service it runs died, or the broker): every later
+    minute would measure a bus that is gone (one did, at length, on lag reads of a dead broker)."""
+    code = up.poll()
+    if code is not None:
+        sys.exit(
+            f"soak bench FAILED: antdt up exited (code {code}) in minute {minute}; "
+            "its services' logs (--log-dir) say why"
+        )
 
 
 def add_latencies(samples: list[dict], seen, fleet) -> None:
@@ -369,7 +382,7 @@ def main() -> None:
         seen: list = []
         runner = threading.Thread(target=lambda: seen.append(driver.run(seconds)), daemon=True)
         runner.start()
-        samples = sample_minutes(driver, usage, settings, args.minutes, stop)
+        samples = sample_minutes(driver, usage, settings, args.minutes, stop, bus.process)
         runner.join(120)
         stop.set()
         if not seen:

@@ -62,7 +62,15 @@ from antdt.bus.config import FetchPace
 from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import MisroutedRecord, check_key, decode_or_deadletter, poll_batch
-from antdt.bus.watch import TOPICS_BACK_WITHIN_S, Rewinder, refresh_metadata, shared_watch
+from antdt.bus.watch import (
+    MISSING_TOPIC,
+    TOPICS_BACK_WITHIN_S,
+    Record,
+    Rewinder,
+    deliver_through_reset,
+    refresh_metadata,
+    shared_watch,
+)
 from antdt.errors import BusError
 from antdt.runtime.memory import FreeMemoryRelease
 from antdt.runtime.service_loop import LoopService
@@ -186,6 +194,8 @@ class SharderService(LoopService):
         #: Jobs whose state this instance wrote into the bus at its last reset: its memory of
         #: each is the fold of the new log up to its last offset there (see _held_since_reset)
         self._written_again: set[str] = set()
+        # polled at a reset before the state was written again, handled in the next batch
+        self._polled_early: list[Message] = []
         # the input waiting when the partitions were assigned: its jobs are taken over once handled
         self._backlog = Backlog()
         # progress partitions given up in the rebalance under way
@@ -267,14 +277,23 @@ class SharderService(LoopService):
 
     # ------------------------------------------------------------ bus reset
 
-    def _after_bus_reset(self) -> None:
+    def _after_bus_reset(self, between_batches: bool = False) -> None:
         """If the bus was reset since the last look: input from the beginning, state
-        re-published."""
+        re-published. Between batches, a revocation the reset left pending is served first
+        (:meth:`_serve_revocation`); within one, no poll may take partitions from under it."""
         if self._rewinder is not None and self._rewinder.check():
+            if between_batches:
+                self._serve_revocation()
             self._republish()
             self._free_memory.now()  # the state built again and the input read again: a burst
         else:
             self._free_memory.due()
+
+    def _serve_revocation(self) -> None:
+        """Poll once without waiting, keeping what it returns for the next batch: a revocation
+        the reset left pending is served now, so the group's new join (which the embedded broker
+        holds for half the session, 1 s) runs while the state is written again, not after it."""
+        self._polled_early += poll_batch(self._consumer, self.config.batch_size, 0)
 
     def _republish(self) -> None:
         """Snapshot every job we write for, or did a moment ago, into the empty bus.
@@ -332,8 +351,12 @@ class SharderService(LoopService):
 
     def step(self) -> int:
         """Process one batch of input; returns how many records it consumed."""
-        self._after_bus_reset()
-        messages = poll_batch(self._consumer, self.config.batch_size, self.config.poll_timeout_s)
+        self._after_bus_reset(between_batches=True)
+        messages, self._polled_early = self._polled_early, []
+        if not messages:
+            messages = poll_batch(
+                self._consumer, self.config.batch_size, self.config.poll_timeout_s
+            )
         started = time.perf_counter()
         now_ms = wall_ms()
         events: list[ShardLogEvent] = []
@@ -524,19 +547,19 @@ class SharderService(LoopService):
         try:
             self._log.flush()
         except BusError:
-            if not self._reset_under_flush():
+            if not self._state_again_if_reset("the shard log's appends"):
                 raise
 
-    def _reset_under_flush(self) -> bool:
-        """Whether a failed flush met a bus reset (its appends went to topics that no longer
-        exist); if so the state, these events in it, is written again now. Exiting instead would
-        lose the only copy of the state with the bus's."""
+    def _state_again_if_reset(self, failed: str) -> bool:
+        """Whether what ``failed`` met a bus reset (it went to topics that no longer exist); if
+        so the state, every event decided so far in it, is written again now. Exiting instead
+        would lose the only copy of the state with the bus's."""
         if self._watch is None or self._rewinder is None:
             return False
         self._watch.check_now()
         if not self._rewinder.check():
             return False
-        log.warning("the shard log's appends failed with a bus reset: writing the state again")
+        log.warning("%s failed with a bus reset: writing the state again", failed)
         self._republish()
         return True
 
@@ -544,13 +567,7 @@ class SharderService(LoopService):
 
     def _commit(self, events: list, answers: list, now_ms: int, consumed: bool) -> None:
         self._flush_log(events)
-        for answer in answers:
-            self._answer_producer.produce(
-                self._assignments_topic,
-                key=worker_key(answer.job_id, answer.worker_id).encode(),
-                value=self.codec.encode(answer, self._assignments_topic),
-            )
-            metrics.ASSIGNMENTS.labels(answer.status.value).inc()
+        self._publish(answers)
         self._answer_producer.poll(0)
         self._producer.poll(0)
         self._snapshot_due()
@@ -559,6 +576,30 @@ class SharderService(LoopService):
                 self._consumer.commit(asynchronous=True)
             except KafkaException as exc:  # nothing to commit, or a rebalance in progress
                 log.debug("commit skipped: %s", exc)
+
+    def _publish(self, answers: list) -> None:
+        """Hand the answers to the producer. One it refuses because a bus reset took the topic
+        (its metadata saw the topic gone before the watch made it again) is sent once the state
+        is written into the new bus and the topic is back, so no grant is seen before its event
+        is in the log. Raising instead ended a soak's sharder at a roll, with the only copy of
+        the state."""
+        refused: list[Record] = []
+        for answer in answers:
+            record = (
+                self._assignments_topic,
+                worker_key(answer.job_id, answer.worker_id).encode(),
+                self.codec.encode(answer, self._assignments_topic),
+            )
+            try:
+                self._answer_producer.produce(record[0], key=record[1], value=record[2])
+            except KafkaException as exc:
+                if self._watch is None or exc.args[0].code() not in MISSING_TOPIC:
+                    raise
+                refused.append(record)
+            metrics.ASSIGNMENTS.labels(answer.status.value).inc()
+        if refused:
+            self._state_again_if_reset("publishing the answers")
+            deliver_through_reset(self._answer_producer, self._watch, refused)
 
     def _count_events(self, events: list) -> None:
         for transition, count in Counter(event.transition for event in events).items():

@@ -6,8 +6,11 @@ hour (docs/reliability.md)."""
 from __future__ import annotations
 
 import importlib
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from antdt.loadgen.fleet import Grant, Observations
 
@@ -108,3 +111,18 @@ def test_a_run_without_a_window_past_the_baseline_says_so():
     assert judged(samples, seen_with(lambda m, k: 50.0)) == [
         "the run gave 4 minutes: not enough past the baseline"
     ]
+
+
+def test_the_soak_ends_at_once_when_antdt_up_has_exited():
+    """A service's death ends ``antdt up`` and the broker with it: the soak says so that minute
+    instead of sampling a bus that is gone."""
+    ended = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    ended.wait(30)
+    with pytest.raises(SystemExit, match=r"antdt up exited \(code 3\) in minute 4"):
+        soak_bench.still_up(ended, 4)
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        soak_bench.still_up(running, 4)  # nothing to say while it runs
+    finally:
+        running.kill()
+        running.wait(30)
