@@ -67,6 +67,20 @@ def topics(settings: Settings) -> dict[str, int]:
     return ensure_topics(make_admin(settings), settings)
 
 
+@pytest.fixture
+def own_bus(topic_prefix: str) -> tuple[EmbeddedBroker, Settings]:
+    """A broker of this test's own, its topics made, and settings for it: for a test that stops
+    or restarts the broker (doing so to the session's would break the rest)."""
+    with EmbeddedBroker() as broker:
+        settings = load_settings(
+            bootstrap_servers=broker.bootstrap_servers,
+            broker_profile=BrokerProfile.EMBEDDED,
+            topic_prefix=topic_prefix,
+        )
+        ensure_topics(make_admin(settings), settings)
+        yield broker, settings
+
+
 #: The test modules that run one after another, on one worker, under ``make test``'s two workers:
 #: their training ranks and services are timed against the whole machine (steps, stragglers,
 #: bounds), and two of them side by side would measure each other.

@@ -4,25 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from antdt.bus.admin import ensure_topics
-from antdt.bus.clients import make_admin
-from antdt.embedded.broker import EmbeddedBroker
 from antdt.errors import BusError
 from antdt.schemas.models import ShardCommit
-from antdt.settings import BrokerProfile, load_settings
 from antdt.worker.shard_client import ShardClient
-
-
-@pytest.fixture
-def own_bus():
-    with EmbeddedBroker() as broker:
-        settings = load_settings(
-            bootstrap_servers=broker.bootstrap_servers,
-            broker_profile=BrokerProfile.EMBEDDED,
-            topic_prefix="flushed",
-        )
-        ensure_topics(make_admin(settings), settings)
-        yield broker, settings
 
 
 def test_flush_says_when_a_commit_is_not_on_the_bus(own_bus):

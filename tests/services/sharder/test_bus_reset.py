@@ -6,35 +6,19 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from antdt.bus.admin import ensure_topics
-from antdt.bus.clients import make_admin, make_producer
-from antdt.embedded.broker import EmbeddedBroker
+from antdt.bus.clients import make_producer
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.services.sharder import metrics, recovery
 from antdt.services.sharder.replay import audit_job
 from antdt.services.sharder.service import SharderService
-from antdt.settings import BrokerProfile, load_settings
 from antdt.worker.shard_client import ShardClient
 from tests.services.running import running_loop
 from tests.services.sharder.harness import job_log, run_workers, running_sharder
 from tests.services.sharder.test_service import spec
 
 JOB = "job-reset"
-
-
-@pytest.fixture
-def own_bus():
-    with EmbeddedBroker() as broker:
-        settings = load_settings(
-            bootstrap_servers=broker.bootstrap_servers,
-            broker_profile=BrokerProfile.EMBEDDED,
-            topic_prefix="reset",
-        )
-        ensure_topics(make_admin(settings), settings)
-        yield broker, settings
 
 
 def wait_until(condition, timeout_s: float = 30.0) -> None:
