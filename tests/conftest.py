@@ -68,17 +68,23 @@ def topics(settings: Settings) -> dict[str, int]:
 
 
 @pytest.fixture
-def own_bus(topic_prefix: str) -> tuple[EmbeddedBroker, Settings]:
-    """A broker of this test's own, its topics made, and settings for it: for a test that stops
-    or restarts the broker (doing so to the session's would break the rest)."""
-    with EmbeddedBroker() as broker:
-        settings = load_settings(
-            bootstrap_servers=broker.bootstrap_servers,
-            broker_profile=BrokerProfile.EMBEDDED,
-            topic_prefix=topic_prefix,
-        )
-        ensure_topics(make_admin(settings), settings)
-        yield broker, settings
+def own_broker() -> EmbeddedBroker:
+    """A broker of this test's own, for a test that stops, restarts or rolls it (doing so to the
+    session's would break the rest)."""
+    with EmbeddedBroker() as running:
+        yield running
+
+
+@pytest.fixture
+def own_bus(own_broker: EmbeddedBroker, topic_prefix: str) -> tuple[EmbeddedBroker, Settings]:
+    """:func:`own_broker` with its topics made, and settings for it."""
+    settings = load_settings(
+        bootstrap_servers=own_broker.bootstrap_servers,
+        broker_profile=BrokerProfile.EMBEDDED,
+        topic_prefix=topic_prefix,
+    )
+    ensure_topics(make_admin(settings), settings)
+    return own_broker, settings
 
 
 #: The test modules that run one after another, on one worker, under ``make test``'s two workers:

@@ -194,8 +194,6 @@ class SharderService(LoopService):
         #: Jobs whose state this instance wrote into the bus at its last reset: its memory of
         #: each is the fold of the new log up to its last offset there (see _held_since_reset)
         self._written_again: set[str] = set()
-        # polled at a reset before the state was written again, handled in the next batch
-        self._polled_early: list[Message] = []
         # the input waiting when the partitions were assigned: its jobs are taken over once handled
         self._backlog = Backlog()
         # progress partitions given up in the rebalance under way
@@ -277,23 +275,26 @@ class SharderService(LoopService):
 
     # ------------------------------------------------------------ bus reset
 
-    def _after_bus_reset(self, between_batches: bool = False) -> None:
+    def _after_bus_reset(self, between_batches: bool = False) -> list[Message]:
         """If the bus was reset since the last look: input from the beginning, state
         re-published. Between batches, a revocation the reset left pending is served first
-        (:meth:`_serve_revocation`); within one, no poll may take partitions from under it."""
+        (:meth:`_serve_revocation`), and what that poll returned is this batch's; within one,
+        no poll may take partitions from under it."""
+        polled: list[Message] = []
         if self._rewinder is not None and self._rewinder.check():
             if between_batches:
-                self._serve_revocation()
+                polled = self._serve_revocation()
             self._republish()
             self._free_memory.now()  # the state built again and the input read again: a burst
         else:
             self._free_memory.due()
+        return polled
 
-    def _serve_revocation(self) -> None:
-        """Poll once without waiting, keeping what it returns for the next batch: a revocation
-        the reset left pending is served now, so the group's new join (which the embedded broker
-        holds for half the session, 1 s) runs while the state is written again, not after it."""
-        self._polled_early += poll_batch(self._consumer, self.config.batch_size, 0)
+    def _serve_revocation(self) -> list[Message]:
+        """Poll once without waiting: a revocation the reset left pending is served now, so the
+        group's new join (which the embedded broker holds for half the session, 1 s) runs while
+        the state is written again, not after it. Returns what the poll read."""
+        return poll_batch(self._consumer, self.config.batch_size, 0)
 
     def _republish(self) -> None:
         """Snapshot every job we write for, or did a moment ago, into the empty bus.
@@ -351,12 +352,9 @@ class SharderService(LoopService):
 
     def step(self) -> int:
         """Process one batch of input; returns how many records it consumed."""
-        self._after_bus_reset(between_batches=True)
-        messages, self._polled_early = self._polled_early, []
-        if not messages:
-            messages = poll_batch(
-                self._consumer, self.config.batch_size, self.config.poll_timeout_s
-            )
+        messages = self._after_bus_reset(between_batches=True) or poll_batch(
+            self._consumer, self.config.batch_size, self.config.poll_timeout_s
+        )
         started = time.perf_counter()
         now_ms = wall_ms()
         events: list[ShardLogEvent] = []
@@ -585,17 +583,15 @@ class SharderService(LoopService):
         the state."""
         refused: list[Record] = []
         for answer in answers:
-            record = (
-                self._assignments_topic,
-                worker_key(answer.job_id, answer.worker_id).encode(),
-                self.codec.encode(answer, self._assignments_topic),
-            )
+            topic = self._assignments_topic
+            key = worker_key(answer.job_id, answer.worker_id).encode()
+            value = self.codec.encode(answer, topic)
             try:
-                self._answer_producer.produce(record[0], key=record[1], value=record[2])
+                self._answer_producer.produce(topic, key=key, value=value)
             except KafkaException as exc:
                 if self._watch is None or exc.args[0].code() not in MISSING_TOPIC:
                     raise
-                refused.append(record)
+                refused.append((topic, key, value))
             metrics.ASSIGNMENTS.labels(answer.status.value).inc()
         if refused:
             self._state_again_if_reset("publishing the answers")

@@ -20,16 +20,10 @@ from antdt.bus.watch import (
     deliver_through_reset,
     shared_watch,
 )
-from antdt.embedded.broker import EmbeddedBroker
 from antdt.errors import AuthenticationError, BusError, TopicMissing
 from antdt.settings import BrokerProfile, load_settings
 from antdt.topics import TOPICS
-
-
-@pytest.fixture
-def own_broker():
-    with EmbeddedBroker() as broker:
-        yield broker
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -41,13 +35,6 @@ def bus(own_broker):
     )
     ensure_topics(make_admin(settings), settings)
     return settings
-
-
-def wait_until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def registry_counts(settings) -> dict[str, int]:

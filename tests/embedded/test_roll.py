@@ -10,13 +10,6 @@ from antdt.embedded.broker import EmbeddedBroker
 from antdt.embedded.roll import BrokerRoll
 
 
-@pytest.fixture
-def own_broker():
-    """A broker of this test's own: the roll kills it."""
-    with EmbeddedBroker() as running:
-        yield running
-
-
 def stored(broker: EmbeddedBroker, topic: str) -> None:
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
     for i in range(50):

@@ -26,6 +26,7 @@ from antdt.schemas.types import utc_now
 from antdt.settings import load_settings
 from antdt.topics import topic_spec, worker_key
 from antdt.worker import EXIT_EVICTED, EXIT_RESTART, Agent, AgentState
+from tests.waiting import wait_until
 
 KEY = "s3cret-signing-key-for-tests-0123"
 CODEC = SingleObjectCodec()
@@ -109,14 +110,6 @@ def step_until(agent, condition, timeout_s=20.0, compute_s=0.0) -> None:
         if compute_s:
             time.sleep(compute_s)
         agent.step()
-
-
-def wait_until(condition, timeout_s=20.0) -> None:
-    """Wait for another thread (the agent's listener) without stepping."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition never met"
-        time.sleep(0.001)
 
 
 def acks_for(settings, command_id, want_status) -> list[CommandAck]:
@@ -238,7 +231,7 @@ def test_batch_size_changes_exactly_at_the_effective_step(agent_settings):
         agent.on_batch_size(lambda size: sizes.setdefault("callback", (agent.step_count, size)))
         command = send_command(agent_settings, batch_size=12, effective_step=500)
         # the command arrived, before step 500 could have been reached
-        wait_until(lambda: agent._inbox)
+        wait_until(lambda: agent._inbox, timeout_s=20.0, pause_s=0.001)
         while agent.step_count < 510:
             sizes[agent.step_count] = agent.batch_size
             agent.step()
@@ -394,7 +387,7 @@ def test_an_action_taken_over_reaches_its_handler_at_once_and_is_acknowledged_by
     with Agent("job-agent", "w1", settings=agent_settings, batch_size=32) as agent:
         agent.handle(CommandAction.ADJUST_BATCH_SIZE, held.append)
         command = send_command(agent_settings, batch_size=12, effective_step=500)
-        wait_until(lambda: agent._inbox)
+        wait_until(lambda: agent._inbox, timeout_s=20.0, pause_s=0.001)
         agent.step()
         # at step 1, not 500: the handler decides when
         assert held == [command] and agent.batch_size == 32

@@ -4,8 +4,6 @@ reset's missing topic refuses."""
 
 from __future__ import annotations
 
-import time
-
 from confluent_kafka import KafkaError, KafkaException
 
 from antdt.bus.clients import make_producer
@@ -17,15 +15,9 @@ from antdt.worker.shard_client import ShardClient
 from tests.services.running import running_loop
 from tests.services.sharder.harness import job_log, run_workers, running_sharder
 from tests.services.sharder.test_service import spec
+from tests.waiting import wait_until
 
 JOB = "job-reset"
-
-
-def wait_until(condition, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def test_after_a_reset_the_job_is_taken_over_from_the_state_held_and_finishes_exactly_once(
@@ -52,10 +44,12 @@ def test_after_a_reset_the_job_is_taken_over_from_the_state_held_and_finishes_ex
                     client.done(0, shard.shard_id, shard.attempt)
         assert read_back == [JOB]  # its first take-over, from an empty log
         # a report the reset takes would hold its shard until its lease runs out (30 s)
-        wait_until(lambda: service.jobs[JOB].core.state.doing_count == 0)
+        wait_until(lambda: service.jobs[JOB].core.state.doing_count == 0, timeout_s=30.0)
         resets = metrics.BUS_RESETS._value.get()
         broker.restart()
-        wait_until(lambda: metrics.BUS_RESETS._value.get() > resets)  # the state written again
+        wait_until(
+            lambda: metrics.BUS_RESETS._value.get() > resets, timeout_s=30.0
+        )  # written again
         again = read_job(settings, JOB, SingleObjectCodec(), make_producer(settings))
         assert again.from_snapshot and again.events_replayed == 0
         done = run_workers(settings, JOB, dataset, count=2)
