@@ -183,6 +183,11 @@ class Settings(BaseSettings):
         """Full topic name ``<prefix>.<component>.<name>``."""
         return f"{self.topic_prefix}.{component}.{name}"
 
+    def group(self, service: str) -> str:
+        """A service's consumer group (a Faust app's id), ``<prefix>.<service>``: its instances
+        split its input by it, and others read its committed offsets by it (lag, what it read)."""
+        return f"{self.topic_prefix}.{service}"
+
 
 def load_settings(**overrides: Any) -> Settings:
     """Read settings from the environment (and ``overrides``), or raise a one-line ConfigError."""

@@ -71,7 +71,7 @@ def main() -> None:
     producer = make_producer(settings, client_id="grant-echo", **LARGE_RECORDS)
     answering = make_producer(settings, client_id="grant-echo-answers", **LARGE_RECORDS)
     consumer = make_consumer(
-        settings, group_id=f"{settings.topic_prefix}.sharder", pace=FetchPace.LOW_LATENCY
+        settings, group_id=settings.group("sharder"), pace=FetchPace.LOW_LATENCY
     )
     consumer.subscribe([progress, topic("worker", "lifecycle")])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

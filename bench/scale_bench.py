@@ -86,7 +86,7 @@ class Probe:
         self.began = time.monotonic()
         self._stop = threading.Event()
         self._readers = {
-            name: make_consumer(settings, group_id=f"{settings.topic_prefix}.{group}")
+            name: make_consumer(settings, group_id=settings.group(group))
             for name, (group, _) in GROUPS.items()
         }
         self._thread = threading.Thread(target=self._loop, daemon=True)

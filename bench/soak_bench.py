@@ -115,7 +115,7 @@ def lag_of(settings, group: str, topics) -> int | None:
         for p in range(topic_spec(c, n).partitions)
     ]
     for _ in range(LAG_TRIES):
-        reader = make_consumer(settings, group_id=f"{settings.topic_prefix}.{group}")
+        reader = make_consumer(settings, group_id=settings.group(group))
         try:
             total = 0
             for committed in reader.committed(partitions, timeout=10):

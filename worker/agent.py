@@ -73,6 +73,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from antdt.bus.admin import cluster_metadata
+from antdt.bus.clients import make_admin
 from antdt.errors import ShardStateLost
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import (
@@ -106,6 +108,8 @@ EXIT_EVICTED = 76
 #: Exit code of a process whose job's state is lost (a parameter server the sharder cannot rewind):
 #: a restart cannot help, the job must be started again.
 EXIT_STATE_LOST = ShardStateLost.exit_code
+#: How long a listening agent's first look at the bus may take (its listener's positioning bound).
+LOOK_UP_WITHIN_S = 30.0
 #: A job id (the settings' pattern).
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -317,6 +321,12 @@ class Agent:
         )
         self._sampler = _make_sampler(self.spec.device)
         self._injector = _make_injector(self.settings, self.spec.rank)
+        if self._listen:
+            try:
+                self._look_up_bus()
+            except BaseException:
+                self._close_parts(flush_timeout_s=0.0)
+                raise
         self._emitter.start()
         self._lifecycle(LifecycleEvent.JOINED)
         if self._listen:
@@ -338,6 +348,13 @@ class Agent:
         self._mark = time.perf_counter()
         self._reporter.start()
         return self
+
+    def _look_up_bus(self, timeout_s: float = LOOK_UP_WITHIN_S) -> None:
+        """One look at the bus before any other client exists, as a listening agent waits for the
+        bus anyway: a refused login stops the worker here, after one client's few attempts,
+        instead of after every client's (the emitter's producer, the listener's three) has retried
+        it for as long as the first refusal took to surface."""
+        cluster_metadata(make_admin(self.settings), self.settings, timeout_s)
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         if isinstance(exc, SystemExit):

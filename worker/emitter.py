@@ -8,6 +8,11 @@ counted (:attr:`dropped`), the newest kept, so when the bus comes back the
 monitor sees the current picture first. When the bus last acknowledged an
 event (:attr:`last_delivered`) tells from the worker's side that it stopped
 reporting (:mod:`antdt.worker.agent_metrics`).
+
+A bus reset (a broker restarted empty, the embedded broker's roll) takes the
+topics away for a moment: the producer is kept fresh by the process's bus
+watch, and an event it refuses for a topic that is not back yet waits in the
+queue like one it has no room for, instead of being dropped as unencodable.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import threading
 import time
 from collections import deque
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from antdt.bus.clients import make_producer
+from antdt.bus.watch import MISSING_TOPIC, shared_watch
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import AvroModel
 from antdt.settings import Settings
@@ -41,22 +47,36 @@ class EventEmitter:
         #: time.monotonic() of the last acknowledged delivery (of the emitter's making, before one)
         self.last_delivered = time.monotonic()
         self._codec = codec or make_codec(settings.schema_registry_url)
+        self._client_id = client_id
+        self._producer = None  # made by start(): a client connects (and logs in) once it exists
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="antdt-emitter", daemon=True)
+        self._settings = settings
+        self._watch = None
+        #: events refused because a bus reset had taken their topic, each tried again
+        self.refused = 0
+
+    def start(self) -> EventEmitter:
         self._producer = make_producer(
-            settings,
-            client_id=client_id,
+            self._settings,
+            client_id=self._client_id,
             **{
-                "queue.buffering.max.messages": capacity,
+                "queue.buffering.max.messages": self.capacity,
                 "message.timeout.ms": 30_000,
                 "linger.ms": 5,
             },
         )
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="antdt-emitter", daemon=True)
-
-    def start(self) -> EventEmitter:
         self._thread.start()
         return self
+
+    def _watch_once_delivered(self) -> None:
+        """After a reset, what is queued goes out to the re-created topics at once: the process's
+        bus watch keeps the producer fresh. It is taken once the bus has acknowledged an event, so
+        a worker refused at login does not add a client retrying it."""
+        if self._watch is None and self.delivered:
+            self._watch = shared_watch(self._settings)
+            self._watch.keep_fresh(self._producer)
 
     def emit(self, topic: str, key: str, message: AvroModel) -> None:
         """Queue an event; never blocks. Over capacity, the oldest queued event is dropped."""
@@ -72,7 +92,7 @@ class EventEmitter:
     @property
     def unsent(self) -> int:
         """Events queued here or in the producer, not yet acknowledged by the bus."""
-        return len(self._queue) + len(self._producer)
+        return len(self._queue) + (len(self._producer) if self._producer is not None else 0)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -80,6 +100,7 @@ class EventEmitter:
             self._wake.clear()
             self._drain()
             self._producer.poll(0)
+            self._watch_once_delivered()
         self._drain()
 
     def _drain(self) -> None:
@@ -91,10 +112,31 @@ class EventEmitter:
             except BufferError:  # the producer's queue is full: the bus is slow or away
                 self._producer.poll(0.05)
                 return
+            except KafkaException as exc:
+                if exc.args[0].code() in MISSING_TOPIC:
+                    self._topic_not_back(topic, exc)
+                    return
+                self._cannot_produce(exc)
             except Exception as exc:  # an unencodable event is a bug; never let it stop training
-                log.error("dropping an event that cannot be produced: %s", exc)
-                self.failed += 1
+                self._cannot_produce(exc)
             self._queue.popleft()
+
+    def _cannot_produce(self, exc: Exception) -> None:
+        log.error("dropping an event that cannot be produced: %s", exc)
+        self.failed += 1
+
+    def _topic_not_back(self, topic: str, exc: KafkaException) -> None:
+        """A reset took ``topic`` and the producer saw it gone: the event stays first in the queue
+        and is tried again at the next wake-up, once the watch has made the topic again."""
+        self.refused += 1
+        if self.refused == 1 or self.refused % 100 == 0:
+            log.warning(
+                "%s not back after a bus reset (%s): events wait in the queue (%d refused so far)",
+                topic,
+                exc.args[0].str(),
+                self.refused,
+            )
+        self._producer.poll(0.05)
 
     def _delivered(self, error: KafkaError | None, _message) -> None:
         if error is None:
@@ -109,6 +151,16 @@ class EventEmitter:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(max(timeout_s, 1.0))  # it stops within one wake-up
+        if self._watch is not None:
+            self._watch.forget(self._producer)
+            self._watch.release()
+            self._watch = None
+        if self._queue:  # refused for a topic that never came back, or no room to the end
+            self.dropped += len(self._queue)
+            log.warning("agent shutdown: %d queued event(s) never handed over", len(self._queue))
+            self._queue.clear()
+        if self._producer is None:  # never started
+            return
         remaining = self._producer.flush(timeout_s)
         if remaining:
             self.dropped += remaining

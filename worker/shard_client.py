@@ -11,7 +11,10 @@ A record on the worker's key that is not an assignment for this worker goes
 to the dead-letter topic and is counted; the wait for the answer goes on.
 After a bus reset (:mod:`antdt.bus.watch`) the reader starts over at offset
 0 and the last seconds of reports are sent again; a commit an answer shows
-lost is sent again too (:mod:`antdt.worker.sent_commits`).
+lost is sent again too (:mod:`antdt.worker.sent_commits`). A client that
+closes first waits, bounded, until the sharder has read its last report, so a
+reset just after its last DONE cannot take that report with nobody left to
+send it again.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ import time
 import uuid
 from collections import deque
 
+from confluent_kafka import KafkaException, TopicPartition
+
+from antdt.bus.clients import make_consumer
 from antdt.bus.config import FetchPace
 from antdt.bus.markers import marker_id, send_marker
 from antdt.bus.own_key import OwnKeyClient
@@ -46,6 +52,11 @@ from antdt.worker.sent_commits import SentCommits
 #: every second.
 NUDGE_AFTER_S = 0.25
 NUDGE_EVERY_S = 1.0
+#: How long a closing client waits for the sharder to read its last report (a reset within that
+#: time has the report sent again); past it the client closes anyway, with a warning.
+CLOSE_WAIT_S = 5.0
+#: Between looks at the sharder's committed offset while closing.
+CLOSE_LOOK_EVERY_S = 0.05
 #: After a bus reset, the reports of this many last seconds are sent again (at most RESEND_MAX of
 #: them).
 RESEND_WINDOW_S = 15.0
@@ -108,6 +119,9 @@ class ShardClient(OwnKeyClient):
         self._nudge_at = 0.0
         self._failed: list[str] = []  # delivery errors since the last flush
         self._failed_lock = threading.Lock()  # the delivery callback runs in whichever thread polls
+        self._settings = settings
+        #: the partition and offset of the report the bus acknowledged last (in send order)
+        self._last_delivered: TopicPartition | None = None
 
     # ------------------------------------------------------------ sending
 
@@ -297,10 +311,65 @@ class ShardClient(OwnKeyClient):
         """Delivery callback: a report the bus dropped is remembered for :meth:`flush` (and
         logged)."""
         if error is None:
+            if message.topic() == self._progress_topic:
+                self._last_delivered = TopicPartition(
+                    message.topic(), message.partition(), message.offset()
+                )
             return
         log.warning("worker %s: a report was not delivered: %s", self.worker_id, error.str())
         with self._failed_lock:
             self._failed.append(error.str())
+
+    # ------------------------------------------------------------ closing
+
+    def close(self, wait_read_s: float = CLOSE_WAIT_S) -> None:
+        """Close once the sharder has read every report sent (at most ``wait_read_s``; 0: at
+        once, for a client whose bus is known gone)."""
+        if wait_read_s > 0:
+            self.wait_until_read(wait_read_s)
+        super().close()
+
+    def wait_until_read(self, within_s: float = CLOSE_WAIT_S) -> bool:
+        """Wait until the sharder's group has read past our last report; False if it has not
+        within ``within_s``.
+
+        Until then a bus reset can take the report from the log unread; this
+        client sends it again (the last seconds of reports, as after any
+        reset), which it no longer can once closed: its shard would wait out
+        its lease, or be trained again.
+        """
+        deadline = time.monotonic() + within_s
+        reader = make_consumer(self._settings, group_id=self._settings.group("sharder"))
+        try:
+            while True:
+                self._after_bus_reset()
+                self._producer.flush(max(0.0, deadline - time.monotonic()))
+                last = self._last_delivered
+                if last is None or self._read_past(reader, last):
+                    return True
+                if time.monotonic() >= deadline:
+                    log.warning(
+                        "worker %s: closing before the sharder read its last report (%s[%d]@%d)",
+                        self.worker_id,
+                        last.topic,
+                        last.partition,
+                        last.offset,
+                    )
+                    return False
+                time.sleep(CLOSE_LOOK_EVERY_S)
+        finally:
+            reader.close()
+
+    @staticmethod
+    def _read_past(reader, report: TopicPartition) -> bool:
+        """Whether the group ``reader`` belongs to has committed past ``report``."""
+        try:
+            [committed] = reader.committed(
+                [TopicPartition(report.topic, report.partition)], timeout=1.0
+            )
+        except KafkaException:  # the bus away a moment (a reset): look again
+            return False
+        return committed.offset > report.offset
 
     # ------------------------------------------------------------ receiving
 

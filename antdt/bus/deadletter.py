@@ -3,12 +3,16 @@
 A record that does not decode or does not validate is never dropped silently
 and never stops a service: it is copied, key, value and original headers, to
 ``<prefix>.deadletter`` with headers saying where it came from and why it
-failed, and counted.
+failed, and counted. A bus reset (a broker restarted empty, the embedded
+broker's roll) takes the topic away for a moment: a dead letter the producer
+refuses for that waits, bounded, until the topic is back, instead of ending
+the service that sends it.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,6 +20,8 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 
+from antdt.bus.watch import MISSING_TOPIC, RETRY_PAUSE_S, TOPICS_BACK_WITHIN_S, refresh_metadata
+from antdt.errors import TopicMissing
 from antdt.settings import Settings
 from antdt.topics import topic_spec
 
@@ -94,10 +100,16 @@ class DeadLetter:
     """
 
     def __init__(
-        self, producer: RecordSink, topic: str, service: str, counter: Tally | None = None
+        self,
+        producer: RecordSink,
+        topic: str,
+        service: str,
+        counter: Tally | None = None,
+        topic_back_within_s: float = TOPICS_BACK_WITHIN_S,
     ):
         self._producer = producer
         self.topic = topic
+        self.topic_back_within_s = topic_back_within_s
         self.service = service
         self.count = 0
         self._counter = counter
@@ -116,7 +128,7 @@ class DeadLetter:
             (HEADER_SERVICE, self.service.encode()),
             (HEADER_FAILED_AT, datetime.now(UTC).isoformat().encode()),
         ]
-        self._produce(record, headers)
+        self._produce_through_reset(record, headers)
         self._producer.poll(0)
         self.count += 1
         if self._counter is not None:
@@ -139,6 +151,30 @@ class DeadLetter:
         return cls(
             sink, topic_spec("", "deadletter").full_name(settings.topic_prefix), service, counter
         )
+
+    def _produce_through_reset(
+        self, record: SourceRecord, headers: list[tuple[str, bytes]]
+    ) -> None:
+        """:meth:`_produce`, tried again while the producer refuses it because a bus reset took the
+        topic (the services' watches make it again within a second): the sharder once ended on
+        such a refusal of an answer, holding the only copy of its state. TopicMissing after
+        ``topic_back_within_s``."""
+        within_s = self.topic_back_within_s
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                return self._produce(record, headers)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.code() not in MISSING_TOPIC:
+                    raise
+                if time.monotonic() >= deadline:
+                    raise TopicMissing(
+                        f"cannot dead-letter to {self.topic}: {error.str()} for {within_s:.0f} s "
+                        "(the bus was reset and its topics are not back)"
+                    ) from None
+            refresh_metadata(self._producer)
+            time.sleep(RETRY_PAUSE_S)
 
     def _produce(self, record: SourceRecord, headers: list[tuple[str, bytes]]) -> None:
         """Copy the record; one too large to copy with its headers goes without its value.

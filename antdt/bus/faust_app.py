@@ -120,9 +120,7 @@ def make_faust_app(
     if settings.broker_profile is BrokerProfile.EMBEDDED:
         conf.update(EMBEDDED_FAUST)
     conf.update(overrides)
-    return TunedApp(
-        f"{settings.topic_prefix}.{app_id}", fetch_max_wait_ms=fetch_wait_ms(settings, pace), **conf
-    )
+    return TunedApp(settings.group(app_id), fetch_max_wait_ms=fetch_wait_ms(settings, pace), **conf)
 
 
 def describe_faust(app: faust.App) -> str:

@@ -140,7 +140,7 @@ class ControllerService(LoopService):
             self._on_control(change)
         self._consumer = make_consumer(
             self.settings,
-            group_id=f"{self.settings.topic_prefix}.controller",
+            group_id=self.settings.group("controller"),
             client_id=self.controller_id,
             # decisions rest on seconds of reports, commands switch a second ahead: a fetch waits
             # longer, the idle broker works less (docs/embedded-broker.md)

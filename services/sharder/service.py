@@ -211,7 +211,7 @@ class SharderService(LoopService):
         self._progress_partitions = counts[self._progress_topic]
         self._consumer = make_consumer(
             self.settings,
-            group_id=f"{self.settings.topic_prefix}.sharder",
+            group_id=self.settings.group("sharder"),
             client_id=self.writer_id,
             pace=FetchPace.STEADY,  # requests come a shard ahead: no need to poll hard
         )

@@ -1,12 +1,17 @@
-"""ShardClient against a real broker of its own (the test stops it)."""
+"""ShardClient against a real broker of its own (the test stops or restarts it)."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 
 from antdt.errors import BusError
 from antdt.schemas.models import ShardCommit
 from antdt.worker.shard_client import ShardClient
+from tests.services.sharder.harness import running_sharder
+from tests.services.sharder.test_service import spec
+from tests.waiting import wait_until
 
 
 def test_flush_says_when_a_commit_is_not_on_the_bus(own_bus):
@@ -23,4 +28,36 @@ def test_flush_says_when_a_commit_is_not_on_the_bus(own_bus):
             client.flush(timeout_s=0.5)
     finally:
         client._producer.purge()  # the broker is gone: do not wait out close's flush
+        client.close(wait_read_s=0)
+
+
+def test_a_client_closing_right_after_its_last_done_waits_until_the_sharder_has_read_it(own_bus):
+    """A broker restart between a worker's last DONE and the sharder's read of it takes the report;
+    an open client sends its recent reports again, a closed one cannot, and the shard waited out
+    its lease (30 s) to be trained again. Closing now waits until the sharder has read past the
+    last report, sending it again across the restart."""
+    broker, settings = own_bus
+    dataset = spec(size=40, shard_size=20, epochs=1)
+    with running_sharder(settings) as service:
+        reading, step = threading.Event(), service.step
+
+        def gated_step():
+            reading.wait(30.0)
+            return step()
+
+        reading.set()
+        service.step = gated_step
+        client = ShardClient(settings, "job-close", "w", dataset)
+        first, second = client.request(0, quota=2).shards
+        client.done(0, first.shard_id, first.attempt)
+        state = lambda: service.jobs["job-close"].core.state  # noqa: E731
+        wait_until(lambda: state().doing_count == 1)
+        reading.clear()  # the sharder reads nothing more until the broker is restarted
+        client.done(0, second.shard_id, second.attempt)
+        client.flush()  # on the old broker, unread
+        broker.restart()
+        reading.set()
+        assert client.wait_until_read()
         client.close()
+        # read: at once, not after the lease
+        wait_until(lambda: state().finished, timeout_s=5.0)

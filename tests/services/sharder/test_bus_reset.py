@@ -4,14 +4,13 @@ reset's missing topic refuses."""
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaError, KafkaException
-
 from antdt.bus.clients import make_producer
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.services.sharder import metrics, recovery
 from antdt.services.sharder.replay import audit_job
 from antdt.services.sharder.service import SharderService
 from antdt.worker.shard_client import ShardClient
+from tests.refusing import RefusingProducer
 from tests.services.running import running_loop
 from tests.services.sharder.harness import job_log, run_workers, running_sharder
 from tests.services.sharder.test_service import spec
@@ -60,31 +59,13 @@ def test_after_a_reset_the_job_is_taken_over_from_the_state_held_and_finishes_ex
     assert [epoch.samples_done_once for epoch in report.epochs] == [dataset.size]
 
 
-class RefusingOnce:
-    """A producer whose first ``produce`` is refused as librdkafka refuses a record for a topic its
-    metadata saw a reset take; everything else is the real producer's."""
-
-    def __init__(self, producer):
-        self._producer = producer
-        self.refused = 0
-
-    def produce(self, *args, **kwargs):
-        if not self.refused:
-            self.refused += 1
-            raise KafkaException(KafkaError(KafkaError._UNKNOWN_TOPIC))
-        return self._producer.produce(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._producer, name)
-
-
 def test_an_answer_refused_for_a_topic_a_reset_took_is_sent_once_it_is_back(settings, topics):
     """At a roll, the sharder's answer producer can see the assignments topic gone before the watch
     makes it again; the sharder once exited on that refusal with the only copy of the state. The
     answer is now delivered once the topic is there, and the sharder serves on."""
     dataset = spec(size=200, shard_size=20, epochs=1)
     service = SharderService(settings).start()
-    refusing = service._answer_producer = RefusingOnce(service._answer_producer)
+    refusing = service._answer_producer = RefusingProducer(service._answer_producer)
     with running_loop(service, "sharder"), ShardClient(settings, JOB, "w", dataset) as client:
         first = client.request(0, quota=1, timeout_s=10)
         client.done(0, first.shards[0].shard_id, first.shards[0].attempt)
