@@ -73,8 +73,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from antdt.bus.admin import cluster_metadata
-from antdt.bus.clients import make_admin
+from antdt.bus.admin import look_at_bus
 from antdt.errors import ShardStateLost
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import (
@@ -323,7 +322,9 @@ class Agent:
         self._injector = _make_injector(self.settings, self.spec.rank)
         if self._listen:
             try:
-                self._look_up_bus()
+                # a listening agent waits for the bus anyway: it looks before any other client
+                # exists (its event producer, its listener's three)
+                look_at_bus(self.settings, LOOK_UP_WITHIN_S)
             except BaseException:
                 self._close_parts(flush_timeout_s=0.0)
                 raise
@@ -348,13 +349,6 @@ class Agent:
         self._mark = time.perf_counter()
         self._reporter.start()
         return self
-
-    def _look_up_bus(self, timeout_s: float = LOOK_UP_WITHIN_S) -> None:
-        """One look at the bus before any other client exists, as a listening agent waits for the
-        bus anyway: a refused login stops the worker here, after one client's few attempts,
-        instead of after every client's (the emitter's producer, the listener's three) has retried
-        it for as long as the first refusal took to surface."""
-        cluster_metadata(make_admin(self.settings), self.settings, timeout_s)
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         if isinstance(exc, SystemExit):

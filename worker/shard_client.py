@@ -33,7 +33,7 @@ from antdt.bus.config import FetchPace
 from antdt.bus.markers import marker_id, send_marker
 from antdt.bus.own_key import OwnKeyClient
 from antdt.bus.readers import decode_addressed, poll_batch
-from antdt.bus.watch import refresh_metadata
+from antdt.bus.watch import produce_through_reset, refresh_metadata
 from antdt.errors import AntdtError, BusError
 from antdt.schemas.codec import Codec
 from antdt.schemas.models import (
@@ -157,8 +157,13 @@ class ShardClient(OwnKeyClient):
     def _produce(self, value: bytes, remember: bool = True) -> None:
         """One report onto the progress topic; ``remember``: kept to be sent again after a bus
         reset."""
-        self._producer.produce(
-            self._progress_topic, key=self.job_id.encode(), value=value, on_delivery=self._delivered
+        produce_through_reset(
+            self._producer,
+            self._watch,
+            self._progress_topic,
+            key=self.job_id.encode(),
+            value=value,
+            on_delivery=self._delivered,
         )
         if remember:
             self._recent.append((time.monotonic(), value))

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
+from antdt.bus.clients import make_admin
 from antdt.embedded.broker import accepts_connections
 from antdt.errors import BusError, BusUnreachable, TopicMissing
 from antdt.settings import SecurityProtocol, Settings
@@ -60,6 +61,14 @@ def cluster_metadata(
             raise BusUnreachable(_unreachable(settings, error, timeout_s))
         time.sleep(max(slice_s - (time.monotonic() - started), 0))
         wait_s = min(wait_s * 2, longest_s)
+
+
+def look_at_bus(settings: Settings, timeout_s: float = 15.0) -> ClusterMetadata:
+    """One look at the bus before a process makes its other clients: each client retries a refused
+    login on its own until the refusal surfaces, so a process that looks first stops on a wrong
+    password after one client's attempts, not after every client's (a listening agent made 41-51
+    without it, 16 with it). AuthenticationError or BusUnreachable as :func:`cluster_metadata`."""
+    return cluster_metadata(make_admin(settings), settings, timeout_s)
 
 
 def _unreachable(settings: Settings | None, error: KafkaError, timeout_s: float) -> str:

@@ -12,7 +12,6 @@ the service that sends it.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,8 +19,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 
-from antdt.bus.watch import MISSING_TOPIC, RETRY_PAUSE_S, TOPICS_BACK_WITHIN_S, refresh_metadata
-from antdt.errors import TopicMissing
+from antdt.bus.watch import TOPICS_BACK_WITHIN_S, produce_through_reset
 from antdt.settings import Settings
 from antdt.topics import topic_spec
 
@@ -128,7 +126,7 @@ class DeadLetter:
             (HEADER_SERVICE, self.service.encode()),
             (HEADER_FAILED_AT, datetime.now(UTC).isoformat().encode()),
         ]
-        self._produce_through_reset(record, headers)
+        self._produce(record, headers)
         self._producer.poll(0)
         self.count += 1
         if self._counter is not None:
@@ -152,30 +150,6 @@ class DeadLetter:
             sink, topic_spec("", "deadletter").full_name(settings.topic_prefix), service, counter
         )
 
-    def _produce_through_reset(
-        self, record: SourceRecord, headers: list[tuple[str, bytes]]
-    ) -> None:
-        """:meth:`_produce`, tried again while the producer refuses it because a bus reset took the
-        topic (the services' watches make it again within a second): the sharder once ended on
-        such a refusal of an answer, holding the only copy of its state. TopicMissing after
-        ``topic_back_within_s``."""
-        within_s = self.topic_back_within_s
-        deadline = time.monotonic() + within_s
-        while True:
-            try:
-                return self._produce(record, headers)
-            except KafkaException as exc:
-                error = exc.args[0]
-                if error.code() not in MISSING_TOPIC:
-                    raise
-                if time.monotonic() >= deadline:
-                    raise TopicMissing(
-                        f"cannot dead-letter to {self.topic}: {error.str()} for {within_s:.0f} s "
-                        "(the bus was reset and its topics are not back)"
-                    ) from None
-            refresh_metadata(self._producer)
-            time.sleep(RETRY_PAUSE_S)
-
     def _produce(self, record: SourceRecord, headers: list[tuple[str, bytes]]) -> None:
         """Copy the record; one too large to copy with its headers goes without its value.
 
@@ -185,14 +159,19 @@ class DeadLetter:
         value (still in the source topic, at the offset named) is left out.
         """
         try:
-            self._producer.produce(self.topic, key=record.key, value=record.value, headers=headers)
+            self._write(key=record.key, value=record.value, headers=headers)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
                 raise
             size = str(len(record.value or b"")).encode()
-            self._producer.produce(
-                self.topic,
-                key=record.key,
-                value=None,
-                headers=[*headers, (HEADER_VALUE_DROPPED, size)],
+            self._write(
+                key=record.key, value=None, headers=[*headers, (HEADER_VALUE_DROPPED, size)]
             )
+
+    def _write(self, **record) -> None:
+        """One dead letter; one a bus reset's missing topic refuses waits until the topic is back
+        (at most ``topic_back_within_s``, then TopicMissing) instead of ending the service: the
+        sharder once ended on such a refusal of an answer, holding the only copy of its state."""
+        produce_through_reset(
+            self._producer, None, self.topic, within_s=self.topic_back_within_s, **record
+        )

@@ -15,6 +15,7 @@ import uuid
 from confluent_kafka import Message, Producer
 
 from antdt.bus.clients import flush_or_raise
+from antdt.bus.watch import produce_through_reset
 
 MARKER_HEADER = "antdt.marker"
 
@@ -24,7 +25,9 @@ def send_marker(producer: Producer, topic: str, key: bytes, partition: int | Non
     id."""
     marker = uuid.uuid4().hex
     where = {} if partition is None else {"partition": partition}
-    producer.produce(topic, key=key, value=b"", headers=[(MARKER_HEADER, marker.encode())], **where)
+    # a bus reset's missing topic must not end a waiting reader: it waits for the topic instead
+    headers = [(MARKER_HEADER, marker.encode())]
+    produce_through_reset(producer, None, topic, key=key, value=b"", headers=headers, **where)
     return marker
 
 

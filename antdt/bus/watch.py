@@ -264,6 +264,73 @@ def deliver_through_reset(
         time.sleep(RETRY_PAUSE_S)
 
 
+def produce_through_reset(
+    producer: Producer,
+    watch: BusWatch | None,
+    topic: str,
+    within_s: float = TOPICS_BACK_WITHIN_S,
+    **record,
+) -> None:
+    """``producer.produce(topic, **record)``, even while a bus reset has taken the topic.
+
+    A producer whose metadata saw the topic gone before a watch made it
+    again refuses the record at once ("Unknown topic"); raised, that
+    refusal ended whoever wrote (a worker's report, a grouper's group, a
+    dead letter). A refused record is produced again once ``watch`` has
+    looked (it re-creates what is missing; with no watch, another process's
+    does) and the producer's metadata is fresh, and this time waited for:
+    the broker can still answer it for a missing topic while the topic is
+    being made. For at most ``within_s``, then TopicMissing naming the
+    topic. A record taken at once is not waited for (its ``on_delivery``
+    says how it went), so the common path costs nothing.
+    """
+    try:
+        return producer.produce(topic, **record)
+    except KafkaException as exc:
+        if exc.args[0].code() not in MISSING_TOPIC:
+            raise
+        refused = exc.args[0]
+    deadline = time.monotonic() + within_s
+    on_delivery = record.pop("on_delivery", None)
+    while True:
+        if time.monotonic() >= deadline:
+            raise TopicMissing(
+                f"cannot write to {topic}: {refused.str()} for {within_s:.0f} s "
+                "(the bus was reset and its topics are not back)"
+            )
+        if watch is not None:
+            watch.check_now()
+            watch.wait_restored(max(0.0, deadline - time.monotonic()))
+        refresh_metadata(producer)
+        time.sleep(RETRY_PAUSE_S)
+        left_s = max(0.1, deadline - time.monotonic())
+        error, message = _produce_and_wait(producer, topic, record, left_s)
+        if error is None or error.code() not in MISSING_TOPIC:
+            if on_delivery is not None and message is not None:
+                on_delivery(error, message)
+            return
+        refused = error
+
+
+def _produce_and_wait(
+    producer: Producer, topic: str, record: dict, timeout_s: float
+) -> tuple[KafkaError | None, object]:
+    """Produce one record and flush: (None, message) delivered, (error, message) failed, (error,
+    None) refused for a missing topic (any other refusal raises); BusError if it is still
+    undelivered after ``timeout_s``."""
+    outcome: list[tuple[KafkaError | None, object]] = []
+    try:
+        producer.produce(topic, on_delivery=lambda e, m: outcome.append((e, m)), **record)
+    except KafkaException as exc:
+        if exc.args[0].code() not in MISSING_TOPIC:
+            raise
+        return exc.args[0], None
+    producer.flush(timeout_s)
+    if not outcome:
+        raise BusError(f"a record for {topic} still undelivered after {timeout_s:.0f} s")
+    return outcome[0]
+
+
 def _deliver(
     producer: Producer, records: list[Record], timeout_s: float
 ) -> list[tuple[Record, KafkaError]]:

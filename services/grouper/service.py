@@ -53,7 +53,7 @@ from antdt.bus.readers import (
     decode_or_deadletter,
     poll_batch,
 )
-from antdt.bus.watch import Rewinder, refresh_metadata, shared_watch
+from antdt.bus.watch import Rewinder, produce_through_reset, refresh_metadata, shared_watch
 from antdt.runtime.service_loop import LoopService
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import GroupFormed, GroupReady
@@ -189,7 +189,9 @@ class GrouperService(LoopService):
                     timestamp=now,
                 )
                 key = worker_key(group.job_id, member.worker_id).encode()
-                self._producer.produce(
+                produce_through_reset(
+                    self._producer,
+                    self._watch,
                     self._formed_topic,
                     key=key,
                     value=self.codec.encode(record, self._formed_topic),

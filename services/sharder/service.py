@@ -343,8 +343,11 @@ class SharderService(LoopService):
         self._log.append_recent(jobs)
         self._log.flush()  # the offsets of the events written again, for the snapshots
         for job_id, runtime in jobs.items():
-            if runtime.core.state.dataset is not None:
-                self._write_snapshot(runtime, log_offset=self._log.last_offset.get(job_id))
+            written = runtime.core.state.dataset is None or self._write_snapshot(
+                runtime, log_offset=self._log.last_offset.get(job_id)
+            )
+            if not written:  # refused (a topic not back yet): the caller writes it all again
+                raise BusError(f"job {job_id}'s snapshot was not written into the new bus")
         flush_or_raise(self._snapshot_producer)
         self._written_again = set(jobs)
 

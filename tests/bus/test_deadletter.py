@@ -94,6 +94,6 @@ def test_a_dead_letter_topic_that_never_comes_back_is_a_clear_error(settings):
             "test-service",
             topic_back_within_s=0.3,
         )
-        with pytest.raises(TopicMissing, match=f"cannot dead-letter to {dlq_topic}"):
+        with pytest.raises(TopicMissing, match=f"cannot write to {dlq_topic}"):
             deadletter.send(SourceRecord("src", 0, 1, None, b"bad", ()), "bad")
     assert deadletter.count == 0

@@ -18,6 +18,7 @@ from antdt.bus.watch import (
     BusWatch,
     Rewinder,
     deliver_through_reset,
+    produce_through_reset,
     shared_watch,
 )
 from antdt.errors import AuthenticationError, BusError, TopicMissing
@@ -125,7 +126,19 @@ def test_a_record_for_a_topic_a_reset_took_is_written_once_the_topic_is_back(bus
         consumer.close()
 
 
-def test_a_write_whose_topic_never_comes_back_fails_naming_it(bus, monkeypatch):
+#: The two ways to write through a reset, each given a record it cannot write within 0.5 s.
+WRITERS = {
+    "deliver": lambda producer, watch, name: deliver_through_reset(
+        producer, watch, [(name, b"job", b"lost")], within_s=0.5
+    ),
+    "produce": lambda producer, watch, name: produce_through_reset(
+        producer, watch, name, within_s=0.5, key=b"job", value=b"lost"
+    ),
+}
+
+
+@pytest.mark.parametrize("write", WRITERS.values(), ids=WRITERS.keys())
+def test_a_write_whose_topic_never_comes_back_fails_naming_it(bus, monkeypatch, write):
     import antdt.bus.watch as watch_module
 
     name = f"{bus.topic_prefix}.shard.log"
@@ -134,7 +147,27 @@ def test_a_write_whose_topic_never_comes_back_fails_naming_it(bus, monkeypatch):
     monkeypatch.setattr(watch, "check_now", lambda: False)  # a watch that cannot put it back
     monkeypatch.setattr(watch_module, "RETRY_PAUSE_S", 0.01)
     with pytest.raises(TopicMissing, match=f"cannot write to {name}"):
-        deliver_through_reset(producer, watch, [(name, b"job", b"lost")], within_s=0.5)
+        write(producer, watch, name)
+
+
+def test_a_record_produced_for_a_topic_a_reset_took_goes_out_once_the_topic_is_back(bus):
+    """What a worker's report, a grouper's answer, a marker and a dead letter go through: the
+    refusal once raised into whoever wrote (a training rank, a service)."""
+    name = f"{bus.topic_prefix}.shard.progress"
+    producer = producer_told_topic_is_gone(bus, make_admin(bus), name)
+    watch = BusWatch(bus)  # not started: the write itself asks it to look
+    outcomes = []
+    produce_through_reset(
+        producer,
+        watch,
+        name,
+        within_s=30,
+        key=b"job",
+        value=b"written",
+        on_delivery=lambda e, m: outcomes.append(e),
+    )
+    assert producer.flush(10) == 0 and outcomes == [None]
+    assert watch.generation == 1 and watch.restored == 1
 
 
 def live_count(admin: AdminClient, name: str) -> int | None:

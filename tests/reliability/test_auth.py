@@ -275,6 +275,7 @@ def test_a_refused_login_is_one_authentication_error_at_once(
     )
     assert password not in message
     assert seen.elapsed_s < 2.0 and 1 <= seen["failed"] <= 20 and seen["succeeded"] == 0
+    print(f"\nensure_topics: refused {seen['failed']} time(s), raised after {seen.elapsed_s:.2f} s")
 
 
 def test_a_mechanism_the_broker_does_not_offer_is_refused_by_name(auth_broker, topic_prefix):
@@ -321,6 +322,7 @@ def test_the_cli_exits_1_with_one_line(auth_broker, topic_prefix, user, password
     )
     assert password not in done.stderr + done.stdout
     assert seen.elapsed_s < EXIT_WITHIN_S and seen["failed"] <= MAX_ATTEMPTS
+    print(f"\ntopics --create: refused {seen['failed']} time(s), after {seen.elapsed_s:.2f} s")
 
 
 @pytest.mark.slow

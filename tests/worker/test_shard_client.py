@@ -9,6 +9,7 @@ import pytest
 from antdt.errors import BusError
 from antdt.schemas.models import ShardCommit
 from antdt.worker.shard_client import ShardClient
+from tests.refusing import RefusingProducer
 from tests.services.sharder.harness import running_sharder
 from tests.services.sharder.test_service import spec
 from tests.waiting import wait_until
@@ -61,3 +62,13 @@ def test_a_client_closing_right_after_its_last_done_waits_until_the_sharder_has_
         client.close()
         # read: at once, not after the lease
         wait_until(lambda: state().finished, timeout_s=5.0)
+
+
+def test_a_report_refused_for_a_topic_a_reset_took_goes_out_once_it_is_back(settings, topics):
+    """librdkafka refuses a record at once for a topic its metadata saw a reset take; that refusal
+    used to raise out of ``send`` into the training loop."""
+    dataset = spec(size=40, shard_size=20, epochs=1)
+    with running_sharder(settings), ShardClient(settings, "job-refused", "w", dataset) as client:
+        refusing = client._producer = RefusingProducer(client._producer)
+        answer = client.request(0, quota=1)
+    assert refusing.refused == 1 and len(answer.shards) == 1

@@ -27,7 +27,7 @@ import time
 from antdt.bus.markers import marker_id, send_marker
 from antdt.bus.own_key import OwnKeyClient
 from antdt.bus.readers import decode_addressed, poll_batch
-from antdt.bus.watch import refresh_metadata
+from antdt.bus.watch import produce_through_reset, refresh_metadata
 from antdt.errors import AntdtError
 from antdt.schemas.codec import Codec
 from antdt.schemas.models import GroupFormed, GroupReady
@@ -113,7 +113,9 @@ class GroupClient(OwnKeyClient):
         return seq
 
     def _send(self, value: bytes) -> None:
-        self._producer.produce(self._ready_topic, key=self.job_id.encode(), value=value)
+        produce_through_reset(
+            self._producer, self._watch, self._ready_topic, key=self.job_id.encode(), value=value
+        )
         self._producer.poll(0)
 
     def wait(self, seq: int, timeout_s: float, stop: threading.Event | None = None) -> GroupFormed:

@@ -72,3 +72,27 @@ def test_an_answer_refused_for_a_topic_a_reset_took_is_sent_once_it_is_back(sett
         second = client.request(0, quota=1, timeout_s=10)
     assert refusing.refused == 1
     assert second.shards and second.shards != first.shards
+
+
+def test_an_append_a_roll_refuses_has_the_state_written_again_and_the_job_finishes_once(own_bus):
+    """A roll can have the sharder's log producer see the log topic gone before the watch makes it
+    again; the refusal used to raise out of the append and end the sharder with the only copy of
+    the state. It now fails the batch's flush, the state is written into the new bus, and the job
+    finishes with every sample exactly once."""
+    broker, settings = own_bus
+    dataset = spec(size=400, shard_size=20, epochs=1)
+    with running_sharder(settings) as service:
+        with ShardClient(settings, JOB, "before", dataset) as client:
+            for shard in client.request(0, quota=1).shards:
+                client.done(0, shard.shard_id, shard.attempt)
+        resets = metrics.BUS_RESETS._value.get()
+        # the next append restarts the broker, then is refused as librdkafka refuses it
+        refusing = service._log._producer = RefusingProducer(
+            service._log._producer, before_refusing=broker.restart
+        )
+        done = run_workers(settings, JOB, dataset, count=2)
+    assert refusing.refused == 1 and metrics.BUS_RESETS._value.get() > resets
+    assert sum(done.values()) + 1 >= dataset.shard_count
+    report = audit_job(settings, JOB, job_log(settings, JOB), SingleObjectCodec())
+    assert report.ok and report.finished, report.violations
+    assert [epoch.samples_done_once for epoch in report.epochs] == [dataset.size]
