@@ -344,13 +344,17 @@ class ShardClient(OwnKeyClient):
         its lease, or be trained again.
         """
         deadline = time.monotonic() + within_s
-        reader = make_consumer(self._settings, group_id=self._settings.group("sharder"))
+        reader = None  # made once there is a report to ask about
         try:
             while True:
                 self._after_bus_reset()
                 self._producer.flush(max(0.0, deadline - time.monotonic()))
                 last = self._last_delivered
-                if last is None or self._read_past(reader, last):
+                if last is None:
+                    return True
+                if reader is None:
+                    reader = make_consumer(self._settings, group_id=self._settings.group("sharder"))
+                if self._read_past(reader, last):
                     return True
                 if time.monotonic() >= deadline:
                     log.warning(
@@ -363,7 +367,8 @@ class ShardClient(OwnKeyClient):
                     return False
                 time.sleep(CLOSE_LOOK_EVERY_S)
         finally:
-            reader.close()
+            if reader is not None:
+                reader.close()
 
     @staticmethod
     def _read_past(reader, report: TopicPartition) -> bool:

@@ -254,14 +254,8 @@ def deliver_through_reset(
                 raise BusError(f"cannot write to {topic}: {error.str()} ({error.code()})")
         (topic, _, _), error = failed[0]
         if time.monotonic() >= deadline:
-            raise TopicMissing(
-                f"cannot write to {topic}: {error.str()} for {within_s:.0f} s "
-                "(the bus was reset and its topics are not back)"
-            )
-        watch.check_now()
-        watch.wait_restored(max(0.0, deadline - time.monotonic()))
-        refresh_metadata(producer)
-        time.sleep(RETRY_PAUSE_S)
+            raise _topics_not_back(topic, error, within_s)
+        _wait_for_topics(producer, watch, deadline)
 
 
 def produce_through_reset(
@@ -294,15 +288,8 @@ def produce_through_reset(
     on_delivery = record.pop("on_delivery", None)
     while True:
         if time.monotonic() >= deadline:
-            raise TopicMissing(
-                f"cannot write to {topic}: {refused.str()} for {within_s:.0f} s "
-                "(the bus was reset and its topics are not back)"
-            )
-        if watch is not None:
-            watch.check_now()
-            watch.wait_restored(max(0.0, deadline - time.monotonic()))
-        refresh_metadata(producer)
-        time.sleep(RETRY_PAUSE_S)
+            raise _topics_not_back(topic, refused, within_s)
+        _wait_for_topics(producer, watch, deadline)
         left_s = max(0.1, deadline - time.monotonic())
         error, message = _produce_and_wait(producer, topic, record, left_s)
         if error is None or error.code() not in MISSING_TOPIC:
@@ -310,6 +297,24 @@ def produce_through_reset(
                 on_delivery(error, message)
             return
         refused = error
+
+
+def _wait_for_topics(producer: Producer, watch: BusWatch | None, deadline: float) -> None:
+    """Between two tries of a write a missing topic refused or failed: the watch looks (it
+    re-creates what is missing; with none, another process's does) and the topics are back, then
+    the producer's metadata is made fresh."""
+    if watch is not None:
+        watch.check_now()
+        watch.wait_restored(max(0.0, deadline - time.monotonic()))
+    refresh_metadata(producer)
+    time.sleep(RETRY_PAUSE_S)
+
+
+def _topics_not_back(topic: str, error: KafkaError, within_s: float) -> TopicMissing:
+    return TopicMissing(
+        f"cannot write to {topic}: {error.str()} for {within_s:.0f} s "
+        "(the bus was reset and its topics are not back)"
+    )
 
 
 def _produce_and_wait(
