@@ -39,11 +39,11 @@ def controller(
     configure_logging(log_level)
     settings = load_settings()
     actuator = KubernetesActuator.from_settings(load_kubernetes_settings())
-    service = ControllerService(settings, defaults, actuator=actuator)
     serve(
-        service,
+        settings,
+        lambda: ControllerService(settings, defaults, actuator=actuator),
         http_port,
-        lambda: (
+        lambda service: (
             f"controller {service.controller_id} (epoch {service.core.stamp.epoch}, "
             f"policy {defaults.policy}) serving on {settings.bootstrap_servers}"
         ),

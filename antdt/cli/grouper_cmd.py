@@ -34,11 +34,11 @@ def grouper(
     config = GrouperConfig(
         group_size=group_size, deadline_s=deadline_ms / 1000, checkpoint_every_s=checkpoint_every_s
     )
-    service = GrouperService(settings, config)
     serve(
-        service,
+        settings,
+        lambda: GrouperService(settings, config),
         http_port,
-        lambda: (
+        lambda service: (
             f"grouper {service.instance_id} serving on {settings.bootstrap_servers} "
             f"(prefix {settings.topic_prefix}, P={group_size}, deadline {deadline_ms:g} ms)"
         ),

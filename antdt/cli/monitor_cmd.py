@@ -9,8 +9,10 @@ import sys
 
 import typer
 
+from antdt.bus.admin import look_at_bus
 from antdt.bus.config import describe_profile
 from antdt.bus.watch import shared_watch
+from antdt.cli.serving import LOOK_UP_WITHIN_S, Built
 from antdt.control.topic import parse_assignments
 from antdt.errors import ConfigError
 from antdt.runtime.observability import HealthServer
@@ -51,10 +53,12 @@ def monitor(
 
     metrics.BUS_RESETS.inc(int(os.environ.get(RESETS_ENV, "0")))
     settings = load_settings()
-    service = MonitorService(settings, defaults, MonitorConfig(batch_max=batch))
-    health = HealthServer(http_port, service.ready.is_set).start() if http_port else None
+    built = Built()
+    health = HealthServer(http_port, built.ready).start() if http_port else None
     watch = None
     try:
+        look_at_bus(settings, LOOK_UP_WITHIN_S)
+        built.service = service = MonitorService(settings, defaults, MonitorConfig(batch_max=batch))
         service.start()
         watch = shared_watch(settings)
         watch.on_reset(restart_in_place)
@@ -73,7 +77,8 @@ def monitor(
     finally:
         if watch is not None:
             watch.release()
-        service.close()
+        if built.service is not None:
+            built.service.close()
         if health:
             health.stop()
 

@@ -35,11 +35,11 @@ def sharder(
         snapshot_every_events=snapshot_every,
         snapshot_every_s=snapshot_seconds,
     )
-    service = SharderService(settings, config)
     serve(
-        service,
+        settings,
+        lambda: SharderService(settings, config),
         http_port,
-        lambda: (
+        lambda service: (
             f"sharder {service.writer_id} serving on {settings.bootstrap_servers} "
             f"(prefix {settings.topic_prefix})"
         ),
