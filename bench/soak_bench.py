@@ -37,10 +37,12 @@ not held to its noise), no minute's grant p99 passes the agent's request
 timeout (10 s: a slower answer is asked for again), and the broker's and
 each service's RSS in the last minute is at most 1.5 times its highest in
 the baseline. Exits 1 otherwise. The JSON keeps every minute's figures and
-every window's (with its grants past 1 s: a roll holds every worker's open
-request for seconds, so about one per worker per roll); ``--grants-csv``
-writes every grant (asked at, s into the run; to its answer read and to the
-sharder's stamp on it, ms).
+every window's, with the grants the rolls held and the steady tail without
+them (:mod:`soak_grants`: a roll holds every worker's open request for
+seconds, about one grant per worker per roll), and the grants each roll held;
+``--grants-csv`` writes every grant (asked at, s into the run; to its answer
+read and to the sharder's stamp on it, ms), which ``bench/soak_grants.py``
+reads again.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ import psutil
 from benchlib import antdt_up, distribution, emit
 from confluent_kafka import KafkaException, TopicPartition
 from scale_bench import GROUPS
+from soak_grants import rolls_held, tail
 
 from antdt.bus.clients import make_consumer
 from antdt.cli.up_cmd import ROLL_AT_MB
@@ -279,9 +282,9 @@ def windows(samples: list[dict], seen, size: int) -> list[dict]:
                 "stamped_ms": distribution([g.stamped_s * 1000 for g in grants], 2),
                 "bus_cpu_percent": round(sum(map(bus_cpu, minutes)) / len(minutes), 1),
                 "broker_rolls": sum(s["broker_rolls"] for s in minutes),
-                # a roll holds every worker's open request for seconds: about one grant per worker
-                # per roll is past 1 s, and how many there are sets where the pooled p99 falls
-                "grants_over_1s": sum(g.read_s > 1.0 for g in grants),
+                # a roll holds every worker's open request for seconds: how many it held sets where
+                # the pooled p99 falls, and the rest's tail is the window's without its rolls
+                **tail([g.read_s for g in grants]),
             }
         )
     return result
@@ -407,6 +410,7 @@ def main() -> None:
             "requests_asked_again": seen[0].asked_again,
             "stragglers": driver.fleet.stragglers,
             "stragglers_commanded": len(seen[0].first_command_s),
+            "rolls_held": rolls_held([(g.sent_s, g.read_s) for g in seen[0].grants]),
             "samples": samples,
             "windows": spans,
             "passed": not problems,

@@ -14,8 +14,10 @@ import pytest
 
 from antdt.loadgen.fleet import Grant, Observations
 
-sys.path.append(str(Path(__file__).parents[2] / "bench"))  # the bench scripts import as scripts
+BENCH = Path(__file__).parents[2] / "bench"
+sys.path.append(str(BENCH))  # the bench scripts import as scripts
 soak_bench = importlib.import_module("soak_bench")
+soak_grants = importlib.import_module("soak_grants")
 
 SERVICES = ("broker", "monitor", "sharder", "controller")
 #: A fleet without onsets: the verdict reads only the grants.
@@ -55,8 +57,9 @@ def test_windows_pool_the_grants_asked_in_their_minutes():
     assert [s["grant_ms"]["n"] for s in spans] == [400, 400, 200]
     assert spans[0]["grant_ms"]["min"] == 1000.0 and spans[0]["grant_ms"]["max"] == 4000.0
     assert spans[1]["bus_cpu_percent"] == 4 * 65.0  # the mean of minutes 5-8, four processes
-    # minute m's grants take m seconds: those of minutes 2-4, 5-8 and 9-10 are past 1 s
-    assert [s["grants_over_1s"] for s in spans] == [300, 400, 200]
+    # minute m's grants take m seconds: every one is held (past 0.7 s), none is steady
+    assert [s["grants_held"] for s in spans] == [400, 400, 200]
+    assert [s["steady_p99_ms"] for s in spans] == [None, None, None]
 
 
 def test_every_grant_is_written_to_the_csv(tmp_path):
@@ -126,3 +129,54 @@ def test_the_soak_ends_at_once_when_antdt_up_has_exited():
     finally:
         running.kill()
         running.wait(30)
+
+
+# ------------------------------------------------------------ what the grants say (soak_grants)
+
+
+def test_the_held_grants_are_apart_from_the_steady_tail():
+    """Five grants of 100 held by a roll; the steady rest's p99 is the tail without them."""
+    read_s = [0.01 * k for k in range(1, 36)] + [0.4] * 60 + [1.5, 2.0, 2.5, 0.8, 0.71]
+    figures = soak_grants.tail(read_s)
+    assert figures["grants_held"] == 5 and figures["held_percent"] == 5.0
+    assert figures["steady_p99_ms"] == 400.0 and figures["steady_over_300ms"] == 65
+    assert soak_grants.tail([]) == {
+        "grants_held": 0,
+        "held_percent": 0.0,
+        "steady_p99_ms": None,
+        "steady_over_300ms": 0,
+    }
+
+
+def test_held_grants_cluster_by_roll():
+    """Held grants asked within 10 s of each other are one roll's; a steady grant is no roll's."""
+    grants = [(5.0, 1.0), (6.0, 3.0), (7.0, 2.0), (70.0, 0.9), (71.0, 1.1), (100.0, 0.2)]
+    figures = soak_grants.rolls_held(grants)
+    assert figures["rolls"] == 2 and figures["held_per_roll"] == [3, 2]
+    assert figures["median_hold_s"] == {"median": 1.5, "min": 1.0, "max": 2.0}
+    assert figures["longest_hold_s"] == 3.0
+    assert soak_grants.rolls_held([(1.0, 0.1)]) == {"rolls": 0}
+
+
+def test_a_saved_csv_is_read_again_by_window(tmp_path):
+    """The soak's CSV read back gives the same windows the soak's minutes pooled."""
+    seen = seen_with(lambda m, k: 900.0 if k == 0 else 10.0 * m)
+    path = tmp_path / "grants.csv"
+    soak_bench.write_grants(seen.grants, path)
+    spans = soak_grants.by_window(soak_grants.read_grants(path), 300.0)
+    assert [s["grants"] for s in spans] == [500, 500]
+    assert [s["grants_held"] for s in spans] == [5, 5]
+    assert [s["steady_p99_ms"] for s in spans] == [50.0, 100.0]
+    samples = [minute(n) for n in range(1, 11)]
+    soak_bench.add_latencies(samples, seen, FLEET)
+    pooled = soak_bench.windows(samples, seen, 5)
+    assert [s["steady_p99_ms"] for s in pooled] == [s["steady_p99_ms"] for s in spans]
+
+
+def test_the_grants_cli_rejects_a_missing_file(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "soak_grants.py"), str(tmp_path / "none.csv")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "no such file" in done.stderr.splitlines()[-1]
