@@ -20,7 +20,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+from array import array
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NamedTuple
@@ -109,12 +111,34 @@ class Grant(NamedTuple):
     stamped_s: float
 
 
+class Grants:
+    """Every grant a run saw, kept as three columns of doubles (24 bytes a grant): a half-hour soak
+    sees about 360,000, which as tuples of floats grew the load generator from 62 to 140 MB.
+    Appended and read back as :class:`Grant`."""
+
+    def __init__(self) -> None:
+        self._columns = tuple(array("d") for _ in Grant._fields)
+
+    def append(self, grant: Grant) -> None:
+        for column, value in zip(self._columns, grant):
+            column.append(value)
+
+    def __len__(self) -> int:
+        return len(self._columns[0])
+
+    def __getitem__(self, index: int) -> Grant:
+        return Grant(*(column[index] for column in self._columns))
+
+    def __iter__(self) -> Iterator[Grant]:
+        return map(Grant, *self._columns)
+
+
 @dataclass
 class Observations:
     """What the fleet saw: request-to-grant latencies, each straggler's first command after its
     onset, other commands."""
 
-    grants: list[Grant] = field(default_factory=list)
+    grants: Grants = field(default_factory=Grants)
     # job/worker -> latency from its onset
     first_command_s: dict[str, float] = field(default_factory=dict)
     commands: int = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from antdt.loadgen.fleet import Fleet, FleetSpec
+from antdt.loadgen.fleet import Fleet, FleetSpec, Grant, Grants
 from antdt.schemas.models import (
     AckStatus,
     AssignmentStatus,
@@ -162,3 +162,14 @@ def test_an_unanswered_request_is_asked_again_and_only_its_answer_counts():
     assert not f.seen.grants
     f.on_assignment(answer(again[0]), START + 5.2)
     assert len(f.seen.grants) == 1 and abs(f.seen.grants[0].read_s - 2.2) < 0.05
+
+
+def test_grants_read_back_as_they_were_appended():
+    """The columns give back every grant in order, by index and by iteration."""
+    grants = Grants()
+    appended = [Grant(0.5 * k, 0.01 * k, 0.002 * k) for k in range(5)]
+    for grant in appended:
+        grants.append(grant)
+    assert len(grants) == 5 and list(grants) == appended
+    assert grants[2] == appended[2] and grants[-1] == appended[-1]
+    assert not Grants()
