@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message
 
 
 class RefusingProducer:
@@ -29,6 +29,46 @@ class RefusingProducer:
                 self._before_refusing()
             raise KafkaException(KafkaError(KafkaError._UNKNOWN_TOPIC))
         return self._producer.produce(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._producer, name)
+
+
+class FailingDelivery:
+    """Wraps a real producer; the first ``times`` records it is given are not sent but reported
+    failed at the next ``poll`` or ``flush`` with ``UNKNOWN``, as a broker restarted empty answers a
+    record whose producer's metadata still named the topic (the delivery a roll fails)."""
+
+    def __init__(self, producer, times: int = 1):
+        self._producer = producer
+        self._times = times
+        self._failing: list = []  # (on_delivery, the record) to report at the next poll
+        self.failed = 0
+
+    def produce(self, topic, value=None, key=None, on_delivery=None, **kwargs):
+        if self.failed < self._times:
+            self.failed += 1
+            self._failing.append((on_delivery, Message(topic=topic, key=key, value=value)))
+            return None
+        return self._producer.produce(
+            topic, value=value, key=key, on_delivery=on_delivery, **kwargs
+        )
+
+    def _report_failures(self) -> None:
+        failing, self._failing = self._failing, []
+        for on_delivery, record in failing:
+            on_delivery(KafkaError(KafkaError.UNKNOWN), record)
+
+    def poll(self, timeout=None):
+        self._report_failures()
+        return self._producer.poll(timeout) if timeout is not None else self._producer.poll()
+
+    def flush(self, timeout=None):
+        self._report_failures()
+        return self._producer.flush(timeout) if timeout is not None else self._producer.flush()
+
+    def __len__(self):
+        return len(self._producer) + len(self._failing)
 
     def __getattr__(self, name):
         return getattr(self._producer, name)

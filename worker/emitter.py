@@ -12,7 +12,10 @@ reporting (:mod:`antdt.worker.agent_metrics`).
 A bus reset (a broker restarted empty, the embedded broker's roll) takes the
 topics away for a moment: the producer is kept fresh by the process's bus
 watch, and an event it refuses for a topic that is not back yet waits in the
-queue like one it has no room for, instead of being dropped as unencodable.
+queue like one it has no room for, instead of being dropped as unencodable;
+one the producer took whose delivery then fails for the missing topic (its
+metadata still named the topic, the restarted broker did not) goes back to
+the front of the queue, as it was encoded.
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ class EventEmitter:
     def __init__(
         self, settings: Settings, client_id: str, capacity: int = 1000, codec: Codec | None = None
     ):
-        self._queue: deque[tuple[str, bytes, AvroModel]] = deque()
+        # (topic, key, event): an event is encoded when handed to the producer, or is the bytes
+        # it was encoded to when a reset failed its delivery
+        self._queue: deque[tuple[str, bytes, AvroModel | bytes]] = deque()
+        self._failed_for_reset: list[tuple[str, bytes, bytes]] = []  # filled by delivery reports
         self.capacity = capacity
         self.dropped = 0
         self.delivered = 0
@@ -54,7 +60,8 @@ class EventEmitter:
         self._thread = threading.Thread(target=self._run, name="antdt-emitter", daemon=True)
         self._settings = settings
         self._watch = None
-        #: events refused because a bus reset had taken their topic, each tried again
+        #: events refused, or failed on delivery, because a bus reset had taken their topic; each
+        #: tried again
         self.refused = 0
 
     def start(self) -> EventEmitter:
@@ -104,10 +111,14 @@ class EventEmitter:
         self._drain()
 
     def _drain(self) -> None:
+        while self._failed_for_reset:  # ahead of everything queued since, in their order
+            self._queue.appendleft(self._failed_for_reset.pop())
         while self._queue:
             topic, key, message = self._queue[0]
             try:
-                value = self._codec.encode(message, topic)
+                value = (
+                    message if isinstance(message, bytes) else self._codec.encode(message, topic)
+                )
                 self._producer.produce(topic, key=key, value=value, on_delivery=self._delivered)
             except BufferError:  # the producer's queue is full: the bus is slow or away
                 self._producer.poll(0.05)
@@ -128,20 +139,26 @@ class EventEmitter:
     def _topic_not_back(self, topic: str, exc: KafkaException) -> None:
         """A reset took ``topic`` and the producer saw it gone: the event stays first in the queue
         and is tried again at the next wake-up, once the watch has made the topic again."""
+        self._count_refused(topic, exc.args[0])
+        self._producer.poll(0.05)
+
+    def _count_refused(self, topic: str, error: KafkaError) -> None:
         self.refused += 1
         if self.refused == 1 or self.refused % 100 == 0:
             log.warning(
                 "%s not back after a bus reset (%s): events wait in the queue (%d refused so far)",
                 topic,
-                exc.args[0].str(),
+                error.str(),
                 self.refused,
             )
-        self._producer.poll(0.05)
 
-    def _delivered(self, error: KafkaError | None, _message) -> None:
+    def _delivered(self, error: KafkaError | None, record) -> None:
         if error is None:
             self.delivered += 1
             self.last_delivered = time.monotonic()
+        elif error.code() in MISSING_TOPIC:  # sent again at the next drain, as it was encoded
+            self._count_refused(record.topic(), error)
+            self._failed_for_reset.append((record.topic(), record.key(), record.value()))
         else:
             self.dropped += 1
 
@@ -161,7 +178,8 @@ class EventEmitter:
             self._queue.clear()
         if self._producer is None:  # never started
             return
-        remaining = self._producer.flush(timeout_s)
+        remaining = self._producer.flush(timeout_s) + len(self._failed_for_reset)
+        self._failed_for_reset.clear()
         if remaining:
             self.dropped += remaining
             log.warning("agent shutdown: %d event(s) not delivered", remaining)

@@ -7,7 +7,7 @@ from antdt.schemas.models import LifecycleEvent, WorkerLifecycle
 from antdt.schemas.types import utc_now
 from antdt.topics import topic_spec
 from antdt.worker.emitter import EventEmitter
-from tests.refusing import RefusingProducer
+from tests.refusing import FailingDelivery, RefusingProducer
 from tests.waiting import wait_until
 from tests.worker.test_agent import read_topic
 
@@ -40,5 +40,24 @@ def test_an_event_refused_for_a_topic_a_reset_took_waits_and_is_delivered(settin
         emitter.close()
     assert refusing.refused == 1 and emitter.refused == 1
     assert emitter.failed == 0 and emitter.dropped == 0
+    sent = read_topic(settings, "worker", "lifecycle", want=lambda found: len(found) >= 2)
+    assert [event.worker_id for event in sent] == ["first", "second"]
+
+
+def test_an_event_whose_delivery_a_reset_failed_is_sent_again_in_order(settings, topics):
+    """A producer whose metadata still names a topic the restarted broker lost has the record fail
+    on delivery (UNKNOWN). The emitter used to count that event dropped; it now puts it back at
+    the front of its queue as it was encoded, and it is delivered ahead of what came after it."""
+    topic = topic_spec("worker", "lifecycle").full_name(settings.topic_prefix)
+    emitter = EventEmitter(settings, "emitter-test").start()
+    failing = emitter._producer = FailingDelivery(emitter._producer)
+    try:
+        emitter.emit(topic, "job-emit", heartbeat("first"))
+        wait_until(lambda: emitter.refused == 1)
+        emitter.emit(topic, "job-emit", heartbeat("second"))
+        wait_until(lambda: emitter.delivered == 2)
+    finally:
+        emitter.close()
+    assert failing.failed == 1 and emitter.failed == 0 and emitter.dropped == 0
     sent = read_topic(settings, "worker", "lifecycle", want=lambda found: len(found) >= 2)
     assert [event.worker_id for event in sent] == ["first", "second"]
