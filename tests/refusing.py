@@ -59,13 +59,13 @@ class FailingDelivery:
         for on_delivery, record in failing:
             on_delivery(KafkaError(KafkaError.UNKNOWN), record)
 
-    def poll(self, timeout=None):
+    def poll(self, *timeout):
         self._report_failures()
-        return self._producer.poll(timeout) if timeout is not None else self._producer.poll()
+        return self._producer.poll(*timeout)
 
-    def flush(self, timeout=None):
+    def flush(self, *timeout):
         self._report_failures()
-        return self._producer.flush(timeout) if timeout is not None else self._producer.flush()
+        return self._producer.flush(*timeout)
 
     def __len__(self):
         return len(self._producer) + len(self._failing)

@@ -6,16 +6,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from functools import partial
 
 import typer
 
-from antdt.bus.admin import look_at_bus
 from antdt.bus.config import describe_profile
 from antdt.bus.watch import shared_watch
-from antdt.cli.serving import LOOK_UP_WITHIN_S, Built
+from antdt.cli.serving import built_after_a_look
 from antdt.control.topic import parse_assignments
 from antdt.errors import ConfigError
-from antdt.runtime.observability import HealthServer
 from antdt.services.monitor.detection import DetectorConfig
 from antdt.settings import load_settings
 
@@ -53,34 +52,30 @@ def monitor(
 
     metrics.BUS_RESETS.inc(int(os.environ.get(RESETS_ENV, "0")))
     settings = load_settings()
-    built = Built()
-    health = HealthServer(http_port, built.ready).start() if http_port else None
-    watch = None
-    try:
-        look_at_bus(settings, LOOK_UP_WITHIN_S)
-        built.service = service = MonitorService(settings, defaults, MonitorConfig(batch_max=batch))
-        service.start()
-        watch = shared_watch(settings)
-        watch.on_reset(restart_in_place)
-        typer.echo(
-            f"monitor serving on {settings.bootstrap_servers} (prefix {settings.topic_prefix})"
-        )
-        typer.echo(describe_profile(settings))
-        typer.echo(describe_faust(service.app))
-        worker = Worker(service.app, loglevel=log_level.lower(), redirect_stdouts=False)
-        tune_gc_for_streaming()
+    config = MonitorConfig(batch_max=batch)
+    build = partial(MonitorService, settings, defaults, config)
+    with built_after_a_look(settings, build, http_port) as service:
+        watch = None
         try:
-            worker.execute_from_commandline()
-        except SystemExit:
-            pass
-        logging.getLogger(__name__).info("monitor stopped")
-    finally:
-        if watch is not None:
-            watch.release()
-        if built.service is not None:
-            built.service.close()
-        if health:
-            health.stop()
+            service.start()
+            watch = shared_watch(settings)
+            watch.on_reset(restart_in_place)
+            typer.echo(
+                f"monitor serving on {settings.bootstrap_servers} (prefix {settings.topic_prefix})"
+            )
+            typer.echo(describe_profile(settings))
+            typer.echo(describe_faust(service.app))
+            worker = Worker(service.app, loglevel=log_level.lower(), redirect_stdouts=False)
+            tune_gc_for_streaming()
+            try:
+                worker.execute_from_commandline()
+            except SystemExit:
+                pass
+            logging.getLogger(__name__).info("monitor stopped")
+        finally:
+            if watch is not None:
+                watch.release()
+            service.close()
 
 
 def restart_in_place() -> None:
