@@ -25,10 +25,10 @@ import threading
 import time
 from collections import deque
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError
 
 from antdt.bus.clients import make_producer
-from antdt.bus.watch import MISSING_TOPIC, shared_watch
+from antdt.bus.watch import MISSING_TOPIC, produce_or_refused, shared_watch
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import AvroModel
 from antdt.settings import Settings
@@ -119,27 +119,28 @@ class EventEmitter:
                 value = (
                     message if isinstance(message, bytes) else self._codec.encode(message, topic)
                 )
-                self._producer.produce(topic, key=key, value=value, on_delivery=self._delivered)
+                refused = produce_or_refused(
+                    self._producer, topic, key=key, value=value, on_delivery=self._delivered
+                )
             except BufferError:  # the producer's queue is full: the bus is slow or away
                 self._producer.poll(0.05)
                 return
-            except KafkaException as exc:
-                if exc.args[0].code() in MISSING_TOPIC:
-                    self._topic_not_back(topic, exc)
-                    return
-                self._cannot_produce(exc)
             except Exception as exc:  # an unencodable event is a bug; never let it stop training
                 self._cannot_produce(exc)
+            else:
+                if refused is not None:
+                    self._topic_not_back(topic, refused)
+                    return
             self._queue.popleft()
 
     def _cannot_produce(self, exc: Exception) -> None:
         log.error("dropping an event that cannot be produced: %s", exc)
         self.failed += 1
 
-    def _topic_not_back(self, topic: str, exc: KafkaException) -> None:
+    def _topic_not_back(self, topic: str, refused: KafkaError) -> None:
         """A reset took ``topic`` and the producer saw it gone: the event stays first in the queue
         and is tried again at the next wake-up, once the watch has made the topic again."""
-        self._count_refused(topic, exc.args[0])
+        self._count_refused(topic, refused)
         self._producer.poll(0.05)
 
     def _count_refused(self, topic: str, error: KafkaError) -> None:

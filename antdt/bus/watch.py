@@ -61,6 +61,19 @@ MISSING_TOPIC = frozenset(
 )
 
 
+def produce_or_refused(producer: Producer, topic: str, **record) -> KafkaError | None:
+    """``producer.produce(topic, **record)``: None if taken, the error if refused because a bus
+    reset took the topic (the caller keeps the record and tries again once the topic is back);
+    any other refusal raises, as ``produce`` does."""
+    try:
+        producer.produce(topic, **record)
+    except KafkaException as exc:
+        if exc.args[0].code() not in MISSING_TOPIC:
+            raise
+        return exc.args[0]
+    return None
+
+
 class BusWatch:
     """Watches one bus for resets; see the module docstring."""
 
@@ -278,12 +291,9 @@ def produce_through_reset(
     topic. A record taken at once is not waited for (its ``on_delivery``
     says how it went), so the common path costs nothing.
     """
-    try:
-        return producer.produce(topic, **record)
-    except KafkaException as exc:
-        if exc.args[0].code() not in MISSING_TOPIC:
-            raise
-        refused = exc.args[0]
+    refused = produce_or_refused(producer, topic, **record)
+    if refused is None:
+        return
     deadline = time.monotonic() + within_s
     on_delivery = record.pop("on_delivery", None)
     while True:
@@ -324,12 +334,10 @@ def _produce_and_wait(
     None) refused for a missing topic (any other refusal raises); BusError if it is still
     undelivered after ``timeout_s``."""
     outcome: list[tuple[KafkaError | None, object]] = []
-    try:
-        producer.produce(topic, on_delivery=lambda e, m: outcome.append((e, m)), **record)
-    except KafkaException as exc:
-        if exc.args[0].code() not in MISSING_TOPIC:
-            raise
-        return exc.args[0], None
+    on_delivery = lambda e, m: outcome.append((e, m))  # noqa: E731
+    refused = produce_or_refused(producer, topic, on_delivery=on_delivery, **record)
+    if refused is not None:
+        return refused, None
     producer.flush(timeout_s)
     if not outcome:
         raise BusError(f"a record for {topic} still undelivered after {timeout_s:.0f} s")

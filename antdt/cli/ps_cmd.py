@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import typer
 
-from antdt.bus.config import describe_profile
-from antdt.runtime.observability import HealthServer
-from antdt.runtime.shutdown import stop_on_signals
+from antdt.cli.serving import configure_logging
 from antdt.settings import load_settings
 
 
@@ -66,9 +63,7 @@ def ps(
         raise typer.BadParameter(
             f"shard {shard} of {shards}: shards are numbered from 0", param_hint="'--shard'"
         )
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    configure_logging(log_level)
     settings = load_settings()
     spec = ServerSpec(
         job_id=settings.job_id,
@@ -87,22 +82,16 @@ def ps(
 
 
 def serve(settings, spec, http_port: int) -> None:
-    """Run the shard until a signal; a RESTART or EVICT for it ends the process with the agent's
-    exit code."""
+    """Run the shard until a signal, started as every service is (:func:`antdt.cli.serving.serve`:
+    the health endpoint, a look at the bus, then the shard); a RESTART or EVICT for it ends the
+    process with the agent's exit code."""
+    from antdt.cli import serving
     from antdt.worker.ps.server import ParameterServer
 
-    server = ParameterServer(settings, spec)
-    health = HealthServer(http_port, lambda: True).start() if http_port else None
-    try:
-        with stop_on_signals() as stop:
-            server.start()
-            typer.echo(
-                f"parameter server {spec.name} of job {spec.job_id} on port {server.port} "
-                f"({spec.shards} shard(s), checkpoints in {spec.checkpoint_dir})",
-                err=True,
-            )
-            typer.echo(describe_profile(settings), err=True)
-            server.run(stop)
-    finally:
-        if health:
-            health.stop()
+    def banner(server: ParameterServer) -> str:
+        return (
+            f"parameter server {spec.name} of job {spec.job_id} on port {server.port} "
+            f"({spec.shards} shard(s), checkpoints in {spec.checkpoint_dir})"
+        )
+
+    serving.serve(settings, lambda: ParameterServer(settings, spec), http_port, banner)

@@ -15,7 +15,6 @@ shard is not paced at all.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from pathlib import Path
@@ -72,12 +71,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     from antdt.cli.ps_cmd import serve
+    from antdt.cli.serving import configure_logging
     from antdt.worker.ps.server import ServerSpec
 
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    configure_logging(args.log_level)
     settings = load_settings()
     scenario = Scenario.load(args.scenario)
     spec = ServerSpec(

@@ -24,11 +24,11 @@ from collections import deque
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, Producer
 
 from antdt.bus.clients import consuming
 from antdt.bus.readers import follow_key, key_partition
-from antdt.bus.watch import MISSING_TOPIC
+from antdt.bus.watch import produce_or_refused
 from antdt.errors import BusError
 from antdt.schemas.codec import Codec
 from antdt.schemas.models import ShardLogEvent, ShardSnapshot
@@ -100,19 +100,17 @@ class LogWriter:
         """One append; one a bus reset's missing topic refuses fails as a failed delivery would:
         :meth:`flush` raises, and the sharder writes its state (this record included, it is kept)
         into the new log, where raising here ended it with the only copy of that state."""
-        try:
-            self._producer.produce(
-                self._topic,
-                key=record.key,
-                value=record.value,
-                headers=record.headers,
-                on_delivery=self._report_for(self.generation),
-                timestamp=record.timestamp,
-            )
-        except KafkaException as exc:
-            if exc.args[0].code() not in MISSING_TOPIC:
-                raise
-            self._errors.append(exc.args[0].str())
+        refused = produce_or_refused(
+            self._producer,
+            self._topic,
+            key=record.key,
+            value=record.value,
+            headers=record.headers,
+            on_delivery=self._report_for(self.generation),
+            timestamp=record.timestamp,
+        )
+        if refused is not None:
+            self._errors.append(refused.str())
 
     def _report_for(self, generation: int):
         """The delivery callback of an append made in ``generation``."""

@@ -63,11 +63,11 @@ from antdt.bus.deadletter import DeadLetter, SourceRecord
 from antdt.bus.murmur2 import partition_for
 from antdt.bus.readers import MisroutedRecord, check_key, decode_or_deadletter, poll_batch
 from antdt.bus.watch import (
-    MISSING_TOPIC,
     TOPICS_BACK_WITHIN_S,
     Record,
     Rewinder,
     deliver_through_reset,
+    produce_or_refused,
     refresh_metadata,
     shared_watch,
 )
@@ -589,11 +589,10 @@ class SharderService(LoopService):
             topic = self._assignments_topic
             key = worker_key(answer.job_id, answer.worker_id).encode()
             value = self.codec.encode(answer, topic)
-            try:
-                self._answer_producer.produce(topic, key=key, value=value)
-            except KafkaException as exc:
-                if self._watch is None or exc.args[0].code() not in MISSING_TOPIC:
-                    raise
+            error = produce_or_refused(self._answer_producer, topic, key=key, value=value)
+            if error is not None:
+                if self._watch is None:  # no watch to make the topic again
+                    raise KafkaException(error)
                 refused.append((topic, key, value))
             metrics.ASSIGNMENTS.labels(answer.status.value).inc()
         if refused:

@@ -75,11 +75,13 @@ def test_health_readiness_and_metrics_answer_live(settings, command, tmp_path):
             )
 
 
-@pytest.mark.parametrize("command", SERVICES)
+@pytest.mark.parametrize("command", (*SERVICES, "ps"))
 def test_alive_but_not_ready_while_the_bus_is_unreachable(command, tmp_path):
-    """Liveness must not fail while Kafka is down (a restart would not help); readiness must."""
+    """Liveness must not fail while Kafka is down (a restart would not help); readiness must. A
+    parameter-server shard (``antdt ps``) starts as the services do."""
     nowhere = load_settings(bootstrap_servers=f"127.0.0.1:{free_port()}", topic_prefix="nowhere")
-    with service_process(nowhere, command, log_dir=tmp_path) as service:
+    args = ("--port", "0", "--checkpoint-dir", str(tmp_path / "ps")) if command == "ps" else ()
+    with service_process(nowhere, command, *args, log_dir=tmp_path) as service:
         service.wait_until(
             lambda: service.get("/healthz")[0] == 200, "the health endpoint answers", timeout_s=30
         )

@@ -164,6 +164,9 @@ class ParameterServer:
         self._leave_by = 0.0
         #: Set when the shard has left (RESTART or EVICT): :meth:`run` ends with it.
         self.exit: WorkerExit | None = None
+        #: Set once started (its threads take workers and follow the log) until closed: the
+        #: process's ``/readyz``, as a service's.
+        self.ready = threading.Event()
 
     @property
     def port(self) -> int:
@@ -196,6 +199,7 @@ class ParameterServer:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+        self.ready.set()
         return self
 
     def _resume(self) -> tuple[int, Position]:
@@ -275,6 +279,7 @@ class ParameterServer:
             raise self.exit
 
     def close(self) -> None:
+        self.ready.clear()
         self._stop.set()
         for thread in self._threads:
             thread.join(5)
