@@ -24,7 +24,7 @@ def sharder(
     """Serve data shards to workers from an event-sourced, replayable log."""
     # Imported here, not at the top: every command shares one process registry, and a
     # service's /metrics must show its own metrics only.
-    from antdt.runtime.memory import SHARDER_ARENAS, limit_malloc_arenas
+    from antdt.runtime.memory import SHARDER_ARENAS, SHARDER_FREEZE_EVERY_S, limit_malloc_arenas
     from antdt.services.sharder.service import SharderConfig, SharderService
 
     limit_malloc_arenas(SHARDER_ARENAS)  # before any thread of the service starts
@@ -34,6 +34,7 @@ def sharder(
         default_quota=default_quota,
         snapshot_every_events=snapshot_every,
         snapshot_every_s=snapshot_seconds,
+        freeze_heap_every_s=SHARDER_FREEZE_EVERY_S,  # this process is the sharder's alone
     )
     serve(
         settings,

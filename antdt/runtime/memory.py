@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import gc
 import time
 
 #: glibc's mallopt parameter for the most arenas malloc makes (malloc.h).
@@ -25,6 +26,9 @@ M_ARENA_MAX = -8
 #: --minutes 10 --hours 2.67 --roll-at-mb 100``, one run each), the sharder at 253-302 MB from
 #: minute 3 on with 2 arenas against 302-388 MB without, its CPU the same.
 SHARDER_ARENAS = 2
+#: How often ``antdt sharder`` freezes its live objects out of the collector's full passes
+#: (:class:`HeapFreeze`).
+SHARDER_FREEZE_EVERY_S = 1.0
 
 
 @functools.cache
@@ -68,3 +72,41 @@ class FreeMemoryRelease:
     def now(self) -> bool:
         self._last = self._clock()
         return release_free_memory()
+
+
+class HeapFreeze:
+    """Keeps the cyclic collector's full passes short in a service whose heap is large and busy.
+
+    A full collection walks every tracked object, and nothing else in the
+    process runs meanwhile. The sharder under a soak's load
+    (``bench/soak_bench.py``) holds about 260,000 of them (an epoch's slots,
+    their applied samples, the recent events it keeps for a reset), and an
+    epoch's churn promotes enough of them to start a full pass every 5-15
+    s: 100-175 ms each, in which no grant is answered. So every
+    ``freeze_every_s`` the objects alive then are frozen (``gc.freeze``: out
+    of every collection, freed as usual when their last reference goes), and
+    a full pass walks only what was made since. Garbage cycles among frozen
+    objects would never be collected, so every ``thaw_every_s`` everything
+    is thawed and collected in one full pass, then frozen again.
+    """
+
+    def __init__(self, freeze_every_s: float, thaw_every_s: float, clock=time.monotonic) -> None:
+        self.freeze_every_s, self.thaw_every_s, self._clock = freeze_every_s, thaw_every_s, clock
+        self._frozen_at = self._thawed_at = clock()
+
+    def due(self) -> bool:
+        """Freeze, or thaw and collect, if its time has come; whether it did either."""
+        now = self._clock()
+        if now - self._thawed_at >= self.thaw_every_s:
+            gc.unfreeze()
+            gc.collect()
+            self._thawed_at = now
+        elif now - self._frozen_at < self.freeze_every_s:
+            return False
+        gc.freeze()
+        self._frozen_at = now
+        return True
+
+    def close(self) -> None:
+        """Everything back under the collector (a service's end, a test's)."""
+        gc.unfreeze()

@@ -72,7 +72,7 @@ from antdt.bus.watch import (
     shared_watch,
 )
 from antdt.errors import BusError
-from antdt.runtime.memory import FreeMemoryRelease
+from antdt.runtime.memory import FreeMemoryRelease, HeapFreeze
 from antdt.runtime.service_loop import LoopService
 from antdt.schemas.codec import Codec, make_codec
 from antdt.schemas.models import (
@@ -112,6 +112,12 @@ class SharderConfig:
     #: How often the memory malloc keeps free goes back to the system (:mod:`antdt.runtime.memory`;
     #: also at once after a bus reset's burst).
     release_memory_every_s: float = 60.0
+    #: How often the live objects are frozen out of the collector's full passes (None: never), and
+    #: how often they are all thawed and collected once (:class:`antdt.runtime.memory.HeapFreeze`).
+    #: The collector is the process's: ``antdt sharder`` freezes, a sharder sharing its process
+    #: (a test's) leaves it alone.
+    freeze_heap_every_s: float | None = None
+    thaw_heap_every_s: float = 600.0
     batch_size: int = 2000
     poll_timeout_s: float = 0.05
     use_snapshots: bool = True
@@ -201,6 +207,11 @@ class SharderService(LoopService):
         # the latest incarnation that reported, per worker
         self._incarnations: dict[tuple[str, str], str] = {}
         self._free_memory = FreeMemoryRelease(self.config.release_memory_every_s)
+        self._heap = (
+            HeapFreeze(self.config.freeze_heap_every_s, self.config.thaw_heap_every_s)
+            if self.config.freeze_heap_every_s is not None
+            else None
+        )
 
     # ------------------------------------------------------------ lifecycle
 
@@ -226,6 +237,8 @@ class SharderService(LoopService):
         return self  # ready once its partitions' backlog is handled (:meth:`_ready_if_caught_up`)
 
     def close(self) -> None:
+        if self._heap is not None:
+            self._heap.close()
         self._snapshots.close()
         drain(self._snapshot_producer)
         drain(self._answer_producer)
@@ -288,6 +301,8 @@ class SharderService(LoopService):
             self._free_memory.now()  # the state built again and the input read again: a burst
         else:
             self._free_memory.due()
+        if self._heap is not None:
+            self._heap.due()
         return polled
 
     def _serve_revocation(self) -> list[Message]:

@@ -9,6 +9,45 @@ import pytest
 
 from antdt.runtime.memory import FreeMemoryRelease, _libc_call
 
+#: A child freezes its heap, as ``antdt sharder`` does (the collector is the process's: never this
+#: one's): what was alive is out of the collector's passes, garbage cycles made since are still
+#: collected, a cycle frozen waits for the thaw, and the thaw collects it.
+FREEZE_THEN_THAW = """
+import gc, weakref
+from antdt.runtime.memory import HeapFreeze
+now = [0.0]
+heap = HeapFreeze(1.0, 600.0, clock=lambda: now[0])
+class Node:
+    pass
+def cycle():
+    node = Node()
+    node.me = node
+    return weakref.ref(node)
+kept = [[i] for i in range(100_000)]
+assert heap.due() is False
+now[0] = 1.0
+assert heap.due() is True
+assert gc.get_freeze_count() >= 100_000, gc.get_freeze_count()
+assert sum(len(gc.get_objects(g)) for g in range(3)) < 10_000  # what a full pass walks now
+gone = cycle()
+gc.collect()
+assert gone() is None, "a cycle made since the freeze is collected"
+gone = cycle()
+now[0] = 1.5
+assert heap.due() is False
+now[0] = 2.0
+assert heap.due() is True
+gc.collect()
+assert gone() is not None, "a frozen cycle is out of every pass"
+now[0] = 600.0
+assert heap.due() is True
+assert gone() is None, "the thaw collects it"
+assert gc.get_freeze_count() >= 100_000, "and freezes again"
+heap.close()
+assert gc.get_freeze_count() == 0
+print("ok")
+"""
+
 #: A child fragments its heap (keeps one 1 kB buffer in 100 of 200,000), then trims it.
 FRAGMENT_THEN_TRIM = """
 import psutil
@@ -49,6 +88,14 @@ def test_it_releases_at_most_every_period_unless_asked():
     assert release.due() is False and release.now() is expected
     now[0] = 120.0
     assert release.due() is False  # the period runs from the last release, asked for or not
+
+
+def test_a_frozen_heap_is_out_of_full_collections_until_the_thaw_collects_its_cycles():
+    done = subprocess.run(
+        [sys.executable, "-c", FREEZE_THEN_THAW], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
 
 
 #: A child limited to one arena: threads allocating at once share the main arena, so malloc makes
