@@ -9,11 +9,14 @@ about one grant per worker per roll waits for the roll's seconds, far past the s
 0.2 s on this machine); the grants past :data:`HELD_S` are counted as held, and the p99 of the
 rest, with how many of them passed :data:`SLOW_S`, is the tail a window has without its rolls.
 Held grants further apart than :data:`ROLL_GAP_S` belong to different rolls: per roll, how many
-it held and for how long (median). docs/reliability.md reads a failed soak with these.
+it held and for how long (median). The steady grants are also binned by the seconds since the
+last roll began (the embedded broker's log, and with it a fetch's cost, grows between rolls).
+docs/reliability.md reads a failed soak with these.
 """
 
 from __future__ import annotations
 
+import bisect
 import csv
 import statistics
 from pathlib import Path
@@ -27,6 +30,8 @@ SLOW_S = 0.3
 #: Held grants asked further apart than this were held by different rolls (rolls come a minute
 #: or more apart at the default roll size).
 ROLL_GAP_S = 10.0
+#: The bins of seconds since the last roll that :func:`since_roll` sorts the steady grants into.
+SINCE_ROLL_S = (0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0)
 
 
 def tail(read_s: list[float]) -> dict:
@@ -41,17 +46,19 @@ def tail(read_s: list[float]) -> dict:
     }
 
 
-def rolls_held(grants: list[tuple[float, float]]) -> dict:
-    """Held grants ``(asked_s, read_s)`` clustered by when they were asked: one cluster a roll;
-    how many each held, and the spread of the rolls' median holds (s)."""
-    held = sorted((asked, read) for asked, read in grants if read > HELD_S)
-    clusters: list[list[float]] = []
-    last_asked = None
-    for asked, read in held:
-        if last_asked is None or asked - last_asked > ROLL_GAP_S:
+def held_clusters(grants: list[tuple[float, float]]) -> list[list[tuple[float, float]]]:
+    """The held grants ``(asked_s, read_s)``, by when they were asked, one cluster a roll."""
+    clusters: list[list[tuple[float, float]]] = []
+    for asked, read in sorted((asked, read) for asked, read in grants if read > HELD_S):
+        if not clusters or asked - clusters[-1][-1][0] > ROLL_GAP_S:
             clusters.append([])
-        clusters[-1].append(read)
-        last_asked = asked
+        clusters[-1].append((asked, read))
+    return clusters
+
+
+def rolls_held(grants: list[tuple[float, float]]) -> dict:
+    """How many grants each roll held, and the spread of the rolls' median holds (s)."""
+    clusters = [[read for _, read in cluster] for cluster in held_clusters(grants)]
     if not clusters:
         return {"rolls": 0}
     return {
@@ -59,6 +66,42 @@ def rolls_held(grants: list[tuple[float, float]]) -> dict:
         "held_per_roll": [len(c) for c in clusters],
         "median_hold_s": spread([statistics.median(c) for c in clusters], 2),
         "longest_hold_s": round(max(max(c) for c in clusters), 2),
+    }
+
+
+def since_roll(
+    grants: list[tuple[float, float]], bins_s: tuple[float, ...] = SINCE_ROLL_S
+) -> list[dict]:
+    """The steady grants (not held) by the seconds between the last roll's first held grant and
+    their asking, in ``bins_s`` (the last bin open-ended, its end None): count, p50, p99 and the
+    share past ``SLOW_S``. The grants before the first roll are a bin of their own (``since_s``
+    None)."""
+    starts = [cluster[0][0] for cluster in held_clusters(grants)]
+    edges = [*bins_s, float("inf")]
+    binned: dict[int | None, list[float]] = {}
+    for asked, read in grants:
+        if read > HELD_S:
+            continue
+        last = bisect.bisect_right(starts, asked) - 1
+        if last < 0:
+            binned.setdefault(None, []).append(read)
+            continue
+        since = asked - starts[last]
+        binned.setdefault(bisect.bisect_right(edges, since) - 1, []).append(read)
+    rows = [{"since_s": None, **_spread_of(binned[None])}] if None in binned else []
+    for key, start in enumerate(bins_s):
+        if key in binned:
+            end = bins_s[key + 1] if key + 1 < len(bins_s) else None
+            rows.append({"since_s": [start, end], **_spread_of(binned[key])})
+    return rows
+
+
+def _spread_of(read_s: list[float]) -> dict:
+    return {
+        "grants": len(read_s),
+        "p50_ms": round(percentile(read_s, 0.5) * 1000, 1),
+        "p99_ms": round(percentile(read_s, 0.99) * 1000, 1),
+        "over_300ms_percent": round(100.0 * sum(r > SLOW_S for r in read_s) / len(read_s), 2),
     }
 
 
@@ -101,7 +144,8 @@ def main() -> None:
     if not args.csv.is_file():
         parser.error(f"{args.csv}: no such file")
     grants = read_grants(args.csv)
-    emit({"windows": by_window(grants, args.window_s), **rolls_held(grants)}, args.json)
+    report = {"windows": by_window(grants, args.window_s), **rolls_held(grants)}
+    emit({**report, "since_roll": since_roll(grants)}, args.json)
 
 
 if __name__ == "__main__":

@@ -158,6 +158,24 @@ def test_held_grants_cluster_by_roll():
     assert soak_grants.rolls_held([(1.0, 0.1)]) == {"rolls": 0}
 
 
+def test_steady_grants_are_binned_by_the_seconds_since_the_last_roll():
+    """A roll begins at 60 s (two grants held); steady grants before it are a bin of their own, the
+    others fall in the bin of their seconds since the roll, the last bin open-ended."""
+    held = [(60.0, 2.0), (61.0, 1.5)]
+    before = [(10.0, 0.05), (20.0, 0.05)]
+    after = [(62.0, 0.02), (63.0, 0.03), (65.0, 0.04), (75.0, 0.4), (200.0, 0.1)]
+    rows = soak_grants.since_roll(held + before + after, bins_s=(0.0, 10.0, 60.0))
+    assert [(r["since_s"], r["grants"]) for r in rows] == [
+        (None, 2),
+        ([0.0, 10.0], 3),
+        ([10.0, 60.0], 1),
+        ([60.0, None], 1),
+    ]
+    assert rows[1]["p50_ms"] == 30.0 and rows[1]["p99_ms"] == 40.0
+    assert rows[2]["over_300ms_percent"] == 100.0 and rows[1]["over_300ms_percent"] == 0.0
+    assert soak_grants.since_roll([]) == []
+
+
 def test_a_saved_csv_is_read_again_by_window(tmp_path):
     """The soak's CSV read back gives the same windows the soak's minutes pooled."""
     seen = seen_with(lambda m, k: 900.0 if k == 0 else 10.0 * m)
