@@ -79,10 +79,11 @@ class HeapFreeze:
 
     A full collection walks every tracked object, and nothing else in the
     process runs meanwhile. The sharder under a soak's load
-    (``bench/soak_bench.py``) holds about 260,000 of them (an epoch's slots,
-    their applied samples, the recent events it keeps for a reset), and an
-    epoch's churn promotes enough of them to start a full pass every 5-15
-    s: 100-175 ms each, in which no grant is answered. So every
+    (``bench/soak_bench.py``) holds 260,000-450,000 of them (an epoch's
+    slots, their applied samples, the recent events it keeps for a reset),
+    and an epoch's churn promotes enough of them to start a full pass every
+    5-15 s: 140-150 ms at the median, in which no grant is answered
+    (docs/reliability.md, "The sharder's collector"). So every
     ``freeze_every_s`` the objects alive then are frozen (``gc.freeze``: out
     of every collection, freed as usual when their last reference goes), and
     a full pass walks only what was made since. Garbage cycles among frozen
