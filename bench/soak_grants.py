@@ -77,7 +77,6 @@ def since_roll(
     share past ``SLOW_S``. The grants before the first roll are a bin of their own (``since_s``
     None)."""
     starts = [cluster[0][0] for cluster in held_clusters(grants)]
-    edges = [*bins_s, float("inf")]
     binned: dict[int | None, list[float]] = {}
     for asked, read in grants:
         if read > HELD_S:
@@ -86,8 +85,8 @@ def since_roll(
         if last < 0:
             binned.setdefault(None, []).append(read)
             continue
-        since = asked - starts[last]
-        binned.setdefault(bisect.bisect_right(edges, since) - 1, []).append(read)
+        since = asked - starts[last]  # past the last bin's start: the last bin
+        binned.setdefault(bisect.bisect_right(bins_s, since) - 1, []).append(read)
     rows = [{"since_s": None, **_spread_of(binned[None])}] if None in binned else []
     for key, start in enumerate(bins_s):
         if key in binned:

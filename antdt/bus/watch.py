@@ -334,8 +334,9 @@ def _produce_and_wait(
     None) refused for a missing topic (any other refusal raises); BusError if it is still
     undelivered after ``timeout_s``."""
     outcome: list[tuple[KafkaError | None, object]] = []
-    on_delivery = lambda e, m: outcome.append((e, m))  # noqa: E731
-    refused = produce_or_refused(producer, topic, on_delivery=on_delivery, **record)
+    refused = produce_or_refused(
+        producer, topic, on_delivery=lambda e, m: outcome.append((e, m)), **record
+    )
     if refused is not None:
         return refused, None
     producer.flush(timeout_s)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from antdt.cli.serving import configure_logging
+from antdt.cli import serving
 from antdt.settings import load_settings
 
 
@@ -63,7 +63,7 @@ def ps(
         raise typer.BadParameter(
             f"shard {shard} of {shards}: shards are numbered from 0", param_hint="'--shard'"
         )
-    configure_logging(log_level)
+    serving.configure_logging(log_level)
     settings = load_settings()
     spec = ServerSpec(
         job_id=settings.job_id,
@@ -85,7 +85,6 @@ def serve(settings, spec, http_port: int) -> None:
     """Run the shard until a signal, started as every service is (:func:`antdt.cli.serving.serve`:
     the health endpoint, a look at the bus, then the shard); a RESTART or EVICT for it ends the
     process with the agent's exit code."""
-    from antdt.cli import serving
     from antdt.worker.ps.server import ParameterServer
 
     def banner(server: ParameterServer) -> str:
