@@ -140,7 +140,12 @@ def test_a_slowed_rank_gets_less_and_a_killed_one_resumes_from_the_framework_s_c
         newest = framework.newest_state(folder)
         return newest is not None and (newest, newest.stat().st_mtime_ns) != resized_at
 
-    until(saved_since, "no checkpoint after the resize")
+    until(
+        lambda: saved_since() or run.poll() is not None, "no checkpoint after the resize", log=log
+    )
+    assert run.poll() is None, (
+        f"the run ended before a checkpoint followed the resize:\n{log.read_text()[-3000:]}"
+    )
     victim = until(
         lambda: [
             p

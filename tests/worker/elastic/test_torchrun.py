@@ -114,14 +114,19 @@ def job_records(settings, name: str, job: str, want=None, timeout_s: float = 5.0
     ]
 
 
-def until(condition, what: str, timeout_s: float = 120.0, every_s: float = 0.2):
+def until(
+    condition, what: str, timeout_s: float = 120.0, every_s: float = 0.2, log: Path | None = None
+):
+    """Wait for ``condition``; the failure quotes the end of ``log`` (a run's), so a wait that runs
+    out in CI says what the run was doing."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = condition()
         if found:
             return found
         time.sleep(every_s)
-    raise AssertionError(f"{what} within {timeout_s:.0f} s")
+    tail = f":\n{log.read_text()[-3000:]}" if log is not None and log.exists() else ""
+    raise AssertionError(f"{what} within {timeout_s:.0f} s{tail}")
 
 
 def applied_resizes(settings, job: str) -> dict[int, set[int]]:

@@ -105,6 +105,8 @@ def run_workers(settings, addresses, source, count: int, pace_s: float = 0.0, du
         thread.join(max(0.0, deadline - time.monotonic()))
     stuck = [thread for thread in threads if thread.is_alive()]
     assert not stuck, f"a worker did not finish: {unfinished(settings)}\n{stacks(stuck)}"
+    failed = sorted({f"w{i}" for i in range(count)} - set(trained))
+    assert not failed, f"worker(s) {failed} raised (see the thread's traceback above)"
     return trained
 
 
