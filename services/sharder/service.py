@@ -299,11 +299,14 @@ class SharderService(LoopService):
                 polled = self._serve_revocation()
             self._republish()
             self._free_memory.now()  # the state built again and the input read again: a burst
-        else:
-            self._free_memory.due()
+        return polled
+
+    def _housekeeping(self) -> None:
+        """Between batches: malloc's free pages handed back every ``release_memory_every_s``, and
+        the live heap frozen out of the collector's full passes (``antdt sharder`` only)."""
+        self._free_memory.due()
         if self._heap is not None:
             self._heap.due()
-        return polled
 
     def _serve_revocation(self) -> list[Message]:
         """Poll once without waiting: a revocation the reset left pending is served now, so the
@@ -370,6 +373,7 @@ class SharderService(LoopService):
 
     def step(self) -> int:
         """Process one batch of input; returns how many records it consumed."""
+        self._housekeeping()
         messages = self._after_bus_reset(between_batches=True) or poll_batch(
             self._consumer, self.config.batch_size, self.config.poll_timeout_s
         )
