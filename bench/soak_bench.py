@@ -39,10 +39,11 @@ each service's RSS in the last minute is at most 1.5 times its highest in
 the baseline. Exits 1 otherwise. The JSON keeps every minute's figures and
 every window's, with the grants the rolls held and the steady tail without
 them (:mod:`soak_grants`: a roll holds every worker's open request for
-seconds, about one grant per worker per roll), and the grants each roll held;
-``--grants-csv`` writes every grant (asked at, s into the run; to its answer
-read and to the sharder's stamp on it, ms), which ``bench/soak_grants.py``
-reads again.
+seconds, about one grant per worker per roll), the grants each roll held, and
+each straggler's onset with the seconds since the last roll and whether a
+roll came before its command (``onsets``); ``--grants-csv`` writes every
+grant (asked at, s into the run; to its answer read and to the sharder's
+stamp on it, ms), which ``bench/soak_grants.py`` reads again.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ import psutil
 from benchlib import antdt_up, distribution, emit
 from confluent_kafka import KafkaException, TopicPartition
 from scale_bench import GROUPS
-from soak_grants import rolls_held, tail
+from soak_grants import onsets_by_roll, rolls_held, tail
 
 from antdt.bus.clients import make_consumer
 from antdt.cli.up_cmd import ROLL_AT_MB
@@ -232,17 +233,22 @@ def still_up(up, minute: int) -> None:
 
 def add_latencies(samples: list[dict], seen, fleet) -> None:
     """Each minute's grants (by when asked) and onsets (by when they began)."""
-    onsets = {key: w.onset - fleet.start for key, w in fleet.workers.items() if w.onset is not None}
+    began = onsets(seen, fleet)
     for sample in samples:
         lo, hi = 60.0 * (sample["minute"] - 1), 60.0 * sample["minute"]
         sample["grant_ms"] = distribution([g.read_s * 1000 for g in asked(seen, lo, hi)], 2)
-        commanded = [
-            seen.first_command_s[key]
-            for key, at in onsets.items()
-            if lo <= at < hi and key in seen.first_command_s
-        ]
-        sample["onsets"] = sum(lo <= at < hi for at in onsets.values())
+        commanded = [took for at, took in began if lo <= at < hi and took is not None]
+        sample["onsets"] = sum(lo <= at < hi for at, _ in began)
         sample["onset_to_command_s"] = distribution(commanded, 2)
+
+
+def onsets(seen, fleet) -> list[tuple[float, float | None]]:
+    """Each straggler's onset (s into the run) and its onset to first command (None: none)."""
+    return [
+        (worker.onset - fleet.start, seen.first_command_s.get(key))
+        for key, worker in fleet.workers.items()
+        if worker.onset is not None
+    ]
 
 
 def asked(seen, lo: float, hi: float) -> list:
@@ -395,6 +401,7 @@ def main() -> None:
         if args.grants_csv:
             write_grants(seen[0].grants, args.grants_csv)
     problems = verdict(samples, spans, args.baseline)
+    grants = [(g.sent_s, g.read_s) for g in seen[0].grants]
     if args.plot:
         plot(samples, spans, args.plot)
     emit(
@@ -410,7 +417,8 @@ def main() -> None:
             "requests_asked_again": seen[0].asked_again,
             "stragglers": driver.fleet.stragglers,
             "stragglers_commanded": len(seen[0].first_command_s),
-            "rolls_held": rolls_held([(g.sent_s, g.read_s) for g in seen[0].grants]),
+            "rolls_held": rolls_held(grants),
+            "onsets": onsets_by_roll(onsets(seen[0], driver.fleet), grants),
             "samples": samples,
             "windows": spans,
             "passed": not problems,

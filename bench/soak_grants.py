@@ -95,6 +95,29 @@ def since_roll(
     return rows
 
 
+def onsets_by_roll(
+    onsets: list[tuple[float, float | None]], grants: list[tuple[float, float]]
+) -> list[dict]:
+    """Each straggler's onset ``(onset_s, to_command_s)`` (None: never commanded), by when, with
+    the seconds since the last roll began before it (None: before the first roll) and whether a
+    roll began between the onset and its command: a roll restarts the monitor's windows, so an
+    onset it caught is commanded seconds later than one it did not."""
+    starts = [cluster[0][0] for cluster in held_clusters(grants)]
+    rows = []
+    for onset, to_command in sorted(onsets):
+        last = bisect.bisect_right(starts, onset) - 1
+        until = onset + (to_command if to_command is not None else float("inf"))
+        rows.append(
+            {
+                "onset_s": round(onset, 2),
+                "to_command_s": None if to_command is None else round(to_command, 2),
+                "since_roll_s": round(onset - starts[last], 2) if last >= 0 else None,
+                "roll_before_command": any(onset <= start <= until for start in starts),
+            }
+        )
+    return rows
+
+
 def _spread_of(read_s: list[float]) -> dict:
     return {
         "grants": len(read_s),

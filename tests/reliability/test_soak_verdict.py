@@ -198,3 +198,20 @@ def test_the_grants_cli_rejects_a_missing_file(tmp_path):
         text=True,
     )
     assert done.returncode == 2 and "no such file" in done.stderr.splitlines()[-1]
+
+
+def test_an_onset_is_placed_against_the_rolls_around_it():
+    held = [(100.0, 1.5), (101.0, 1.2), (200.0, 1.4)]  # two rolls: at 100 s and at 200 s
+    onsets = [(198.0, 5.9), (50.0, 0.3), (130.0, 0.25), (150.0, None)]
+    rows = soak_grants.onsets_by_roll(onsets, held + [(120.0, 0.05)])
+    assert rows == [
+        {"onset_s": 50.0, "to_command_s": 0.3, "since_roll_s": None, "roll_before_command": False},
+        {
+            "onset_s": 130.0,
+            "to_command_s": 0.25,
+            "since_roll_s": 30.0,
+            "roll_before_command": False,
+        },
+        {"onset_s": 150.0, "to_command_s": None, "since_roll_s": 50.0, "roll_before_command": True},
+        {"onset_s": 198.0, "to_command_s": 5.9, "since_roll_s": 98.0, "roll_before_command": True},
+    ]
