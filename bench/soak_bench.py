@@ -288,12 +288,25 @@ def windows(samples: list[dict], seen, size: int) -> list[dict]:
                 "stamped_ms": distribution([g.stamped_s * 1000 for g in grants], 2),
                 "bus_cpu_percent": round(sum(map(bus_cpu, minutes)) / len(minutes), 1),
                 "broker_rolls": sum(s["broker_rolls"] for s in minutes),
+                "load_cpu_ms_per_1k_records": load_cost(minutes),
                 # a roll holds every worker's open request for seconds: how many it held sets where
                 # the pooled p99 falls, and the rest's tail is the window's without its rolls
                 **tail([g.read_s for g in grants]),
             }
         )
     return result
+
+
+def load_cost(minutes: list[dict]) -> float | None:
+    """The load generator's CPU per thousand records it sent (ms): a control for the machine's
+    speed. Its work per record does not grow with the broker's log, so where it rises with the
+    bus's own cost, the machine slowed (soak run 13: 26 % from the first window to the last, every
+    process's cost with it), not the bus; the verdict stays the latency's and CPU's as measured."""
+    sent = sum(m.get("records_sent", 0) for m in minutes)
+    if not sent or any("loadgen" not in m["cpu_percent"] for m in minutes):
+        return None
+    cpu_s = sum(m["cpu_percent"]["loadgen"] * 60 / 100 for m in minutes)
+    return round(cpu_s / sent * 1e6, 1)
 
 
 def within(value: float, base: float, floor: float) -> bool:

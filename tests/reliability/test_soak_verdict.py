@@ -57,6 +57,7 @@ def test_windows_pool_the_grants_asked_in_their_minutes():
     assert [s["grant_ms"]["n"] for s in spans] == [400, 400, 200]
     assert spans[0]["grant_ms"]["min"] == 1000.0 and spans[0]["grant_ms"]["max"] == 4000.0
     assert spans[1]["bus_cpu_percent"] == 4 * 65.0  # the mean of minutes 5-8, four processes
+    assert spans[0]["load_cpu_ms_per_1k_records"] is None  # no load generator in these minutes
     # minute m's grants take m seconds: every one is held (past 0.7 s), none is steady
     assert [s["grants_held"] for s in spans] == [400, 400, 200]
     assert [s["steady_p99_ms"] for s in spans] == [None, None, None]
@@ -215,3 +216,13 @@ def test_an_onset_is_placed_against_the_rolls_around_it():
         {"onset_s": 150.0, "to_command_s": None, "since_roll_s": 50.0, "roll_before_command": True},
         {"onset_s": 198.0, "to_command_s": 5.9, "since_roll_s": 98.0, "roll_before_command": True},
     ]
+
+
+def test_the_load_generators_cost_per_record_is_the_machines_control():
+    minutes = [
+        {"cpu_percent": {"loadgen": 12.0}, "records_sent": 110_000},
+        {"cpu_percent": {"loadgen": 15.0}, "records_sent": 100_000},
+    ]
+    # 7.2 + 9.0 CPU seconds for 210,000 records
+    assert soak_bench.load_cost(minutes) == round(16.2 / 210_000 * 1e6, 1) == 77.1
+    assert soak_bench.load_cost([{"cpu_percent": {"loadgen": 12.0}, "records_sent": 0}]) is None
