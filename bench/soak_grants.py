@@ -56,6 +56,11 @@ def held_clusters(grants: list[tuple[float, float]]) -> list[list[tuple[float, f
     return clusters
 
 
+def roll_starts(grants: list[tuple[float, float]]) -> list[float]:
+    """When each roll began: the asking of its first held grant (s into the run), in order."""
+    return [cluster[0][0] for cluster in held_clusters(grants)]
+
+
 def rolls_held(grants: list[tuple[float, float]]) -> dict:
     """How many grants each roll held, and the spread of the rolls' median holds (s)."""
     clusters = [[read for _, read in cluster] for cluster in held_clusters(grants)]
@@ -76,7 +81,7 @@ def since_roll(
     their asking, in ``bins_s`` (the last bin open-ended, its end None): count, p50, p99 and the
     share past ``SLOW_S``. The grants before the first roll are a bin of their own (``since_s``
     None)."""
-    starts = [cluster[0][0] for cluster in held_clusters(grants)]
+    starts = roll_starts(grants)
     binned: dict[int | None, list[float]] = {}
     for asked, read in grants:
         if read > HELD_S:
@@ -102,7 +107,7 @@ def onsets_by_roll(
     the seconds since the last roll began before it (None: before the first roll) and whether a
     roll began between the onset and its command: a roll restarts the monitor's windows, so an
     onset it caught is commanded seconds later than one it did not."""
-    starts = [cluster[0][0] for cluster in held_clusters(grants)]
+    starts = roll_starts(grants)
     rows = []
     for onset, to_command in sorted(onsets):
         last = bisect.bisect_right(starts, onset) - 1

@@ -27,6 +27,7 @@ from tests.worker.elastic.test_torchrun import (
     assert_ledger_all_ones,
     finish,
     job_records,
+    log_tail,
     torchrun,
     until,
 )
@@ -152,7 +153,7 @@ def test_a_slowed_rank_gets_less_and_a_killed_one_resumes_from_the_framework_s_c
         log=log,
     )
     assert run.poll() is None, (
-        f"the run ended before a checkpoint held the resize:\n{log.read_text()[-3000:]}"
+        f"the run ended before a checkpoint held the resize:\n{log_tail(log)}"
     )
     victim = until(
         lambda: [
@@ -163,7 +164,7 @@ def test_a_slowed_rank_gets_less_and_a_killed_one_resumes_from_the_framework_s_c
         "no rank running",
     )[1]
     victim.send_signal(signal.SIGKILL)
-    assert finish(run, tmp_path) == 0, log.read_text()[-3000:]
+    assert finish(run, tmp_path) == 0, log_tail(log)
     assert_ledger_all_ones(tmp_path)
     assert_audit_clean(bus, job)
     applied = applied_resizes(bus, job)

@@ -91,7 +91,7 @@ def finish(process: subprocess.Popen, workdir: Path, node: str = "n") -> int:
         process.kill()
         raise AssertionError(
             f"torchrun did not finish within {RUN_S:.0f} s: "
-            f"{(workdir / f'torchrun-{node}.log').read_text()[-3000:]}"
+            f"{log_tail(workdir / f'torchrun-{node}.log')}"
         ) from None
 
 
@@ -114,6 +114,11 @@ def job_records(settings, name: str, job: str, want=None, timeout_s: float = 5.0
     ]
 
 
+def log_tail(log: Path) -> str:
+    """The end of a run's log, for a failure's message."""
+    return log.read_text()[-3000:]
+
+
 def until(
     condition, what: str, timeout_s: float = 120.0, every_s: float = 0.2, log: Path | None = None
 ):
@@ -125,7 +130,7 @@ def until(
         if found:
             return found
         time.sleep(every_s)
-    tail = f":\n{log.read_text()[-3000:]}" if log is not None and log.exists() else ""
+    tail = f":\n{log_tail(log)}" if log is not None and log.exists() else ""
     raise AssertionError(f"{what} within {timeout_s:.0f} s{tail}")
 
 
