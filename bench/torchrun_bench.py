@@ -56,13 +56,27 @@ HERE = Path(__file__).parent
 SCRIPT = HERE / "user_job.py"
 #: The bench's modes that run with ``antdt up`` (the others get no bus): ``beside`` is plain DDP
 #: with antdt's services idle beside it, their share of the cores measured alone.
-NEEDS_BUS = {"dd", "preduce", "ps", "beside", "lightning-dd", "hf-dd"}
+NEEDS_BUS = {
+    "dd",
+    "preduce",
+    "ps",
+    "beside",
+    "lightning-dd",
+    "hf-dd",
+    "lightning-beside",
+    "hf-beside",
+}
 #: The user script's mode for each bench mode (the same name, unless here).
-SCRIPT_MODE = {"beside": "plain"}
-MODES = {"dd", "preduce", "ps", "hook", "beside", "lightning-dd", "hf-dd"}
+SCRIPT_MODE = {"beside": "plain", "lightning-beside": "lightning", "hf-beside": "hf"}
+MODES = {"dd", "preduce", "ps", "hook", *NEEDS_BUS}
 #: What each mode is compared with: what its users would otherwise run (``plain``: torch's DDP with
 #: ``DistributedSampler``, unless here).
-BASELINE = {"lightning-dd": "lightning", "hf-dd": "hf"}
+BASELINE = {
+    "lightning-dd": "lightning",
+    "hf-dd": "hf",
+    "lightning-beside": "lightning",
+    "hf-beside": "hf",
+}
 #: ``antdt up``'s options for each bench mode (``--mode sync`` unless here): partial reduce needs
 #: the grouper, asynchronous training the job's parameter server (SGD as the script's optimizer).
 UP_OPTIONS = {
@@ -203,8 +217,9 @@ def main() -> int:
         "--modes",
         default="dd",
         help="modes to compare with plain DDP: dd, preduce (partial reduce), hook (its all-reduce "
-        "alone), beside (plain DDP with antdt up idle beside it); lightning-dd (AntdtStrategy) and "
-        "hf-dd (AntdtTrainer) are compared with their framework's own DDP",
+        "alone), beside (plain DDP with antdt up idle beside it); lightning-dd (AntdtStrategy), "
+        "hf-dd (AntdtTrainer), lightning-beside and hf-beside (the framework's own DDP with antdt "
+        "up idle beside it) are compared with their framework's own DDP",
     )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--samples", type=int, default=96_000)
