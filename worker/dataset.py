@@ -333,6 +333,7 @@ class ShardedDataset(IterableDataset):
                     answer = client.wait_answer(ahead[0], self.request_timeout_s, flush=False)
                 else:
                     asked = self.asked_quota
+                    self._woken.clear()  # a wake from now on is news this answer may lack
                     answer = client.request(
                         epoch,
                         quota=asked,
@@ -382,9 +383,9 @@ class ShardedDataset(IterableDataset):
                     return
                 # (an answer to a request for nothing says nothing about shards)
                 self.waiting = asked > 0
-                self._woken.clear()
                 with self._waiting_for_others() if self._waiting_for_others else nullcontext():
-                    # WAIT: others hold the epoch's last shards
+                    # WAIT: others hold the epoch's last shards. A wake since the request was sent
+                    # (this worker's last commits, say) ends it at once: the answer predates them
                     woken = self._woken.wait(pause_s if asked else IDLE_POLL_S)
                 # woken (ask_again, a new quota): something changed, back to short pauses
                 pause_s = self.wait_s if woken else min(2 * pause_s, max(MAX_WAIT_S, self.wait_s))
@@ -401,6 +402,7 @@ class ShardedDataset(IterableDataset):
                 if index and time.monotonic() - answered_at >= self.keepalive_s:
                     break
                 if self.prefetch and index == count - 1:
+                    self._woken.clear()
                     ahead = (
                         client.ask(epoch, quota=self.asked_quota, read_shards=sorted(self._read)),
                         time.monotonic(),

@@ -11,14 +11,16 @@ import pytest
 import torch
 
 from antdt.errors import ShardStateLost
-from antdt.schemas.models import DatasetSpec, ProgressKind
+from antdt.schemas.models import AssignmentStatus, DatasetSpec, ProgressKind
 from antdt.services.sharder.audit import audit_log
+from antdt.settings import load_settings
 from antdt.worker import Agent
 from antdt.worker.agent import EXIT_STATE_LOST
 from antdt.worker.dataset import ShardedDataset, loader
 from antdt.worker.provenance import Tagged
 from antdt.worker.shard_client import NoAnswer, RequestRefused, ShardClient
 from tests.services.sharder.harness import assert_exactly_once, job_log, running_sharder
+from tests.worker.test_sent_commits import answer
 
 
 def spec(size: int, shard_size: int, epochs: int) -> DatasetSpec:
@@ -356,3 +358,58 @@ def test_a_worker_whose_dataset_disagrees_with_the_job_s_is_told_why_at_once(set
         with pytest.raises(RequestRefused, match=r"refused its request .* is sharded as"):
             next(second.iterate(iter(other)))
         assert time.monotonic() - began < 60  # not the 120 s of silence
+
+
+class _AnswersInTurn:
+    """A sharder client that answers from a script (no bus: the dataset's own waits are under
+    test). Each answer is ``(status, call)``: ``call`` runs while the request is out."""
+
+    worker_id, job_id = "w0", "job-wake"
+
+    def __init__(self, script):
+        self.script, self.requests = list(script), 0
+
+    def request(self, epoch, quota=None, timeout_s=10.0, read_shards=()):
+        self.requests += 1
+        status, during = self.script.pop(0)
+        during()
+        return answer(self.requests, {}, status=status)
+
+    def resend_lost_commits(self, answer) -> None:
+        pass
+
+
+def test_a_wake_while_a_request_is_out_asks_again_at_once_not_after_the_pause():
+    """The worker's last commits go out while its request is on the way (an epoch's end): the
+    answer predates them, so the wake they bring must end the pause that follows it. Lost, the
+    rank waited out the pause (up to 160 ms at an epoch's end) before learning the job ended."""
+    data = None
+    client = _AnswersInTurn(
+        [
+            (AssignmentStatus.WAIT, lambda: data.ask_again()),  # nothing for us yet
+            (AssignmentStatus.FINISHED, lambda: None),
+        ]
+    )
+    data = ShardedDataset(
+        torch.arange(10),
+        spec(10, 10, 1),
+        settings=load_settings(bootstrap_servers="127.0.0.1:9"),
+        job_id=client.job_id,
+        worker_id=client.worker_id,
+        wait_s=60.0,  # the pause a lost wake would wait out
+        client=client,
+    )
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            assert list(data.grants()) == []
+        except BaseException as exc:  # noqa: BLE001 - reported on the test's thread
+            failed.append(exc)
+
+    reading = threading.Thread(target=read, daemon=True)
+    reading.start()
+    reading.join(20.0)
+    assert not reading.is_alive(), "the wake was lost: the pause of 60 s ran"
+    assert not failed, failed
+    assert client.requests == 2 and data.finished
