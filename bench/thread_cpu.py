@@ -64,8 +64,9 @@ def sample(match: str, seen: dict) -> None:
     """One look at every rank process: each thread's latest CPU seconds into ``seen``."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         rank = rank_of(pid, match)
-        tids = rank and _listdir(f"/proc/{pid}/task")
-        for tid in tids or ():
+        if rank is None:
+            continue
+        for tid in _listdir(f"/proc/{pid}/task"):
             reading = thread_cpu(pid, tid)
             if reading is not None:
                 seen[(*rank, pid)][tid] = reading

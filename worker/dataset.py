@@ -402,7 +402,6 @@ class ShardedDataset(IterableDataset):
                 if index and time.monotonic() - answered_at >= self.keepalive_s:
                     break
                 if self.prefetch and index == count - 1:
-                    self._woken.clear()
                     ahead = (
                         client.ask(epoch, quota=self.asked_quota, read_shards=sorted(self._read)),
                         time.monotonic(),
