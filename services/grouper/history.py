@@ -32,7 +32,12 @@ def one_per_group(copies: list[GroupFormed]) -> list[GroupFormed]:
 
 
 def summary(copies: list[GroupFormed]) -> dict:
-    """Counts by reason, sizes, member waits (ms, median and p99) and groups per worker."""
+    """Counts by reason, sizes, member waits (ms, median and p99) and groups per worker.
+
+    ``finals_by_generation`` counts the FINAL groups of each generation: a group restarted from
+    its checkpoint after its final average forms that average again in its next generation, so
+    the whole run may hold several, but one generation never more than one.
+    """
     groups = one_per_group(copies)
     waits = sorted(c.waited_ms for c in copies)
     partial = [len(g.members) for g in groups if g.reason not in WHOLE_GROUP_REASONS]
@@ -45,8 +50,18 @@ def summary(copies: list[GroupFormed]) -> dict:
         "by_reason": {
             reason.value: sum(1 for g in groups if g.reason is reason) for reason in GroupReason
         },
+        "finals_by_generation": finals_by_generation(groups),
         "mean_partial_size": round(statistics.fmean(partial), 3) if partial else None,
         "wait_ms_p50": waits[len(waits) // 2] if waits else None,
         "wait_ms_p99": waits[min(len(waits) - 1, int(0.99 * len(waits)))] if waits else None,
         "per_worker": dict(sorted(per_worker.items())),
     }
+
+
+def finals_by_generation(groups: list[GroupFormed]) -> dict[str, int]:
+    """How many FINAL groups each generation formed (keys are strings: the summary is JSON)."""
+    counts: dict[str, int] = {}
+    for group in groups:
+        if group.reason is GroupReason.FINAL:
+            counts[str(group.generation)] = counts.get(str(group.generation), 0) + 1
+    return counts
