@@ -9,6 +9,7 @@ how big, how long members waited, and how often each worker joined one.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 
 from antdt.bus.readers import read_whole_topic
 from antdt.schemas.codec import Codec
@@ -60,8 +61,4 @@ def summary(copies: list[GroupFormed]) -> dict:
 
 def finals_by_generation(groups: list[GroupFormed]) -> dict[str, int]:
     """How many FINAL groups each generation formed (keys are strings: the summary is JSON)."""
-    counts: dict[str, int] = {}
-    for group in groups:
-        if group.reason is GroupReason.FINAL:
-            counts[str(group.generation)] = counts.get(str(group.generation), 0) + 1
-    return counts
+    return dict(Counter(str(g.generation) for g in groups if g.reason is GroupReason.FINAL))

@@ -129,6 +129,6 @@ def test_partial_reduce_survives_kills_mid_average_the_grouper_and_a_broker_rest
     # one final average in the generation that finished; a kill after an earlier generation's final
     # average sends the group back to its checkpoint, so that generation had one too
     finals = groups["finals_by_generation"]
-    assert finals[max(finals, key=int)] == 1 and set(finals.values()) == {1}
+    assert set(finals.values()) == {1}
     assert groups["by_reason"]["FINAL"] == len(finals) and groups["by_reason"]["QUORUM"] > 0
     assert set(groups["per_worker"]) == {"w0", "w1", "w2"} and groups["mean_partial_size"] <= 2
