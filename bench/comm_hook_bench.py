@@ -25,6 +25,7 @@ Each is timed over ``--steps`` steps after a warm-up, ``--repeat`` times
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import sys
@@ -117,6 +118,10 @@ def rank_main(rank: int, way: str, args, init_file: str, out_dir: str) -> None:
     if rank == 0:
         per_step_ms = (time.perf_counter() - began) / steps * 1e3
         Path(out_dir, "step_ms").write_text(str(per_step_ms))
+    # a hook's state and the DDP model sit in reference cycles: freed now, not at the
+    # interpreter's end, where joining gloo's threads aborts the process (worker/ddp.py)
+    del ddp, reduce
+    gc.collect()
     dist.destroy_process_group()
 
 

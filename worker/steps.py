@@ -8,7 +8,7 @@ reporter thread, once per report interval.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from antdt.schemas.models import StepTimeStats
 
@@ -50,6 +50,11 @@ class StepSummary:
     data_wait_s: float
     sync_wait_s: float
     samples: int
+
+    def report_fields(self) -> dict:
+        """The summary as a metrics report's fields (one mapping for the agent and the load
+        generator, whose reports must read alike)."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
 
 def _percentile(ordered: list[float], q: float) -> float:

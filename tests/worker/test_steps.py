@@ -18,3 +18,16 @@ def test_settling_waits_for_the_kernels_already_queued():
     assert not queued.query(), "the kernel finished before it could be waited for: lengthen it"
     settle_device()
     assert queued.query()
+
+
+def test_a_summary_fills_every_step_field_of_a_metrics_report():
+    from antdt.schemas.models import WorkerMetrics
+    from antdt.worker.steps import StepRecord, summarize
+
+    summary = summarize(
+        [StepRecord(7, 0.2, 0.01, 0.03, 32, 32), StepRecord(8, 0.4, 0.0, 0.0, 30, 32)]
+    )
+    fields = summary.report_fields()
+    assert set(fields) <= set(WorkerMetrics.model_fields)
+    assert (fields["first_step"], fields["last_step"], fields["samples"]) == (7, 8, 62)
+    assert fields["compute"].max_s == 0.4
