@@ -25,7 +25,6 @@ Each is timed over ``--steps`` steps after a warm-up, ``--repeat`` times
 
 from __future__ import annotations
 
-import gc
 import os
 import statistics
 import sys
@@ -42,6 +41,8 @@ from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import bench_parser, emit, spread  # noqa: E402
 from user_job import mlp  # noqa: E402
+
+from antdt.worker.ddp import collect_cycles_before_exit  # noqa: E402
 
 WAYS = ("ddp", "python", "antdt", "scaled")
 WARM_UP = 100
@@ -100,6 +101,9 @@ def rank_main(rank: int, way: str, args, init_file: str, out_dir: str) -> None:
     model = mlp(64, hidden, 20)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     ddp = DistributedDataParallel(model)
+    # every way, antdt's included: the hook's state and the DDP model sit in reference cycles,
+    # and left to the interpreter's end their freeing aborts the process (worker/ddp.py)
+    collect_cycles_before_exit()
     reduce = reducer_for(way, ddp, batch)
     inputs, labels = torch.randn(batch, 64), torch.randint(0, 20, (batch,))
     for step in range(WARM_UP + steps):
@@ -118,10 +122,6 @@ def rank_main(rank: int, way: str, args, init_file: str, out_dir: str) -> None:
     if rank == 0:
         per_step_ms = (time.perf_counter() - began) / steps * 1e3
         Path(out_dir, "step_ms").write_text(str(per_step_ms))
-    # a hook's state and the DDP model sit in reference cycles: freed now, not at the
-    # interpreter's end, where joining gloo's threads aborts the process (worker/ddp.py)
-    del ddp, reduce
-    gc.collect()
     dist.destroy_process_group()
 
 
