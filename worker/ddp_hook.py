@@ -105,6 +105,9 @@ class WeightedReduce:
         self._summed: torch.Tensor | None = None  # their limbs, summed by the first bucket
         self._carrier: _Carrier | None = None
         self._sums: list[int] | None = None
+        #: Work for the time the last bucket's all-reduce is in flight, which the backward pass
+        #: otherwise spends waiting (the job reads its next batch there); None: none.
+        self.while_reducing: Callable[[], None] | None = None
         ddp.register_comm_hook(self, _weighted_hook)
         collect_cycles_before_exit()
 
@@ -181,18 +184,27 @@ class WeightedReduce:
 
     def launch(self, bucket) -> torch.futures.Future:
         """Scale the bucket by ``b_i / B`` and all-reduce it; the first bucket carries the control
-        numbers."""
+        numbers. Once the last bucket's all-reduce is on its way, :attr:`while_reducing` runs."""
         buffer, weight = bucket.buffer(), self.weight()
-        if bucket.is_last():
+        last = bucket.is_last()
+        if last:
             if buffer.is_cuda:  # the backward's kernels are this step's compute
                 settle_device(buffer.device.index)
             # (a model on the CPU waits for no GPU, even where a framework initialised CUDA:
             # that sync cost 1.4 ms a step under Lightning on a GPU host)
             self.backward_done_at = time.perf_counter()
-        if bucket.index() != 0:
+        if bucket.index() == 0:
+            future = self._launch_first(buffer, weight)
+        else:
             buffer.mul_(weight)
             work = dist.all_reduce(buffer, group=self.group, async_op=True)
-            return work.get_future().then(lambda done: done.value()[0])
+            future = work.get_future().then(lambda done: done.value()[0])
+        if last and self.while_reducing is not None:
+            self.while_reducing()
+        return future
+
+    def _launch_first(self, buffer: torch.Tensor, weight: float) -> torch.futures.Future:
+        """The first bucket's all-reduce, the step's limbs appended to its gradients."""
         limbs = encode_limbs(self._take_control())
         carrier = self._carrier_for(buffer, len(limbs))
         torch.mul(buffer, weight, out=carrier.gradients)

@@ -160,3 +160,38 @@ def test_a_model_on_the_cpu_never_waits_for_a_gpu(tmp_path, monkeypatch):
     finally:
         dist.destroy_process_group()
     assert waited == []
+
+
+def test_work_while_reducing_runs_once_a_backward_with_every_bucket_on_its_way(
+    tmp_path, monkeypatch
+):
+    """The job reads its next batch while the last bucket is all-reduced: the hook's
+    ``while_reducing`` runs once per backward pass, after the all-reduce of every bucket (several
+    here) has started and before the backward pass ends."""
+    started: list[int] = []
+    all_reduce = dist.all_reduce
+
+    def counted(*args, **kwargs):
+        started.append(1)
+        return all_reduce(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_reduce", counted)
+    join_gloo(str(tmp_path / "init"), 0, world=1)
+    try:
+        model, _ = new_model()
+        reduce = WeightedReduce(DistributedDataParallel(model, bucket_cap_mb=0.01))
+        seen: list[int] = []  # the all-reduces started when it ran, once a step
+        reduce.while_reducing = lambda: seen.append(len(started))
+        reduce.prime(4)
+        inputs, targets = torch.randn(4, 4, dtype=torch.float64), torch.randn(4, 1).double()
+        per_step = []  # the all-reduces each backward pass started
+        for _ in range(3):
+            started.clear()
+            reduce.begin(4)
+            F.mse_loss(reduce.ddp(inputs), targets).backward()
+            per_step.append(len(started))
+            reduce.sums()
+        assert seen == per_step
+        assert per_step[-1] > 1  # several buckets once DDP has rebuilt them (after the first step)
+    finally:
+        dist.destroy_process_group()

@@ -37,7 +37,9 @@ set up (gloo or NCCL), and instead
   so the all-reduce still overlaps the backward pass; each rank takes its
   batches one step ahead and announces the next one's size, with the loop's
   control numbers, in the first bucket's all-reduce: no collective of
-  antdt's own per step. Each rank counts its trained samples in the sample
+  antdt's own per step. It reads that next batch while the last bucket is
+  all-reduced, where the backward pass would only wait (not with in-band
+  sizing, which may still cut it). Each rank counts its trained samples in the sample
   ledger, and the ranks sum their counts whenever it is saved, so the saved
   ledger is exactly what the saved model contains;
 * **never hangs**: past a bound sized by the job's recent steps
@@ -71,6 +73,7 @@ Samples are ``(input, target)`` tensor pairs (any others with a
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -210,6 +213,7 @@ class ElasticJob(TrainingJob):
         self._resize = AgreedResize()
         self._offers = [0, 0, 0]  # this step's summed resize offers
         self.pooled = 0  # samples this rank took from the ranks' pooled epoch tails
+        self._loop_thread: int | None = None  # the thread the loop runs on (reads ahead there)
         self.agent.handle(CommandAction.ADJUST_BATCH_SIZE, self._on_resize)
 
     # ------------------------------------------------------------ lifecycle
@@ -227,6 +231,10 @@ class ElasticJob(TrainingJob):
         if self.sizing is BatchSizing.IN_BAND and self.world > 1:
             # never below one sample: a rank sized to 0 would hand its shards back
             self.sizer = InBandSizer(self.world, self.rank, self.sizes, low=1)
+        elif self.reduce is not None:
+            # (in-band sizing cuts the batch taken ahead after the backward pass: none read ahead)
+            self._loop_thread = threading.get_ident()
+            self.reduce.while_reducing = self._read_ahead
         self.peers = PeerLiveness.of_default_group()
         if self.peers is not None:
             self.watch = StepWatch(self.peers, self.timeout.limit_s, self._end_hung)
@@ -283,6 +291,27 @@ class ElasticJob(TrainingJob):
     def _read(self, reserved: Reserved) -> Tagged:
         with self.agent.data_wait():
             return self.feed.read(reserved)
+
+    def _read_ahead(self) -> None:
+        """Read the next step's batch while this step's last bucket is all-reduced (the hook calls
+        this once that all-reduce is on its way), time the backward pass otherwise spends
+        waiting, so the next step does not begin with its read (docs/torchrun.md). Only on the
+        loop's own thread: a GPU's backward runs the hook on autograd's device thread, and the
+        user's dataset is read where the loop reads it. A read that fails is left to the loop,
+        which reads again and raises there."""
+        taken = self._next
+        if taken is None or taken.batch is not None or threading.get_ident() != self._loop_thread:
+            return
+        try:
+            self.feed.read(taken)
+        except Exception:  # noqa: BLE001 - the user's dataset's error, raised where the loop reads
+            return
+
+    def _drop_read_ahead(self) -> None:
+        """Forget the next step's batch as read ahead, so it can be given back, pooled or resized
+        as a batch not read: it has not been handed out, and reading it again costs only time."""
+        if self._next is not None:
+            self._next.batch = None
 
     def _begin_step(self, batch) -> None:
         """The step's sums: the next batch, data left, checkpoint due, ranks out of data for now,
@@ -350,6 +379,8 @@ class ElasticJob(TrainingJob):
         self.agent.step(samples=self._pending)
         if self._next is None:
             self._out_of_data(everyone_dry=not sums[0] and not self._dry)
+        if starving and self._next_open():
+            self._drop_read_ahead()  # the next batch may be given back or pooled
         if opened:
             self._take_the_opened_epoch()
         elif starving:
