@@ -1,5 +1,6 @@
-"""The probes docs/frameworks.md reads a rank's costs with: ``bench/rank_profile`` (a cProfile of
-chosen ranks) and ``bench/thread_cpu.py`` (each rank thread's CPU seconds)."""
+"""The probes docs/frameworks.md and docs/torchrun.md read a rank's costs with:
+``bench/rank_profile`` (a cProfile of chosen ranks), ``bench/thread_cpu.py`` (each rank thread's
+CPU seconds) and ``bench/phase_probe`` (each phase's CPU and wall time a call)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.append(str(BENCH))  # the bench scripts import as scripts
 thread_cpu = importlib.import_module("thread_cpu")
+phase_summary = importlib.import_module("phase_probe.summary")
 
 #: A rank's stand-in: burns a little CPU on its main thread, says so, then waits to be read.
 BUSY = (
@@ -63,3 +65,34 @@ def test_each_rank_thread_is_counted_under_its_mode_and_rank():
     rows = thread_cpu.summary(seen)
     assert [(row["mode"], row["rank"], row["pid"]) for row in rows] == [("plain", 2, child.pid)]
     assert rows[0]["threads"]["main"] > 0
+
+
+#: A plain loop's phases without a process group: four batches from a DataLoader, a backward pass
+#: and an optimizer step each.
+PLAIN_STEPS = """
+import torch
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+data = torch.utils.data.TensorDataset(torch.randn(8, 4))
+for (inputs,) in torch.utils.data.DataLoader(data, batch_size=2):
+    model(inputs).sum().backward()
+    optimizer.step()
+"""
+
+
+def test_a_rank_s_phases_are_timed_a_call_each_and_summed_by_mode(tmp_path):
+    path = os.pathsep.join(filter(None, [str(BENCH / "phase_probe"), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", PLAIN_STEPS, "--mode", "plain"],
+        env=_rank_env(0, PYTHONPATH=path, PHASE_PROBE_DIR=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    summary = phase_summary.summarise(tmp_path)
+    phases = summary["plain"]["phases"]
+    assert summary["plain"]["files"] == 1
+    assert set(phases) == {"loader: next batch", "backward", "optimizer step"}
+    for times in phases.values():
+        assert 0 < times["cpu_us"]["median"] <= 1.5 * times["wall_us"]["median"] + 5
