@@ -214,6 +214,7 @@ class ElasticJob(TrainingJob):
         self._offers = [0, 0, 0]  # this step's summed resize offers
         self.pooled = 0  # samples this rank took from the ranks' pooled epoch tails
         self._loop_thread: int | None = None  # the thread the loop runs on (reads ahead there)
+        self._read_ahead_s = 0.0  # this step's read ahead, inside its last all-reduce
         self.agent.handle(CommandAction.ADJUST_BATCH_SIZE, self._on_resize)
 
     # ------------------------------------------------------------ lifecycle
@@ -298,14 +299,18 @@ class ElasticJob(TrainingJob):
         waiting, so the next step does not begin with its read (docs/torchrun.md). Only on the
         loop's own thread: a GPU's backward runs the hook on autograd's device thread, and the
         user's dataset is read where the loop reads it. A read that fails is left to the loop,
-        which reads again and raises there."""
+        which reads again and raises there. Its time is booked as data wait, not as the wait for
+        the others that the rest of the all-reduce is (:meth:`_book_sync`)."""
         taken = self._next
         if taken is None or taken.batch is not None or threading.get_ident() != self._loop_thread:
             return
+        began = time.perf_counter()
         try:
-            self.feed.read(taken)
+            with self.agent.data_wait():
+                self.feed.read(taken)
         except Exception:  # noqa: BLE001 - the user's dataset's error, raised where the loop reads
-            return
+            pass
+        self._read_ahead_s = time.perf_counter() - began
 
     def _drop_read_ahead(self) -> None:
         """Forget the next step's batch as read ahead, so it can be given back, pooled or resized
@@ -477,12 +482,15 @@ class ElasticJob(TrainingJob):
 
     def _book_sync(self) -> None:
         """A trained step waited for the others in the control sums and from its backward's last
-        bucket on; a step without samples here waited all along."""
+        bucket on, less the next batch's read there (data wait); a step without samples here
+        waited all along."""
         reduce = self.reduce
         if not self._pending:
             self.agent.waited_whole_step()
         elif reduce is not None and reduce.backward_done_at is not None:
-            self.agent.book_sync_wait(time.perf_counter() - reduce.backward_done_at)
+            waited = time.perf_counter() - reduce.backward_done_at - self._read_ahead_s
+            self.agent.book_sync_wait(max(0.0, waited))
+        self._read_ahead_s = 0.0
 
     # ------------------------------------------------------------ batch sizes
 
