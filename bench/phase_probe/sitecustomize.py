@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 #: (module, class, method, label) wrapped in every mode; then those of the script's mode.
 COMMON = [
@@ -56,13 +57,11 @@ _collector: dict[str, float] = {"passes": 0, "s": 0.0}
 
 
 def _mode() -> str:
-    argv = sys.argv
-    for index, argument in enumerate(argv):
-        if argument == "--mode" and index + 1 < len(argv):
-            return argv[index + 1]
-        if argument.startswith("--mode="):
-            return argument.split("=", 1)[1]
-    return "run"
+    """The script's ``--mode`` (``bench/probe_args.py``, on ``bench/`` appended to the path)."""
+    sys.path.append(str(Path(__file__).resolve().parents[1]))
+    from probe_args import script_mode
+
+    return script_mode()
 
 
 def _wrap(module: str, owner: str, name: str, label: str) -> None:

@@ -17,16 +17,15 @@ import atexit
 import cProfile
 import os
 import sys
+from pathlib import Path
 
 
 def _mode() -> str:
-    argv = sys.argv
-    for index, argument in enumerate(argv):
-        if argument == "--mode" and index + 1 < len(argv):
-            return argv[index + 1]
-        if argument.startswith("--mode="):
-            return argument.split("=", 1)[1]
-    return "run"
+    """The script's ``--mode`` (``bench/probe_args.py``, on ``bench/`` appended to the path)."""
+    sys.path.append(str(Path(__file__).resolve().parents[1]))
+    from probe_args import script_mode
+
+    return script_mode()
 
 
 def _install(folder: str) -> None:
