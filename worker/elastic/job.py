@@ -38,8 +38,8 @@ set up (gloo or NCCL), and instead
   batches one step ahead and announces the next one's size, with the loop's
   control numbers, in the first bucket's all-reduce: no collective of
   antdt's own per step. It reads that next batch while the last bucket is
-  all-reduced, where the backward pass would only wait (not with in-band
-  sizing, which may still cut it). Each rank counts its trained samples in the sample
+  all-reduced, where the backward pass would only wait (a new in-band
+  split that cuts it drops that read). Each rank counts its trained samples in the sample
   ledger, and the ranks sum their counts whenever it is saved, so the saved
   ledger is exactly what the saved model contains;
 * **never hangs**: past a bound sized by the job's recent steps
@@ -232,8 +232,7 @@ class ElasticJob(TrainingJob):
         if self.sizing is BatchSizing.IN_BAND and self.world > 1:
             # never below one sample: a rank sized to 0 would hand its shards back
             self.sizer = InBandSizer(self.world, self.rank, self.sizes, low=1)
-        elif self.reduce is not None:
-            # (in-band sizing cuts the batch taken ahead after the backward pass: none read ahead)
+        if self.reduce is not None:
             self._loop_thread = threading.get_ident()
             self.reduce.while_reducing = self._read_ahead
         self.peers = PeerLiveness.of_default_group()
@@ -528,6 +527,8 @@ class ElasticJob(TrainingJob):
             return
         self._recount = True
         taken = self._next
+        if taken is not None and taken.size != size and self._next_open():
+            self._drop_read_ahead()  # cut as a batch not read
         if taken is not None and taken.batch is None and taken.size != size:
             self.feed.resize(taken, size)
 
