@@ -5,10 +5,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
-#: The folder to append to ``sys.path`` for this module.
-BENCH = Path(__file__).resolve().parent
 
 
 def script_mode(argv: list[str] | None = None) -> str:

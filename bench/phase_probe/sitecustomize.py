@@ -53,7 +53,7 @@ PHASES = {
     ],
 }
 _totals: dict[str, list] = {}
-_collector: dict[str, float] = {"passes": 0, "s": 0.0}
+_collector: dict[str, float] = {"passes": 0, "s": 0.0, "began": 0.0}
 
 
 def _mode() -> str:
@@ -82,12 +82,12 @@ def _wrap(module: str, owner: str, name: str, label: str) -> None:
     setattr(cls, name, timed)
 
 
-def _count_collections(phase: str, info: dict, began: list = [0.0]) -> None:  # noqa: B006
+def _count_collections(phase: str, info: dict) -> None:
     if phase == "start":
-        began[0] = time.perf_counter()
+        _collector["began"] = time.perf_counter()
     else:
         _collector["passes"] += 1
-        _collector["s"] += time.perf_counter() - began[0]
+        _collector["s"] += time.perf_counter() - _collector["began"]
 
 
 def _install(folder: str) -> None:

@@ -313,8 +313,9 @@ class ElasticJob(TrainingJob):
 
     def _drop_read_ahead(self) -> None:
         """Forget the next step's batch as read ahead, so it can be given back, pooled or resized
-        as a batch not read: it has not been handed out, and reading it again costs only time."""
-        if self._next is not None:
+        as a batch not read: it has not been handed out, and reading it again costs only time (a
+        batch a framework's loader has taken is kept: :meth:`_next_open`)."""
+        if self._next is not None and self._next_open():
             self._next.batch = None
 
     def _begin_step(self, batch) -> None:
@@ -383,11 +384,10 @@ class ElasticJob(TrainingJob):
         self.agent.step(samples=self._pending)
         if self._next is None:
             self._out_of_data(everyone_dry=not sums[0] and not self._dry)
-        if starving and self._next_open():
-            self._drop_read_ahead()  # the next batch may be given back or pooled
         if opened:
             self._take_the_opened_epoch()
         elif starving:
+            self._drop_read_ahead()  # the next batch may be given back or pooled
             self._share_the_last_shards()
             if self.reduce is not None and held > self.global_batch // self.world:
                 self._pool_the_tail()
@@ -527,10 +527,10 @@ class ElasticJob(TrainingJob):
             return
         self._recount = True
         taken = self._next
-        if taken is not None and taken.size != size and self._next_open():
+        if taken is not None and taken.size != size:
             self._drop_read_ahead()  # cut as a batch not read
-        if taken is not None and taken.batch is None and taken.size != size:
-            self.feed.resize(taken, size)
+            if taken.batch is None:
+                self.feed.resize(taken, size)
 
     def _switch_if_agreed(self) -> None:
         """Apply the pending batch size from the next batch taken once every changed rank holds
