@@ -100,6 +100,7 @@ class ShardClient(OwnKeyClient):
             f"antdt-worker-{worker_id}",
             codec,
             pace=FetchPace.STEADY,  # grants are asked for a shard ahead: no need to poll hard
+            replies_collected_late=True,  # ... and read when the shard before is done
         )
         self.dataset = dataset
         self.incarnation = incarnation or uuid.uuid4().hex

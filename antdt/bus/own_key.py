@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Self
 
 from antdt.bus.clients import make_consumer, make_producer
-from antdt.bus.config import FetchPace
+from antdt.bus.config import FetchPace, collected_late
 from antdt.bus.deadletter import DeadLetter
 from antdt.bus.readers import follow_key
 from antdt.bus.watch import Rewinder, shared_watch
@@ -36,12 +36,16 @@ class OwnKeyClient:
         client_id: str,
         codec: Codec | None = None,
         pace: FetchPace = FetchPace.LOW_LATENCY,
+        replies_collected_late: bool = False,
     ):
+        """``replies_collected_late``: replies are asked for ahead of need and read when needed,
+        so the reader stops fetching while one waits unread (:func:`collected_late`)."""
         self.job_id, self.worker_id = job_id, worker_id
         self.codec = codec or make_codec(settings.schema_registry_url)
         self._key = worker_key(job_id, worker_id).encode()
         self._producer = make_producer(settings, client_id=client_id, **{"linger.ms": 0})
-        self._consumer = make_consumer(settings, client_id=client_id, pace=pace)
+        late = collected_late(settings, pace) if replies_collected_late else {}
+        self._consumer = make_consumer(settings, client_id=client_id, pace=pace, **late)
         self._deadletter = DeadLetter.for_settings(self._producer, settings, "agent")
         for _ in follow_key(
             settings, self._consumer, self._producer, replies_topic, self._key, timeout_s=30.0

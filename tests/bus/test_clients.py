@@ -7,8 +7,16 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import consuming, flush_or_raise, make_admin, make_producer, producing
-from antdt.bus.config import common_config, consumer_config, describe_profile, producer_config
-from antdt.bus.readers import BEGINNING, KeyedReader, poll_batch
+from antdt.bus.config import (
+    FetchPace,
+    collected_late,
+    common_config,
+    consumer_config,
+    describe_profile,
+    fetch_wait_ms,
+    producer_config,
+)
+from antdt.bus.readers import BEGINNING, KeyedReader, key_partition, poll_batch
 from antdt.errors import BusError
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.examples import worker_metrics
@@ -50,6 +58,38 @@ def test_embedded_profile_shortens_sessions_and_fetch_waits():
     assert embedded["heartbeat.interval.ms"] == 200
     assert embedded["fetch.wait.max.ms"] <= 50
     assert "session.timeout.ms" not in kafka
+
+
+def test_a_reader_of_replies_collected_late_stops_fetching_while_one_waits_unread():
+    """One record in librdkafka's queue stops the fetches; it looks again every fetch wait."""
+    for settings in (load_settings(), load_settings(broker_profile=BrokerProfile.EMBEDDED)):
+        late = collected_late(settings, FetchPace.STEADY)
+        assert late == {
+            "queued.min.messages": 1,
+            "fetch.queue.backoff.ms": fetch_wait_ms(settings, FetchPace.STEADY),
+        }
+
+
+def test_a_reader_of_replies_collected_late_reads_every_record_once_polled(settings, topics):
+    """The flow control loses nothing: a burst written while nobody polls is read whole, in
+    order, once the reader polls."""
+    topic = topic_spec("shard", "assignments").full_name(settings.topic_prefix)
+    codec = SingleObjectCodec()
+    key = "job-late/worker-0"
+    late = collected_late(settings, FetchPace.STEADY)
+    with consuming(settings, **late) as consumer:
+        consumer.assign([TopicPartition(topic, key_partition(settings, topic, key), 0)])
+        with producing(settings) as producer:
+            for seq in range(200):
+                producer.produce(
+                    topic, key=key.encode(), value=codec.encode(worker_metrics(seq=seq))
+                )
+        seen = []
+        for _ in range(200):
+            seen += [codec.decode(m.value()).seq for m in poll_batch(consumer, 500, 0.1)]
+            if len(seen) >= 200:
+                break
+    assert seen == list(range(200))
 
 
 def test_each_profile_names_the_settings_its_clients_get():
