@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -318,6 +319,55 @@ def test_an_epoch_s_first_answer_is_handed_on_whole_not_one_round_trip_per_shard
         data.close()
     every = [p for grant in [*first, fifth, sixth, *rest] for p in grant.positions]
     assert sorted(every) == list(range(100))
+
+
+def requests_asked(client: ShardClient) -> list[int]:
+    """The quota of each request ``client`` waits on from now, in order."""
+    asked: list[int] = []
+    asking = client.request
+    client.request = lambda *a, **k: asked.append(k.get("quota")) or asking(*a, **k)
+    return asked
+
+
+def test_the_answer_prepare_waited_for_is_the_first_one_reading_uses(settings, topics):
+    """prepare()'s request defines the dataset before training; its answer hands on the first
+    shards, with no second round trip."""
+    with (
+        running_sharder(settings),
+        Agent("job-prepared", "w0", settings=settings, listen_for_commands=False) as agent,
+    ):
+        data = agent.shards(list(range(100)), spec(size=100, shard_size=10, epochs=1))
+        data.quota = 2
+        asked = requests_asked(agent.shard_client)
+        data.prepare()
+        grants = data.grants()
+        first = [next(grants), next(grants)]
+        assert asked == [2], "the first shards were asked for again"
+        rest = list(grants)
+        data.close()
+    every = [p for grant in [*first, *rest] for p in grant.positions]
+    assert sorted(every) == list(range(100))
+
+
+@pytest.mark.parametrize("since", ["quota changed", "too old to trust"])
+def test_an_answer_prepare_waited_for_is_asked_for_again_once_stale(settings, topics, since):
+    """A quota changed since prepare(), or an answer older than a prefetched one may be: the
+    first shards are asked for again."""
+    with (
+        running_sharder(settings),
+        Agent("job-stale", "w0", settings=settings, listen_for_commands=False) as agent,
+    ):
+        data = agent.shards(list(range(100)), spec(size=100, shard_size=10, epochs=1))
+        data.quota = 2
+        asked = requests_asked(agent.shard_client)
+        data.prepare()
+        if since == "quota changed":
+            data.quota = 3
+        else:
+            data._prepared = replace(data._prepared, at=time.monotonic() - data.keepalive_s)
+        next(data.grants())
+        data.close()
+    assert asked == [2, 3 if since == "quota changed" else 2]
 
 
 def test_a_refused_rewind_ends_the_restore_naming_the_cause(settings, topics):
