@@ -10,7 +10,10 @@ thread's CPU time (``time.thread_time``) and the wall time, and at exit
 writes ``<dir>/<mode>-rank<R>-<pid>.json``: per phase its calls and mean
 microseconds of CPU and of wall time, the main thread's and the process's
 CPU seconds, and the cyclic collector's passes. A wall time well above the
-CPU time is waiting: for the other ranks, for a core. Summed with
+CPU time is waiting: for the other ranks, for a core; the main thread's wait
+for a core, runnable but not running, is read from Linux's schedstat
+(``main_core_wait_s``, absent elsewhere). The job's set-up and close are
+phases too (one call a run). Summed with
 ``bench/phase_probe/summary.py DIR``. A clock read costs about a
 microsecond a call, the same in every mode.
 
@@ -27,6 +30,7 @@ import importlib
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -50,6 +54,12 @@ PHASES = {
         ("antdt.worker.ddp_hook", "WeightedReduce", "launch", "hook: bucket sent"),
         ("antdt.worker.elastic.job", "ElasticJob", "_end_step", "job: step ends"),
         ("antdt.worker.agent", "Agent", "step", "agent: step"),
+        # once a run (a checkpoint also every checkpoint_every_s): the job's fixed costs
+        ("antdt.worker.training_job", "TrainingJob", "__enter__", "job: set-up"),
+        ("antdt.worker.agent", "Agent", "__enter__", "set-up: the agent's clients"),
+        ("antdt.worker.dataset", "ShardedDataset", "prepare", "set-up: the first request"),
+        ("antdt.worker.training_job", "TrainingJob", "_checkpoint", "job: checkpoint"),
+        ("antdt.worker.training_job", "TrainingJob", "__exit__", "job: close"),
     ],
 }
 _totals: dict[str, list] = {}
@@ -82,6 +92,16 @@ def _wrap(module: str, owner: str, name: str, label: str) -> None:
     setattr(cls, name, timed)
 
 
+def _main_core_wait_s() -> float | None:
+    """Seconds the main thread was runnable but waiting for a core (Linux's schedstat), or
+    None."""
+    try:
+        path = f"/proc/self/task/{threading.main_thread().native_id}/schedstat"
+        return round(int(Path(path).read_text().split()[1]) / 1e9, 3)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _count_collections(phase: str, info: dict) -> None:
     if phase == "start":
         _collector["began"] = time.perf_counter()
@@ -102,6 +122,7 @@ def _install(folder: str) -> None:
             "rank": int(rank),
             "main_cpu_s": round(time.thread_time(), 3),
             "process_cpu_s": round(time.process_time(), 3),
+            "main_core_wait_s": _main_core_wait_s(),
             "collector": {"passes": _collector["passes"], "s": round(_collector["s"], 4)},
             "phases": {
                 label: {

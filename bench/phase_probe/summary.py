@@ -4,7 +4,8 @@
 
 ``DIR`` holds what ``bench/phase_probe/sitecustomize.py`` wrote; each figure is
 the median over the files of a mode (every rank of every run), with its min
-and max.
+and max; beside the phases, the main thread's CPU seconds and its wait for a
+core.
 """
 
 from __future__ import annotations
@@ -43,8 +44,19 @@ def summarise(folder: Path) -> dict:
         summary[mode] = {
             "files": len(runs),
             "phases": {label: _phase(runs, label) for label in labels},
+            **_main_thread(runs),
         }
     return summary
+
+
+def _main_thread(runs: list[dict]) -> dict:
+    """The main thread's CPU seconds and its wait for a core (where the probe could read it),
+    spread over the files."""
+    figures = {"main_cpu_s": spread([run["main_cpu_s"] for run in runs])}
+    waits = [run["main_core_wait_s"] for run in runs if run.get("main_core_wait_s") is not None]
+    if waits:
+        figures["main_core_wait_s"] = spread(waits)
+    return figures
 
 
 def main() -> int:
@@ -61,6 +73,12 @@ def main() -> int:
         return 0
     for mode, figures in summary.items():
         print(f"{mode} ({figures['files']} ranks' files): phase, CPU us a call, wall us a call")
+        for key, what in (("main_cpu_s", "CPU"), ("main_core_wait_s", "wait for a core")):
+            if key in figures:
+                value = figures[key]
+                print(
+                    f"  main thread's {what}, s: {value['median']} ({value['min']}-{value['max']})"
+                )
         for label, times in figures["phases"].items():
             cpu, wall = times["cpu_us"], times["wall_us"]
             print(

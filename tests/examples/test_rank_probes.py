@@ -96,3 +96,5 @@ def test_a_rank_s_phases_are_timed_a_call_each_and_summed_by_mode(tmp_path):
     assert set(phases) == {"loader: next batch", "backward", "optimizer step"}
     for times in phases.values():
         assert 0 < times["cpu_us"]["median"] <= 1.5 * times["wall_us"]["median"] + 5
+    assert summary["plain"]["main_cpu_s"]["median"] > 0
+    assert summary["plain"]["main_core_wait_s"]["median"] >= 0  # Linux's schedstat
