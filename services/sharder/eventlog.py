@@ -12,6 +12,8 @@
   broker reports wrong).
 * :func:`latest_snapshot` finds the newest snapshot of a job the same way,
   decoding only the winner.
+* :class:`MarkerReader` is the one consumer a sharder keeps for these reads,
+  connected between them (a fresh one per read cost most of a job's take-over).
 
 Every log record carries its writer epoch in a header, so a sharder can
 notice that a newer writer took over without decoding anything.
@@ -19,16 +21,18 @@ notice that a newer writer took over without decoding anything.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer
 
-from antdt.bus.clients import consuming
+from antdt.bus.clients import consuming, make_consumer
+from antdt.bus.config import FetchPace
 from antdt.bus.readers import follow_key, key_partition
-from antdt.bus.watch import produce_or_refused
+from antdt.bus.watch import BusWatch, produce_or_refused
 from antdt.errors import BusError
 from antdt.schemas.codec import Codec
 from antdt.schemas.models import ShardLogEvent, ShardSnapshot
@@ -37,6 +41,7 @@ from antdt.topics import topic_spec
 
 WRITER_HEADER = "antdt.writer-epoch"
 READ_TIMEOUT_S = 60.0
+RECOVERY_CLIENT = "antdt-sharder-recovery"
 #: How much of each job's log is kept to be written again after a bus reset.
 RECENT_S = 60.0
 RECENT_MAX = 20_000
@@ -150,6 +155,66 @@ def job_partition(settings: Settings, topic: str, job_id: str) -> int:
     return key_partition(settings, topic, job_id)
 
 
+class MarkerReader:
+    """The consumer a sharder keeps for its reads up to a marker, one read at a time.
+
+    A take-over reads three times (the snapshot, the log, the log past its
+    election) while the worker whose request made it waits, and a fresh
+    consumer's first fetch waits for its second connection (librdkafka drops
+    the bootstrap connection once metadata names the broker:
+    ``EMBEDDED_RECONNECT`` in :mod:`antdt.bus.config`): a new job's take-over
+    took 39 ms on a running sharder, 79 ms for the first job after it started
+    (the embedded broker, docs/torchrun.md). This one stays connected between
+    reads and holds no partition then, so it fetches nothing; it reads at the
+    low-latency pace (a caller waits), and is made again after a bus reset
+    (``watch``). A read while another is under way (one abandoned unfinished,
+    say) gets a fresh consumer, as without a reader.
+    """
+
+    def __init__(self, settings: Settings, watch: BusWatch | None = None):
+        self._settings, self._watch = settings, watch
+        self._consumer: Consumer | None = None
+        self._generation = watch.generation if watch is not None else 0
+        self._busy = threading.Lock()
+
+    def read(
+        self, topic: str, key: bytes, start: int, producer: Producer, timeout_s: float
+    ) -> Iterator[Message]:
+        """Every record with ``key`` in its partition from ``start`` up to a fresh marker."""
+        if not self._busy.acquire(blocking=False):
+            yield from _read_fresh(self._settings, topic, key, start, producer, timeout_s)
+            return
+        try:
+            consumer = self._connected()
+            try:
+                yield from follow_key(
+                    self._settings, consumer, producer, topic, key, start, timeout_s
+                )
+            finally:
+                consumer.unassign()  # between reads it fetches nothing
+        finally:
+            self._busy.release()
+
+    def _connected(self) -> Consumer:
+        """The kept consumer, made anew after a bus reset (a reset broker forgets its metadata)."""
+        generation = self._watch.generation if self._watch is not None else 0
+        if self._consumer is not None and generation != self._generation:
+            self._consumer.close()
+            self._consumer = None
+        if self._consumer is None:
+            self._consumer = make_consumer(
+                self._settings, client_id=RECOVERY_CLIENT, pace=FetchPace.LOW_LATENCY
+            )
+            self._generation = generation
+        return self._consumer
+
+    def close(self) -> None:
+        with self._busy:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
+
+
 def read_until_marker(
     settings: Settings,
     topic: str,
@@ -157,9 +222,20 @@ def read_until_marker(
     start: int,
     producer: Producer,
     timeout_s: float = READ_TIMEOUT_S,
+    reader: MarkerReader | None = None,
 ) -> Iterator[Message]:
-    """Every record with ``key`` in its partition from ``start`` up to a fresh marker."""
-    with consuming(settings, client_id="antdt-sharder-recovery") as consumer:
+    """Every record with ``key`` in its partition from ``start`` up to a fresh marker; through
+    ``reader`` where the caller keeps one, else a consumer of its own."""
+    if reader is not None:
+        yield from reader.read(topic, key, start, producer, timeout_s)
+    else:
+        yield from _read_fresh(settings, topic, key, start, producer, timeout_s)
+
+
+def _read_fresh(
+    settings: Settings, topic: str, key: bytes, start: int, producer: Producer, timeout_s: float
+) -> Iterator[Message]:
+    with consuming(settings, client_id=RECOVERY_CLIENT) as consumer:
         yield from follow_key(settings, consumer, producer, topic, key, start, timeout_s)
 
 
@@ -169,10 +245,13 @@ def read_job_log(
     codec: Codec,
     producer: Producer,
     start: int = OFFSET_BEGINNING,
+    reader: MarkerReader | None = None,
 ) -> Iterator[tuple[int, ShardLogEvent]]:
     """``(offset, event)`` for every event of the job from ``start`` to now."""
     topic = log_topic(settings)
-    for message in read_until_marker(settings, topic, job_id.encode(), start, producer):
+    for message in read_until_marker(
+        settings, topic, job_id.encode(), start, producer, reader=reader
+    ):
         yield message.offset(), codec.decode(message.value(), topic)
 
 
@@ -200,13 +279,23 @@ def lacks_beginning(events: list[ShardLogEvent]) -> bool:
 
 
 def snapshot_at_or_before(
-    settings: Settings, job_id: str, codec: Codec, producer: Producer, seq: int
+    settings: Settings,
+    job_id: str,
+    codec: Codec,
+    producer: Producer,
+    seq: int,
+    reader: MarkerReader | None = None,
 ) -> ShardSnapshot | None:
     """The newest snapshot of the job taken at or before log seq ``seq``, or None (every snapshot
     of the job is decoded: for the rare rewind across an epoch)."""
     found = None
     for message in read_until_marker(
-        settings, snapshot_topic(settings), job_id.encode(), OFFSET_BEGINNING, producer
+        settings,
+        snapshot_topic(settings),
+        job_id.encode(),
+        OFFSET_BEGINNING,
+        producer,
+        reader=reader,
     ):
         snapshot = codec.decode(message.value())
         if snapshot.seq <= seq and (found is None or snapshot.seq >= found.seq):
@@ -215,12 +304,21 @@ def snapshot_at_or_before(
 
 
 def latest_snapshot(
-    settings: Settings, job_id: str, codec: Codec, producer: Producer
+    settings: Settings,
+    job_id: str,
+    codec: Codec,
+    producer: Producer,
+    reader: MarkerReader | None = None,
 ) -> ShardSnapshot | None:
     """The newest snapshot of the job, or None (only the winner is decoded)."""
     newest = None
     for message in read_until_marker(
-        settings, snapshot_topic(settings), job_id.encode(), OFFSET_BEGINNING, producer
+        settings,
+        snapshot_topic(settings),
+        job_id.encode(),
+        OFFSET_BEGINNING,
+        producer,
+        reader=reader,
     ):
         newest = message
     return None if newest is None else codec.decode(newest.value())

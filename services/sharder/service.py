@@ -87,6 +87,7 @@ from antdt.services.sharder import metrics
 from antdt.services.sharder.core import CoreConfig, ProgressRejected, ShardCore
 from antdt.services.sharder.eventlog import (
     LogWriter,
+    MarkerReader,
     log_topic,
     read_job_log,
     snapshot_at_or_before,
@@ -195,6 +196,7 @@ class SharderService(LoopService):
         self._progress_partitions = 1
         self._last_lease_check = 0.0
         self._watch = None
+        self._reader: MarkerReader | None = None  # the take-overs' reads up to a marker
         self._rewinder: Rewinder | None = None
         self._revoked: dict[str, tuple[JobRuntime, float]] = {}
         #: Jobs whose state this instance wrote into the bus at its last reset: its memory of
@@ -233,6 +235,7 @@ class SharderService(LoopService):
             on_lost=self._on_lost,
         )
         self._watch = shared_watch(self.settings)
+        self._reader = MarkerReader(self.settings, self._watch)
         self._rewinder = Rewinder(self._consumer, self._watch, group=True)
         return self  # ready once its partitions' backlog is handled (:meth:`_ready_if_caught_up`)
 
@@ -243,6 +246,8 @@ class SharderService(LoopService):
         drain(self._snapshot_producer)
         drain(self._answer_producer)
         self._close_clients()
+        if self._reader is not None:
+            self._reader.close()
         if self._watch is not None:
             self._watch.release()
             self._watch = None
@@ -508,6 +513,7 @@ class SharderService(LoopService):
                 now_ms,
                 self.config.use_snapshots,
                 known=held,
+                reader=self._reader,
             )
         log.info(
             "took over job %s as writer epoch %d (%d events replayed, snapshot: %s, %.3f s)",
@@ -551,12 +557,14 @@ class SharderService(LoopService):
             return None
         self._flush_log(pending)
         snapshot = snapshot_at_or_before(
-            self.settings, state.job_id, self.codec, self._producer, report.version
+            self.settings, state.job_id, self.codec, self._producer, report.version, self._reader
         )
         start = OFFSET_BEGINNING
         if snapshot is not None and snapshot.log_offset is not None:
             start = snapshot.log_offset + 1
-        events = read_job_log(self.settings, state.job_id, self.codec, self._producer, start)
+        events = read_job_log(
+            self.settings, state.job_id, self.codec, self._producer, start, self._reader
+        )
         return state_at(state.job_id, report.version, (event for _, event in events), snapshot)
 
     def _flush_log(self, pending: list) -> None:
