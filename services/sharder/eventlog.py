@@ -195,6 +195,15 @@ class MarkerReader:
         finally:
             self._busy.release()
 
+    def connect(self, topics: list[str]) -> MarkerReader:
+        """Make the consumer and learn ``topics``' metadata now, at the service's start, not in
+        the first take-over (whose reads took 30, 17 and 4 ms, the first one connecting)."""
+        consumer = self._connected()
+        for topic in topics:
+            key_partition(self._settings, topic, b"")  # the partition count, kept
+            consumer.list_topics(topic, timeout=READ_TIMEOUT_S)
+        return self
+
     def _connected(self) -> Consumer:
         """The kept consumer, made anew after a bus reset (a reset broker forgets its metadata)."""
         generation = self._watch.generation if self._watch is not None else 0

@@ -235,7 +235,9 @@ class SharderService(LoopService):
             on_lost=self._on_lost,
         )
         self._watch = shared_watch(self.settings)
-        self._reader = MarkerReader(self.settings, self._watch)
+        self._reader = MarkerReader(self.settings, self._watch).connect(
+            [log_topic(self.settings), snapshot_topic(self.settings)]
+        )
         self._rewinder = Rewinder(self._consumer, self._watch, group=True)
         return self  # ready once its partitions' backlog is handled (:meth:`_ready_if_caught_up`)
 
