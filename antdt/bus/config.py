@@ -129,9 +129,9 @@ def collected_late(settings: Settings, pace: FetchPace) -> dict[str, Any]:
     broker), instead of fetching all along while it waits. A reply read adds at most one fetch
     wait before the next fetch.
 
-    Measured on the user-style job (bench/user_job.py, 2 ranks on 2 cores, the embedded broker):
-    each rank's grant reader sent 28-31 fetches in the run instead of 164-167, the broker's CPU
-    0.75 s instead of 1.01 s (docs/torchrun.md, "Where the time goes")."""
+    Measured on the user-style job (bench/user_job.py, 2 ranks on 2 cores, the embedded broker,
+    librdkafka's statistics): each rank's grant reader sent 28-31 fetches in a run instead of
+    164-167 (docs/torchrun.md, "Set-up, the bus and the cores")."""
     return {"queued.min.messages": 1, "fetch.queue.backoff.ms": fetch_wait_ms(settings, pace)}
 
 
