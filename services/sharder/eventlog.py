@@ -269,9 +269,7 @@ def earliest_snapshot(
 ) -> ShardSnapshot | None:
     """The oldest snapshot of the job still on the bus, or None: where an audit of a log that lost
     its beginning starts."""
-    for message in read_until_marker(
-        settings, snapshot_topic(settings), job_id.encode(), OFFSET_BEGINNING, producer
-    ):
+    for message in _job_snapshots(settings, job_id, producer):
         return codec.decode(message.value())
     return None
 
@@ -298,14 +296,7 @@ def snapshot_at_or_before(
     """The newest snapshot of the job taken at or before log seq ``seq``, or None (every snapshot
     of the job is decoded: for the rare rewind across an epoch)."""
     found = None
-    for message in read_until_marker(
-        settings,
-        snapshot_topic(settings),
-        job_id.encode(),
-        OFFSET_BEGINNING,
-        producer,
-        reader=reader,
-    ):
+    for message in _job_snapshots(settings, job_id, producer, reader):
         snapshot = codec.decode(message.value())
         if snapshot.seq <= seq and (found is None or snapshot.seq >= found.seq):
             found = snapshot
@@ -321,13 +312,20 @@ def latest_snapshot(
 ) -> ShardSnapshot | None:
     """The newest snapshot of the job, or None (only the winner is decoded)."""
     newest = None
-    for message in read_until_marker(
+    for message in _job_snapshots(settings, job_id, producer, reader):
+        newest = message
+    return None if newest is None else codec.decode(newest.value())
+
+
+def _job_snapshots(
+    settings: Settings, job_id: str, producer: Producer, reader: MarkerReader | None = None
+) -> Iterator[Message]:
+    """Every snapshot record of the job, oldest first, up to a fresh marker."""
+    yield from read_until_marker(
         settings,
         snapshot_topic(settings),
         job_id.encode(),
         OFFSET_BEGINNING,
         producer,
         reader=reader,
-    ):
-        newest = message
-    return None if newest is None else codec.decode(newest.value())
+    )

@@ -329,6 +329,16 @@ def requests_asked(client: ShardClient) -> list[int]:
     return asked
 
 
+def prepared(agent: Agent) -> tuple[ShardedDataset, list[int]]:
+    """A 10-shard dataset holding 2 shards, prepared, and the quota of each request asked from
+    before its prepare()."""
+    data = agent.shards(list(range(100)), spec(size=100, shard_size=10, epochs=1))
+    data.quota = 2
+    asked = requests_asked(agent.shard_client)
+    data.prepare()
+    return data, asked
+
+
 def test_the_answer_prepare_waited_for_is_the_first_one_reading_uses(settings, topics):
     """prepare()'s request defines the dataset before training; its answer hands on the first
     shards, with no second round trip."""
@@ -336,10 +346,7 @@ def test_the_answer_prepare_waited_for_is_the_first_one_reading_uses(settings, t
         running_sharder(settings),
         Agent("job-prepared", "w0", settings=settings, listen_for_commands=False) as agent,
     ):
-        data = agent.shards(list(range(100)), spec(size=100, shard_size=10, epochs=1))
-        data.quota = 2
-        asked = requests_asked(agent.shard_client)
-        data.prepare()
+        data, asked = prepared(agent)
         grants = data.grants()
         first = [next(grants), next(grants)]
         assert asked == [2], "the first shards were asked for again"
@@ -357,10 +364,7 @@ def test_an_answer_prepare_waited_for_is_asked_for_again_once_stale(settings, to
         running_sharder(settings),
         Agent("job-stale", "w0", settings=settings, listen_for_commands=False) as agent,
     ):
-        data = agent.shards(list(range(100)), spec(size=100, shard_size=10, epochs=1))
-        data.quota = 2
-        asked = requests_asked(agent.shard_client)
-        data.prepare()
+        data, asked = prepared(agent)
         if since == "quota changed":
             data.quota = 3
         else:
