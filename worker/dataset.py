@@ -343,7 +343,8 @@ class ShardedDataset(IterableDataset):
         while True:
             early = ahead is not None and time.monotonic() - ahead[1] < self.keepalive_s
             if prepared is not None:
-                (answer, answered_at, asked), prepared = prepared, None
+                answer, answered_at, asked = prepared.answer, prepared.at, prepared.asked
+                prepared = None
             else:
                 try:
                     if early:
@@ -462,11 +463,11 @@ class ShardedDataset(IterableDataset):
         _raise_if_refused(client, answer)
         self._prepared = _Prepared(answer, time.monotonic(), asked, client)
 
-    def _take_prepared(self, client: ShardClient, epoch: int):
+    def _take_prepared(self, client: ShardClient, epoch: int) -> _Prepared | None:
         """The answer to :meth:`prepare`'s request as the first answer of ``epoch``'s shards,
-        ``(answer, answered at, quota asked)``, once: if this client asked it (not a loader
-        process's own), for this epoch and the quota asked now, and it is young enough to trust
-        (a quarter of the lease, as a prefetched answer). Else None: ask again."""
+        once: if this client asked it (not a loader process's own), for this epoch and the quota
+        asked now, and it is young enough to trust (a quarter of the lease, as a prefetched
+        answer). Else None: ask again."""
         prepared, self._prepared = self._prepared, None
         if (
             prepared is None
@@ -476,7 +477,7 @@ class ShardedDataset(IterableDataset):
             or time.monotonic() - prepared.at >= self.keepalive_s
         ):
             return None
-        return prepared.answer, prepared.at, prepared.asked
+        return prepared
 
     def checkpoint_version(self, step: int | None = None) -> int:
         """The shard-state version to store with a model checkpoint (the commits sent so far flushed

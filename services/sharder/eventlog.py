@@ -174,7 +174,7 @@ class MarkerReader:
     def __init__(self, settings: Settings, watch: BusWatch | None = None):
         self._settings, self._watch = settings, watch
         self._consumer: Consumer | None = None
-        self._generation = watch.generation if watch is not None else 0
+        self._generation = 0  # the bus generation the consumer was made in (set with it)
         self._busy = threading.Lock()
 
     def read(
