@@ -20,14 +20,18 @@ their cores), and ``lightning-dd`` (the model fitted by Lightning's
 instead of plain DDP, and ``hf-dd`` (transformers' ``Trainer`` as
 ``AntdtTrainer``), compared with transformers' own ``Trainer``.
 
-Each (mode, health) is run ``--repeat`` times; the JSON gives the training
+Each (mode, health) is run ``--repeat`` times, in rounds that run every mode
+once in turn (the baseline first), so that the machine's drift within an
+hour falls on both sides of a ratio; the JSON gives the training
 time (rank 0: process group up to the end, set-up included) as median, min
 and max, the CPU seconds the job's processes used (torchrun and its ranks,
 start to exit: ``job_cpu_s``) and, for modes with ``antdt up``, those its
 services and broker used meanwhile (``services_cpu_s``): on a machine whose
 cores the ranks fill, every CPU second beside the ranks' compute is time
 they wait for a core (docs/torchrun.md); the overhead of each antdt mode
-over plain DDP healthy and its speedup with the slowed rank; and each run's
+over plain DDP healthy and its speedup with the slowed rank (the ratio of
+the medians, and ``paired_overhead`` / ``paired_speedup``: each round's
+pair's ratio as median, min and max); and each run's
 exit code and, for antdt runs, whether its ledger is all ones. A run that
 fails (an exit code other than 0, or a sample not trained exactly once)
 fails the benchmark (exit 1), and so does a figure past the targets given;
@@ -138,26 +142,40 @@ def run_job(mode: str, ranks: int, args, slow: bool, workdir: Path, env: dict, b
     return run
 
 
-def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
+def run_once(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
+    """One run of ``mode``: with a fresh ``antdt up`` for the modes that need the bus."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("ANTDT_")}
     base["OMP_NUM_THREADS"] = "1"
-    runs = []
+    if mode not in NEEDS_BUS:
+        return progress(run_job(mode, ranks, args, slow, workdir, base, Bus({})), mode)
+    logs = workdir / f"up-{uuid.uuid4().hex[:6]}"
+    job = f"bench-{uuid.uuid4().hex[:8]}"
+    options = UP_OPTIONS.get(mode, ["--mode", "sync"])
+    if mode == "ps":
+        options = [*options, "--job", job]  # the servers serve this job
+    with antdt_up(logs, ["--policy", "antdt-dd", *options]) as bus:
+        environment = base | bus.exports | {"ANTDT_JOB_ID": job}
+        run = run_job(mode, ranks, args, slow, workdir, environment, bus)
+        if mode == "ps" and run["finished"]:  # the servers' ledger: exactly once
+            run["ledger_all_ones"] = servers_ledger(logs / "ledger")
+            run["ok"] = run["ok"] and run["ledger_all_ones"]
+    return progress(run, mode)
+
+
+def interleaved(modes: list[str], ranks: int, slow: bool, args, workdir: Path) -> dict[str, list]:
+    """``--repeat`` rounds, each running every mode once in turn (a baseline before the modes
+    compared with it): this machine's speed drifts by more than 10 % within an hour, and a
+    baseline's runs all taken before or after the compared ones would carry that drift into
+    the ratio; in turns, run ``k`` of each mode meets the same hour."""
+    runs: dict[str, list] = {mode: [] for mode in modes}
     for _ in range(args.repeat):
-        if mode not in NEEDS_BUS:
-            runs.append(progress(run_job(mode, ranks, args, slow, workdir, base, Bus({})), mode))
-            continue
-        logs = workdir / f"up-{uuid.uuid4().hex[:6]}"
-        job = f"bench-{uuid.uuid4().hex[:8]}"
-        options = UP_OPTIONS.get(mode, ["--mode", "sync"])
-        if mode == "ps":
-            options = [*options, "--job", job]  # the servers serve this job
-        with antdt_up(logs, ["--policy", "antdt-dd", *options]) as bus:
-            environment = base | bus.exports | {"ANTDT_JOB_ID": job}
-            run = run_job(mode, ranks, args, slow, workdir, environment, bus)
-            if mode == "ps" and run["finished"]:  # the servers' ledger: exactly once
-                run["ledger_all_ones"] = servers_ledger(logs / "ledger")
-                run["ok"] = run["ok"] and run["ledger_all_ones"]
-        runs.append(progress(run, mode))
+        for mode in modes:
+            runs[mode].append(run_once(mode, ranks, slow, args, workdir))
+    return runs
+
+
+def summary(mode: str, ranks: int, slow: bool, runs: list[dict]) -> dict:
+    """One mode's runs as median, min and max, with its failures counted."""
     times = [r["train_s"] for r in runs if r["finished"]]
     return {
         "mode": mode,
@@ -169,6 +187,26 @@ def measure(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
         "aborted_at_exit": sum(r["finished"] and not r["ok"] for r in runs),
         "runs": runs,
     }
+
+
+def compare(ours: dict, plain: dict, slow: bool) -> tuple[str, float] | None:
+    """The overhead (healthy) or speedup (slowed) of ``ours`` over its baseline, as the ratio of
+    the medians; the ratios of each round's pair go beside it (``paired_<name>``: median, min
+    and max), which a drift between rounds does not move. None if either has no time."""
+    if not (plain["train_s"] and ours["train_s"]):
+        return None
+    name = "speedup" if slow else "overhead"
+    ratio = ours["train_s"]["median"] / plain["train_s"]["median"]
+    pairs = [
+        (o["train_s"] / p["train_s"])
+        for o, p in zip(ours["runs"], plain["runs"])
+        if o["finished"] and p["finished"]
+    ]
+    value = round(1 / ratio if slow else ratio, 3)
+    ours[name] = value
+    if pairs:
+        ours[f"paired_{name}"] = spread([1 / r if slow else r for r in pairs])
+    return name, value
 
 
 def progress(run: dict, mode: str) -> dict:
@@ -250,29 +288,24 @@ def main() -> int:
     parts = args.only.split(",")
     args.workdir.mkdir(parents=True, exist_ok=True)
     results, verdicts = [], []
+    antdt_modes = args.modes.split(",")
     for ranks in ranks_list:
         for slow in [False, True]:
             if ("slow" if slow else "healthy") not in parts:
                 continue
-            baselines: dict[str, dict] = {}
-            for mode in args.modes.split(","):
-                plain = None
-                if args.baseline:
-                    name = BASELINE.get(mode, "plain")
-                    if name not in baselines:
-                        baselines[name] = measure(name, ranks, slow, args, args.workdir)
-                        results.append(baselines[name])
-                    plain = baselines[name]
-                ours = measure(mode, ranks, slow, args, args.workdir)
-                results.append(ours)
-                if plain and plain["train_s"] and ours["train_s"]:
-                    ratio = ours["train_s"]["median"] / plain["train_s"]["median"]
-                    name = "speedup" if slow else "overhead"
-                    value = round(1 / ratio if slow else ratio, 3)
-                    ours[name] = value
-                    limit = args.min_speedup if slow else args.max_overhead
-                    if limit is not None and (value < limit if slow else value > limit):
-                        verdicts.append(f"{mode} {ranks} ranks: {name} {value} (limit {limit})")
+            baselines = [BASELINE.get(m, "plain") for m in antdt_modes] if args.baseline else []
+            order = list(dict.fromkeys([*baselines, *antdt_modes]))
+            runs = interleaved(order, ranks, slow, args, args.workdir)
+            summaries = {mode: summary(mode, ranks, slow, runs[mode]) for mode in order}
+            results.extend(summaries.values())
+            for mode in antdt_modes if args.baseline else []:
+                compared = compare(summaries[mode], summaries[BASELINE.get(mode, "plain")], slow)
+                if compared is None:
+                    continue
+                name, value = compared
+                limit = args.min_speedup if slow else args.max_overhead
+                if limit is not None and (value < limit if slow else value > limit):
+                    verdicts.append(f"{mode} {ranks} ranks: {name} {value} (limit {limit})")
     failed = [
         f"{r['mode']} {r['ranks']} ranks: {failures(r)} failed" for r in results if failures(r)
     ]
@@ -284,6 +317,7 @@ def main() -> int:
             "sizing": args.sizing,
             "slow_factor": args.slow_factor,
             "repeat": args.repeat,
+            "order": "interleaved: each round runs every mode once, baselines first",
             "cores": os.cpu_count(),
         },
         "results": results,
