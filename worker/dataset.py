@@ -447,8 +447,8 @@ class ShardedDataset(IterableDataset):
             self._owns_client = True
         return self._client
 
-    def prepare(self, timeout_s: float = 60.0) -> None:
-        """Ask the sharder once before training starts.
+    def prepare(self, timeout_s: float = 60.0) -> int:
+        """Ask the sharder once before training starts; returns the answer's shard-state version.
 
         The first request of a job defines its dataset and makes a sharder
         its writer (an election read back through the log), which takes a
@@ -456,12 +456,16 @@ class ShardedDataset(IterableDataset):
         The shards granted stay held and are the first ones read, and its
         answer is the first one reading uses, with no second round trip
         (:meth:`_take_prepared`; 15-20 ms of set-up on the embedded broker).
+        The version is the log's position at the answer, after the dataset's
+        definition: before a new job's first commit, a checkpoint's version
+        as good as one :meth:`checkpoint_version` asks for.
         """
         client = self._client_for_this_process()
         asked = self.asked_quota
         answer = client.request(self.epoch, quota=asked, timeout_s=timeout_s)
         _raise_if_refused(client, answer)
         self._prepared = _Prepared(answer, time.monotonic(), asked, client)
+        return answer.seq
 
     def _take_prepared(self, client: ShardClient, epoch: int) -> _Prepared | None:
         """The answer to :meth:`prepare`'s request as the first answer of ``epoch``'s shards,

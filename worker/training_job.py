@@ -138,6 +138,9 @@ class TrainingJob:
         self.samples = 0  # this rank's samples trained
         self.restored_step: int | None = None  # the checkpoint's step when this process resumed one
         self._checkpoint_at = 0.0  # when the next checkpoint falls due (time.monotonic)
+        #: A version known to cover every commit without asking the sharder: a new job's, from the
+        #: answer to its first request (before any commit), for the first checkpoint; then None.
+        self._version_known: int | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -183,11 +186,19 @@ class TrainingJob:
         """
         info = self._own_checkpoint() if self.rank == 0 else None
         if not broadcast_int(int(info is not None)):
-            self.data.prepare()  # defines the job's dataset: the sharder can then issue versions
-            self._checkpoint()
+            self._start_new()
         else:
             self._resume(info or self._own_checkpoint(required=True))
         self._same_replicas()
+
+    def _start_new(self) -> None:
+        """A new job's set-up: its dataset defined at the sharder (the first request, whose
+        answer's log position is a version no rank has committed past), then the first
+        checkpoint at that version: rewound to on a restart before the next one, it gives back
+        every shard (docs/sharding.md), with no round trip to ask for a version (18-30 ms of
+        every job's set-up on the embedded broker)."""
+        self._version_known = self.data.prepare()
+        self._checkpoint()
 
     def _own_checkpoint(self, required: bool = False):
         """This job's checkpoint, loaded into the model and optimizer; None if there is none (or
@@ -257,13 +268,17 @@ class TrainingJob:
         holds beside the model: the ledger, the job, the world, the mode's figures (a
         collective)."""
         extra = self._checkpoint_extra()
-        client = self.agent.shard_client
-        version = agreed_checkpoint_version(
-            lambda: (self.agent.commit_trained(), client.flush()),
-            lambda: client.checkpoint(
-                self.data.epoch, self.agent.step_count, timeout_s=VERSION_WAIT_S
-            ),
-        )
+        version, self._version_known = self._version_known, None
+        if version is not None:
+            version = broadcast_int(version)  # rank 0's: the same on every rank
+        else:
+            client = self.agent.shard_client
+            version = agreed_checkpoint_version(
+                lambda: (self.agent.commit_trained(), client.flush()),
+                lambda: client.checkpoint(
+                    self.data.epoch, self.agent.step_count, timeout_s=VERSION_WAIT_S
+                ),
+            )
         return version, {
             "ledger": self.ledger.counts.clone(),
             "job_id": self.agent.spec.job_id,

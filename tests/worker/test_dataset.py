@@ -231,6 +231,40 @@ def test_checkpoint_then_restore_retrains_exactly_what_the_model_has_not_seen(
     assert set(before[50:]) <= set(after_restore)  # what the model lost is trained again
 
 
+def test_the_version_prepare_answers_with_rewinds_a_new_job_to_its_start(settings, topics):
+    """A new job's first checkpoint stores the version of its first request's answer (no round
+    trip to ask for one): trained on and rewound to it, the job gives back every shard, and the
+    epoch is trained again whole, exactly once (what the model at that checkpoint has seen:
+    nothing)."""
+    dataset_spec = spec(size=120, shard_size=20, epochs=1)
+    after_rewind = []
+    with (
+        running_sharder(settings),
+        Agent("job-first-version", "w0", settings=settings, listen_for_commands=False) as agent,
+    ):
+        data = agent.shards(list(range(120)), dataset_spec, shuffle=False)
+        version = data.prepare()
+        stream = agent.iterate(iter(data))
+        for _ in range(50):  # committed, then lost with the model
+            next(stream)
+            agent.step()
+        agent.commit_trained()
+        stream.close()
+        agent.shard_client.flush()
+        data.rewind(version)
+        while not data.finished:
+            for sample in agent.iterate(data):
+                after_rewind.append(sample)
+                agent.step()
+        data.close()
+        log = job_log(settings, "job-first-version")
+    assert version > 0
+    assert sorted(after_rewind) == list(range(120))
+    report = audit_log(log, "job-first-version")  # the rewind is in the log: the audit agrees
+    assert report.ok and report.finished, report.violations
+    assert [e.samples_done_once for e in report.epochs] == [120]
+
+
 def test_a_worker_that_a_rewind_leaves_in_a_later_epoch_goes_back_to_the_rewound_one(
     settings, topics
 ):

@@ -131,8 +131,7 @@ class DrivenJob(ElasticJob):
     def _restore_or_start(self) -> None:
         if self._restored is None:
             self._refuse_own_leftover()
-            self.data.prepare()
-            self._checkpoint()
+            self._start_new()
         else:
             state = self._restored
             self._resume(CheckpointInfo(state["shard_version"], state["step"], state))
