@@ -173,8 +173,15 @@ def collect_cycles_before_exit() -> None:
     """
     global _collect_at_exit_registered
     if not _collect_at_exit_registered:
-        atexit.register(gc.collect)
+        atexit.register(_collect_everything)
         _collect_at_exit_registered = True
+
+
+def _collect_everything() -> None:
+    """A full collection of every object, frozen ones too (a job that never closed left its heap
+    frozen: :func:`~antdt.worker.training_job.freeze_for_training`)."""
+    gc.unfreeze()
+    gc.collect()
 
 
 def wait_within(

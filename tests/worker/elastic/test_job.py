@@ -1,7 +1,9 @@
 """How many shards an ElasticJob rank holds (enough for the feed's two batches and one more), and a
-new job's first checkpoint."""
+new job's first checkpoint and its heap frozen while it trains."""
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 import torch
@@ -47,6 +49,7 @@ def test_a_new_job_s_first_checkpoint_asks_the_sharder_nothing_and_a_restart_res
     the model that ends (the ledger)."""
     samples = [(torch.tensor([float(i)]), torch.tensor([0.0])) for i in range(96)]
     path = tmp_path / "ckpt.pt"
+    frozen = []  # objects the collector's passes skip while each job trains
 
     def run(steps: int | None) -> ElasticJob:
         model = torch.nn.Linear(1, 1)
@@ -54,6 +57,7 @@ def test_a_new_job_s_first_checkpoint_asks_the_sharder_nothing_and_a_restart_res
         agent = Agent("job-first-ckpt", "w0", settings=settings, listen_for_commands=False)
         job = ElasticJob(model, optimizer, samples, batch_size=8, checkpoint=path, agent=agent)
         with job:
+            frozen.append(gc.get_freeze_count())
             for done, (x, y) in enumerate(job.batches()):
                 if done == steps:
                     return job  # dies before its next checkpoint: none falls due in a second
@@ -70,3 +74,6 @@ def test_a_new_job_s_first_checkpoint_asks_the_sharder_nothing_and_a_restart_res
     assert ShardTransition.APPLIED in kinds and ShardTransition.CHECKPOINT not in kinds
     assert first.restored_step is None and resumed.restored_step == 0
     assert resumed.finished and (resumed.ledger.counts == 1).all()
+    # the heap built before training is out of the collector's full passes while the job runs,
+    # and back under it once the job is closed (the DDP model's cycles must be collectable)
+    assert all(count > 0 for count in frozen) and gc.get_freeze_count() == 0
