@@ -21,8 +21,9 @@ instead of plain DDP, and ``hf-dd`` (transformers' ``Trainer`` as
 ``AntdtTrainer``), compared with transformers' own ``Trainer``.
 
 Each (mode, health) is run ``--repeat`` times, in rounds that run every mode
-once in turn (the baseline first), so that the machine's drift within an
-hour falls on both sides of a ratio; the JSON gives the training
+once in turn (round ``k`` from its ``k``-th mode on, so that none always runs
+first), so that the machine's drift within an hour falls on both sides of a
+ratio; the JSON gives the training
 time (rank 0: process group up to the end, set-up included) as median, min
 and max, the CPU seconds the job's processes used (torchrun and its ranks,
 start to exit: ``job_cpu_s``) and, for modes with ``antdt up``, those its
@@ -163,13 +164,15 @@ def run_once(mode: str, ranks: int, slow: bool, args, workdir: Path) -> dict:
 
 
 def interleaved(modes: list[str], ranks: int, slow: bool, args, workdir: Path) -> dict[str, list]:
-    """``--repeat`` rounds, each running every mode once in turn (a baseline before the modes
-    compared with it): this machine's speed drifts by more than 10 % within an hour, and a
-    baseline's runs all taken before or after the compared ones would carry that drift into
-    the ratio; in turns, run ``k`` of each mode meets the same hour."""
+    """``--repeat`` rounds, each running every mode once in turn: this machine's speed drifts by
+    more than 10 % within an hour, and a baseline's runs all taken before or after the compared
+    ones would carry that drift into the ratio; in turns, run ``k`` of each mode meets the same
+    hour. Round ``k`` starts ``k`` modes further on, so that no mode always runs first (right
+    after another mode's teardown) or last."""
     runs: dict[str, list] = {mode: [] for mode in modes}
-    for _ in range(args.repeat):
-        for mode in modes:
+    for k in range(args.repeat):
+        shift = k % len(modes)
+        for mode in modes[shift:] + modes[:shift]:
             runs[mode].append(run_once(mode, ranks, slow, args, workdir))
     return runs
 
@@ -317,7 +320,7 @@ def main() -> int:
             "sizing": args.sizing,
             "slow_factor": args.slow_factor,
             "repeat": args.repeat,
-            "order": "interleaved: each round runs every mode once, baselines first",
+            "order": "interleaved: each round runs every mode once, round k from the k-th on",
             "cores": os.cpu_count(),
         },
         "results": results,
