@@ -244,9 +244,10 @@ def servers_ledger(ledger: Path, epochs: int = 1) -> bool:
 
 
 def failures(result: dict) -> int:
-    """Runs that count against the benchmark: any failed antdt run; a baseline run only if it
-    did not finish training (torch's own abort at exit is reported, not ours to fail on)."""
-    if result["mode"] in ("plain", *BASELINE.values()):
+    """Runs that count against the benchmark: any failed antdt run; a run of a framework's own DDP
+    (a baseline, or one with ``antdt up`` idle beside it) only if it did not finish training
+    (torch's own abort at exit is reported, not ours to fail on)."""
+    if SCRIPT_MODE.get(result["mode"], result["mode"]) in ("plain", *BASELINE.values()):
         return result["failed"] - result["aborted_at_exit"]
     return result["failed"]
 
