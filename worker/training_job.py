@@ -45,6 +45,7 @@ from antdt.worker.ddp import (
     agreed_checkpoint_version,
     broadcast_int,
     broke_the_group,
+    collect_cycles_before_exit,
     end_broken_group,
     world_size,
 )
@@ -85,10 +86,13 @@ def freeze_for_training() -> None:
     lives as long as the job) out of the cyclic collector's full passes (``gc.freeze``; freed as
     usual when its last reference goes). A full pass walks every tracked object with the
     interpreter held: 110-160 ms a pass in a rank of the user-style job, and in synchronous
-    training one rank's pause holds every rank's step. The job's close thaws it (the DDP model's
-    cycles must be collected before the interpreter ends: :func:`collect_cycles_before_exit`).
-    No ``gc.collect()`` first (itself a full pass in the set-up): the garbage cycles left from
-    before are kept, a few kilobytes."""
+    training one rank's pause holds every rank's step. The job's close thaws it, and so does the
+    collection at exit, should a process end without closing its job (the DDP model's cycles
+    must be collected while gloo's threads can still finish: :func:`collect_cycles_before_exit`).
+    No ``gc.collect()`` first (itself a full pass in the set-up): garbage cycles made since the
+    last full pass wait for the thaw (the first full pass after it collected 0-184 objects in
+    the user-style job's ranks, ``bench/gc_probe``)."""
+    collect_cycles_before_exit()
     gc.freeze()
 
 
