@@ -199,16 +199,19 @@ def compare(ours: dict, plain: dict, slow: bool) -> tuple[str, float] | None:
     if not (plain["train_s"] and ours["train_s"]):
         return None
     name = "speedup" if slow else "overhead"
-    ratio = ours["train_s"]["median"] / plain["train_s"]["median"]
+
+    def figure(ours_s: float, plain_s: float) -> float:
+        return plain_s / ours_s if slow else ours_s / plain_s
+
+    value = round(figure(ours["train_s"]["median"], plain["train_s"]["median"]), 3)
+    ours[name] = value
     pairs = [
-        (o["train_s"] / p["train_s"])
+        figure(o["train_s"], p["train_s"])
         for o, p in zip(ours["runs"], plain["runs"])
         if o["finished"] and p["finished"]
     ]
-    value = round(1 / ratio if slow else ratio, 3)
-    ours[name] = value
     if pairs:
-        ours[f"paired_{name}"] = spread([1 / r if slow else r for r in pairs])
+        ours[f"paired_{name}"] = spread(pairs)
     return name, value
 
 
