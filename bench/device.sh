@@ -7,7 +7,9 @@
 #                                  check the imports, then each STEP in turn
 #
 # A STEP is "name|seconds it needs|torchrun_bench.py arguments": it is skipped when fewer seconds
-# than that are left of END_S (default 540, from the start), and cut at END_S. Everything comes
+# than that are left of END_S (default 540, from the start), and cut at END_S. A step named
+# "tests..." runs pytest with its arguments instead, within its seconds, in a copy of tests/,
+# examples/ and bench/ (the tests that need a GPU skip elsewhere: name them). Everything comes
 # back in two files under $OUT (the tool returns at most 8): results.jsonl (one line per step:
 # its name, exit code and the bench's JSON) and log.txt. The benchmarks run from /tmp: in the
 # repository's root, `python -m antdt...` would import the source folder antdt/ (no services/ or
@@ -61,9 +63,13 @@ print('python', sys.version.split()[0], 'torch', torch.__version__, 'cores', os.
             continue
         fi
         echo "== $name at $((SECONDS - start)) s" | tee -a "$log"
-        # shellcheck disable=SC2086
-        (cd /tmp && timeout "$left" python3 "$HERE/bench/torchrun_bench.py" --json $arguments) \
-            >/tmp/step.json 2>>"$log"
+        if [[ $name == tests* ]]; then
+            run_tests "$need" "$arguments" >/tmp/step.json 2>>"$log"
+        else
+            # shellcheck disable=SC2086
+            (cd /tmp && timeout "$left" python3 "$HERE/bench/torchrun_bench.py" --json \
+                $arguments) >/tmp/step.json 2>>"$log"
+        fi
         local code=$?
         python3 -c "import json, sys
 text = open('/tmp/step.json').read()
@@ -74,6 +80,20 @@ print(json.dumps({'step': sys.argv[1], 'exit': int(sys.argv[2]), 'report': repor
         echo "$name: exit $code at $((SECONDS - start)) s" | tee -a "$log"
     done
     grep -E '^[a-z-]+: exit' "$log"
+}
+
+# pytest with $2's arguments within $1 seconds, from a copy of the tests without the source folders
+# (antdt resolves to the installed wheel); its output goes to the log, its last line to stdout as a
+# JSON string (the step's report).
+run_tests() {
+    rm -rf /tmp/repo && mkdir -p /tmp/repo && cp -r "$HERE"/{tests,examples,bench,pyproject.toml} /tmp/repo/
+    # shellcheck disable=SC2086
+    (cd /tmp/repo && timeout "$1" python3 -m pytest -p no:randomly -p no:cov $2) >/tmp/tests.txt 2>&1
+    local code=$?
+    cat /tmp/tests.txt >>"$log"
+    python3 -c "import json, sys; print(json.dumps(sys.stdin.read().strip().splitlines()[-1:]))" \
+        </tmp/tests.txt
+    return $code
 }
 
 case "${1:-}" in

@@ -6,9 +6,24 @@ import datetime
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+# A test's ranks on the CPU, and where a GPU is present on it too: over gloo, which reduces CUDA
+# tensors (through the host where it sends point to point), every rank on the one device (NCCL
+# refuses two ranks per GPU).
+ON_EACH_DEVICE = pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+        ),
+    ],
+)
 
 
 def join_gloo(init_file: str, rank: int, world: int = 2, timeout_s: float = 60.0) -> None:

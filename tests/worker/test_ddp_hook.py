@@ -7,7 +7,9 @@ shadowed as DDP's ``join()`` does), one step with no samples anywhere, and
 one whose batches changed size after they were announced (recounted).
 Every rank's final parameters must equal single-process training on the
 concatenated batch, and the control numbers sent with each step (in the
-first bucket, or alone in the empty step) must come back summed.
+first bucket, or alone in the empty step) must come back summed. Where a GPU
+is present the same steps run with the model and batches on it (gloo reduces
+CUDA tensors; both ranks share the one device).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from antdt.errors import AntdtError
 from antdt.worker.ddp_hook import LIMIT, WeightedReduce, decode_limbs, encode_limbs
-from tests.worker.groups import join_gloo
+from tests.worker.groups import ON_EACH_DEVICE, join_gloo
 
 # per rank, per step: the batch size (0: the rank has no samples that step)
 SIZES = {0: [3, 0, 5, 0, 4, 7], 1: [5, 6, 0, 0, 4, 2]}
@@ -48,24 +50,24 @@ def new_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 
-def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(step: int, rank: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(100 * step + rank)
     size = SIZES[rank][step]
     return (
-        torch.randn(size, 4, generator=generator, dtype=torch.float64),
-        torch.randn(size, 1, generator=generator, dtype=torch.float64),
+        torch.randn(size, 4, generator=generator, dtype=torch.float64).to(device),
+        torch.randn(size, 1, generator=generator, dtype=torch.float64).to(device),
     )
 
 
-def rank_main(rank: int, init_file: str, out_dir: str) -> None:
+def rank_main(rank: int, init_file: str, out_dir: str, device: str) -> None:
     join_gloo(init_file, rank)
     model, optimizer = new_model()
-    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)  # several buckets
+    ddp = DistributedDataParallel(model.to(device), bucket_cap_mb=0.01)  # several buckets
     reduce = WeightedReduce(ddp)
     reduce.prime(ANNOUNCED[rank][0])
     sums = []
     for step in range(STEPS):
-        inputs, targets = batch(step, rank)
+        inputs, targets = batch(step, rank, device)
         following = ANNOUNCED[rank][step + 1] if step + 1 < STEPS else 0
         reduce.begin(following, [int(len(inputs) > 0), 10 + rank])
         if step in RECOUNTED:
@@ -79,7 +81,7 @@ def rank_main(rank: int, init_file: str, out_dir: str) -> None:
             optimizer.step()
         sums.append(reduce.sums())
     torch.save(
-        {"params": [p.detach() for p in model.parameters()], "sums": sums},
+        {"params": [p.detach().cpu() for p in model.parameters()], "sums": sums},
         Path(out_dir) / f"rank-{rank}.pt",
     )
     dist.destroy_process_group()
@@ -101,10 +103,11 @@ def single_process() -> list[torch.Tensor]:
     return [p.detach() for p in model.parameters()]
 
 
+@ON_EACH_DEVICE
 def test_weighted_ddp_steps_with_an_idle_rank_equal_one_process_on_the_whole_batch(
-    tmp_path: Path,
+    tmp_path: Path, device: str
 ):
-    mp.spawn(rank_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2)
+    mp.spawn(rank_main, args=(str(tmp_path / "init"), str(tmp_path), device), nprocs=2)
     expected = single_process()
     for rank in SIZES:
         result = torch.load(tmp_path / f"rank-{rank}.pt")

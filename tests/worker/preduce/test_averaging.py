@@ -16,7 +16,7 @@ from antdt.schemas.models import GroupFormed, GroupReason
 from antdt.schemas.types import utc_now
 from antdt.worker.ddp import CollectiveTimeout
 from antdt.worker.preduce.averaging import GroupAverager
-from tests.worker.groups import join_gloo
+from tests.worker.groups import ON_EACH_DEVICE, join_gloo
 
 WORLD = 4
 
@@ -85,18 +85,7 @@ def averaging_main(rank: int, init_file: str, out_dir: str, device: str = "cpu")
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(
-    "device",
-    [
-        "cpu",
-        # CUDA replicas over gloo, through the host (every rank on one device: NCCL refuses two
-        # ranks per GPU)
-        pytest.param(
-            "cuda",
-            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-        ),
-    ],
-)
+@ON_EACH_DEVICE
 def test_groups_average_their_members_only_and_the_final_group_makes_one_model_and_one_ledger(
     device: str, tmp_path: Path
 ):
