@@ -48,6 +48,9 @@ run() {
     [ "${INSTALL:-1}" = 1 ] && python3 -m pip install -q --no-index --no-deps --no-compile \
         --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl >>"$log" 2>&1
     export PYTHONPATH=${SITE-/tmp/site} GLOO_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1
+    # the `antdt` command the tests run (pip's --target installs no scripts)
+    mkdir -p /tmp/site-bin && printf '#!/bin/sh\nexec python3 -m antdt.cli.main "$@"\n' \
+        >/tmp/site-bin/antdt && chmod +x /tmp/site-bin/antdt && export PATH=/tmp/site-bin:$PATH
     if ! (cd /tmp && python3 -c "import sys, os, torch; import antdt.worker, antdt.cli.main
 print('python', sys.version.split()[0], 'torch', torch.__version__, 'cores', os.cpu_count(),
       'cuda', torch.cuda.is_available())") >>"$log" 2>&1; then
