@@ -197,7 +197,10 @@ class WeightedReduce:
             future = self._launch_first(buffer, weight)
         else:
             buffer.mul_(weight)
-            work = dist.all_reduce(buffer, group=self.group, async_op=True)
+            # the group's own all-reduce (a sum), as DDP's reducer calls it: torch.distributed's
+            # Python wrapper around it cost 18 us a step (a one-rank loop of the user job's
+            # model: 774 against 756 us of CPU a step)
+            work = self.group.allreduce([buffer])
             future = work.get_future().then(lambda done: done.value()[0])
         if last and self.while_reducing is not None:
             self.while_reducing()
@@ -209,7 +212,7 @@ class WeightedReduce:
         carrier = self._carrier_for(buffer, len(limbs))
         torch.mul(buffer, weight, out=carrier.gradients)
         carrier.write_limbs(limbs)
-        work = dist.all_reduce(carrier.whole, group=self.group, async_op=True)
+        work = self.group.allreduce([carrier.whole])
         return work.get_future().then(lambda done: self._unpack(buffer, carrier))
 
     def _carrier_for(self, buffer: torch.Tensor, limbs: int) -> _Carrier:

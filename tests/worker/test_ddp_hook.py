@@ -165,20 +165,22 @@ def test_a_model_on_the_cpu_never_waits_for_a_gpu(tmp_path, monkeypatch):
     assert waited == []
 
 
-def test_work_while_reducing_runs_once_a_backward_with_every_bucket_on_its_way(
-    tmp_path, monkeypatch
-):
+def test_work_while_reducing_runs_once_a_backward_with_every_bucket_on_its_way(tmp_path):
     """The job reads its next batch while the last bucket is all-reduced: the hook's
     ``while_reducing`` runs once per backward pass, after the all-reduce of every bucket (several
     here) has started and before the backward pass ends."""
     started: list[int] = []
-    all_reduce = dist.all_reduce
 
-    def counted(*args, **kwargs):
-        started.append(1)
-        return all_reduce(*args, **kwargs)
+    class CountedGroup:
+        """The process group, its all-reduces counted as the hook starts them."""
 
-    monkeypatch.setattr(dist, "all_reduce", counted)
+        def __init__(self, group):
+            self.group = group
+
+        def allreduce(self, tensors):
+            started.append(1)
+            return self.group.allreduce(tensors)
+
     join_gloo(str(tmp_path / "init"), 0, world=1)
     try:
         model, _ = new_model()
@@ -186,6 +188,7 @@ def test_work_while_reducing_runs_once_a_backward_with_every_bucket_on_its_way(
         seen: list[int] = []  # the all-reduces started when it ran, once a step
         reduce.while_reducing = lambda: seen.append(len(started))
         reduce.prime(4)
+        reduce.group = CountedGroup(reduce.group)
         inputs, targets = torch.randn(4, 4, dtype=torch.float64), torch.randn(4, 1).double()
         per_step = []  # the all-reduces each backward pass started
         for _ in range(3):
