@@ -35,7 +35,7 @@ from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import AssignmentStatus, DatasetSpec, ProgressKind, ShardProgress, trusted
 from antdt.schemas.types import utc_now
 from antdt.services.sharder.core import CoreConfig, ShardCore
-from antdt.services.sharder.eventlog import LogWriter, log_topic, read_job_log, snapshot_topic
+from antdt.services.sharder.eventlog import LogReads, LogWriter, log_topic, snapshot_topic
 from antdt.services.sharder.recovery import recover_job
 from antdt.services.sharder.state import JobState
 from antdt.settings import Settings
@@ -236,7 +236,7 @@ def bench_service(settings: Settings, seconds: float, workers: int = 200, quota:
     finally:
         producer.flush(10)
         sharder.close()
-    events = [e for _, e in read_job_log(settings, job, codec, producer)]
+    events = [e for _, e in LogReads(settings, codec, producer).job_log(job)]
     window = (events[-1].timestamp - events[0].timestamp).total_seconds()
     return {
         "transitions": len(events),
@@ -342,7 +342,7 @@ def bench_recovery(settings: Settings, events: int) -> dict:
     codec = SingleObjectCodec()
     result = {"log_events": written, "write_seconds": round(write_seconds, 1)}
     for use_snapshots in (True, False):
-        recovered = recover_job(settings, job, codec, producer, use_snapshots)
+        recovered = recover_job(LogReads(settings, codec, producer), job, use_snapshots)
         key = "with_snapshots" if use_snapshots else "without_snapshots"
         result[key] = {
             "seconds": round(recovered.seconds, 3),

@@ -78,13 +78,13 @@ def describe_stall(
     one line; a bus that cannot say is said too."""
     from antdt.bus.clients import make_producer
     from antdt.schemas.codec import make_codec
+    from antdt.services.sharder.eventlog import LogReads
     from antdt.services.sharder.recovery import recover_job
 
     report: dict = {"phases": phases, "services": counters or {}}
     try:
-        recovered = recover_job(
-            settings, job_id, make_codec(settings.schema_registry_url), make_producer(settings)
-        )
+        codec = make_codec(settings.schema_registry_url)
+        recovered = recover_job(LogReads(settings, codec, make_producer(settings)), job_id)
         report["sharder"] = stall_summary(recovered.state, int(time.time() * 1000))
         line = one_line(report["sharder"])
     except Exception as exc:  # noqa: BLE001 - the bound's error must still be raised

@@ -7,11 +7,10 @@
   events, to write them again into a log that a bus reset emptied: readers
   that follow the log closely (parameter servers) then miss nothing, and skip
   what they had by its seq.
-* :func:`read_job_log` reads one job's events from an offset up to a marker
-  it writes first (never trusting the high watermark, which the embedded
-  broker reports wrong).
-* :func:`latest_snapshot` finds the newest snapshot of a job the same way,
-  decoding only the winner.
+* :class:`LogReads` reads one job's events from an offset up to a marker it
+  writes first (never trusting the high watermark, which the embedded broker
+  reports wrong), and finds its snapshots the same way (the newest decoding
+  only the winner).
 * :class:`MarkerReader` is the one consumer a sharder keeps for these reads,
   connected between them (a fresh one per read cost most of a job's take-over).
 
@@ -25,6 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer
@@ -248,32 +248,6 @@ def _read_fresh(
         yield from follow_key(settings, consumer, producer, topic, key, start, timeout_s)
 
 
-def read_job_log(
-    settings: Settings,
-    job_id: str,
-    codec: Codec,
-    producer: Producer,
-    start: int = OFFSET_BEGINNING,
-    reader: MarkerReader | None = None,
-) -> Iterator[tuple[int, ShardLogEvent]]:
-    """``(offset, event)`` for every event of the job from ``start`` to now."""
-    topic = log_topic(settings)
-    for message in read_until_marker(
-        settings, topic, job_id.encode(), start, producer, reader=reader
-    ):
-        yield message.offset(), codec.decode(message.value(), topic)
-
-
-def earliest_snapshot(
-    settings: Settings, job_id: str, codec: Codec, producer: Producer
-) -> ShardSnapshot | None:
-    """The oldest snapshot of the job still on the bus, or None: where an audit of a log that lost
-    its beginning starts."""
-    for message in _job_snapshots(settings, job_id, producer):
-        return codec.decode(message.value())
-    return None
-
-
 def lacks_beginning(events: list[ShardLogEvent]) -> bool:
     """True if the log does not start at seq 1: the bus was reset, or retention deleted its start.
 
@@ -285,47 +259,59 @@ def lacks_beginning(events: list[ShardLogEvent]) -> bool:
     return bool(events) and events[0].seq > 1
 
 
-def snapshot_at_or_before(
-    settings: Settings,
-    job_id: str,
-    codec: Codec,
-    producer: Producer,
-    seq: int,
-    reader: MarkerReader | None = None,
-) -> ShardSnapshot | None:
-    """The newest snapshot of the job taken at or before log seq ``seq``, or None (every snapshot
-    of the job is decoded: for the rare rewind across an epoch)."""
-    found = None
-    for message in _job_snapshots(settings, job_id, producer, reader):
-        snapshot = codec.decode(message.value())
-        if snapshot.seq <= seq and (found is None or snapshot.seq >= found.seq):
-            found = snapshot
-    return found
+@dataclass(frozen=True)
+class LogReads:
+    """A sharder's reads of the shard log and its snapshots, one job at a time, each up to a
+    marker it writes first.
 
+    What every read needs, given once: the settings (the topics' names and
+    partitions), the codec, the producer that writes each read's closing
+    marker, and the consumer the caller keeps for them (``reader``; None: a
+    consumer of its own per read).
+    """
 
-def latest_snapshot(
-    settings: Settings,
-    job_id: str,
-    codec: Codec,
-    producer: Producer,
-    reader: MarkerReader | None = None,
-) -> ShardSnapshot | None:
-    """The newest snapshot of the job, or None (only the winner is decoded)."""
-    newest = None
-    for message in _job_snapshots(settings, job_id, producer, reader):
-        newest = message
-    return None if newest is None else codec.decode(newest.value())
+    settings: Settings
+    codec: Codec
+    producer: Producer
+    reader: MarkerReader | None = None
 
+    def job_log(
+        self, job_id: str, start: int = OFFSET_BEGINNING
+    ) -> Iterator[tuple[int, ShardLogEvent]]:
+        """``(offset, event)`` for every event of the job from ``start`` to now."""
+        topic = log_topic(self.settings)
+        for message in self._marked(topic, job_id, start):
+            yield message.offset(), self.codec.decode(message.value(), topic)
 
-def _job_snapshots(
-    settings: Settings, job_id: str, producer: Producer, reader: MarkerReader | None = None
-) -> Iterator[Message]:
-    """Every snapshot record of the job, oldest first, up to a fresh marker."""
-    yield from read_until_marker(
-        settings,
-        snapshot_topic(settings),
-        job_id.encode(),
-        OFFSET_BEGINNING,
-        producer,
-        reader=reader,
-    )
+    def earliest_snapshot(self, job_id: str) -> ShardSnapshot | None:
+        """The oldest snapshot of the job still on the bus, or None: where an audit of a log that
+        lost its beginning starts."""
+        for message in self._snapshots(job_id):
+            return self.codec.decode(message.value())
+        return None
+
+    def latest_snapshot(self, job_id: str) -> ShardSnapshot | None:
+        """The newest snapshot of the job, or None (only the winner is decoded)."""
+        newest = None
+        for message in self._snapshots(job_id):
+            newest = message
+        return None if newest is None else self.codec.decode(newest.value())
+
+    def snapshot_at_or_before(self, job_id: str, seq: int) -> ShardSnapshot | None:
+        """The newest snapshot of the job taken at or before log seq ``seq``, or None (every
+        snapshot of the job is decoded: for the rare rewind across an epoch)."""
+        found = None
+        for message in self._snapshots(job_id):
+            snapshot = self.codec.decode(message.value())
+            if snapshot.seq <= seq and (found is None or snapshot.seq >= found.seq):
+                found = snapshot
+        return found
+
+    def _snapshots(self, job_id: str) -> Iterator[Message]:
+        """Every snapshot record of the job, oldest first, up to a fresh marker."""
+        return self._marked(snapshot_topic(self.settings), job_id, OFFSET_BEGINNING)
+
+    def _marked(self, topic: str, job_id: str, start: int) -> Iterator[Message]:
+        return read_until_marker(
+            self.settings, topic, job_id.encode(), start, self.producer, reader=self.reader
+        )

@@ -13,19 +13,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, Producer
+from confluent_kafka import OFFSET_BEGINNING
 
 from antdt.errors import BusError
-from antdt.schemas.codec import Codec
 from antdt.services.sharder.core import CoreConfig, ShardCore
-from antdt.services.sharder.eventlog import (
-    LogWriter,
-    MarkerReader,
-    latest_snapshot,
-    read_job_log,
-)
+from antdt.services.sharder.eventlog import LogReads, LogWriter
 from antdt.services.sharder.state import JobState
-from antdt.settings import Settings
 
 
 @dataclass
@@ -39,23 +32,15 @@ class Recovered:
     seconds: float
 
 
-def recover_job(
-    settings: Settings,
-    job_id: str,
-    codec: Codec,
-    producer: Producer,
-    use_snapshots: bool = True,
-    reader: MarkerReader | None = None,
-) -> Recovered:
-    """Latest snapshot (if any) plus every log event after it (read through ``reader`` where the
-    caller keeps one)."""
+def recover_job(reads: LogReads, job_id: str, use_snapshots: bool = True) -> Recovered:
+    """Latest snapshot (if any) plus every log event after it."""
     started = time.perf_counter()
-    snapshot = latest_snapshot(settings, job_id, codec, producer, reader) if use_snapshots else None
+    snapshot = reads.latest_snapshot(job_id) if use_snapshots else None
     state = JobState.from_snapshot(snapshot) if snapshot else JobState(job_id)
     last_offset = snapshot.log_offset if snapshot else None
     start = last_offset + 1 if last_offset is not None else OFFSET_BEGINNING
     replayed = 0
-    for offset, event in read_job_log(settings, job_id, codec, producer, start, reader):
+    for offset, event in reads.job_log(job_id, start):
         state.apply(event)
         last_offset, replayed = offset, replayed + 1
     return Recovered(
@@ -70,17 +55,14 @@ def held_state(state: JobState, last_offset: int) -> Recovered:
 
 
 def take_over(
-    settings: Settings,
+    reads: LogReads,
     job_id: str,
-    codec: Codec,
-    producer: Producer,
     log: LogWriter,
     writer: str,
     config: CoreConfig,
     now_ms: int,
     use_snapshots: bool = True,
     known: Recovered | None = None,
-    reader: MarkerReader | None = None,
 ) -> tuple[ShardCore, Recovered]:
     """Recover the job and become its writer (fencing every older writer).
 
@@ -89,13 +71,13 @@ def take_over(
     the log before that offset, whose reading and decoding cost most of a
     take-over; whatever follows it is folded in as always.
     """
-    recovered = known or recover_job(settings, job_id, codec, producer, use_snapshots, reader)
+    recovered = known or recover_job(reads, job_id, use_snapshots)
     core = ShardCore(recovered.state, config)
     election = core.election_event(recovered.state.writer_epoch + 1, now_ms, writer)
     log.append([election])
     log.flush()
     start = recovered.last_offset + 1 if recovered.last_offset is not None else OFFSET_BEGINNING
-    for offset, event in read_job_log(settings, job_id, codec, producer, start, reader):
+    for offset, event in reads.job_log(job_id, start):
         recovered.state.apply(event)
         recovered.last_offset = offset
         recovered.events_replayed += 1

@@ -45,7 +45,7 @@ from antdt.schemas.models import AvroModel, ShardLogEvent
 from antdt.schemas.store import default_store
 from antdt.services.sharder.audit import AuditReport, audit_log
 from antdt.services.sharder.eventlog import (
-    earliest_snapshot,
+    LogReads,
     job_partition,
     lacks_beginning,
     log_topic,
@@ -186,7 +186,7 @@ def audit_job(
     snapshot = None
     if lacks_beginning(events):
         with producing(settings, client_id=CLIENT_ID) as producer:
-            snapshot = earliest_snapshot(settings, job_id, codec, producer)
+            snapshot = LogReads(settings, codec, producer).earliest_snapshot(job_id)
     return audit_log(events, job_id=job_id, allow_quarantine=allow_quarantine, snapshot=snapshot)
 
 

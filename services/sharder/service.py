@@ -50,7 +50,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message
@@ -86,11 +86,10 @@ from antdt.schemas.models import (
 from antdt.services.sharder import metrics
 from antdt.services.sharder.core import CoreConfig, ProgressRejected, ShardCore
 from antdt.services.sharder.eventlog import (
+    LogReads,
     LogWriter,
     MarkerReader,
     log_topic,
-    read_job_log,
-    snapshot_at_or_before,
     snapshot_topic,
 )
 from antdt.services.sharder.recovery import Recovered, held_state, take_over
@@ -197,6 +196,7 @@ class SharderService(LoopService):
         self._last_lease_check = 0.0
         self._watch = None
         self._reader: MarkerReader | None = None  # the take-overs' reads up to a marker
+        self._reads = LogReads(settings, self.codec, self._producer)  # with the reader once started
         self._rewinder: Rewinder | None = None
         self._revoked: dict[str, tuple[JobRuntime, float]] = {}
         #: Jobs whose state this instance wrote into the bus at its last reset: its memory of
@@ -238,6 +238,7 @@ class SharderService(LoopService):
         self._reader = MarkerReader(self.settings, self._watch).connect(
             [log_topic(self.settings), snapshot_topic(self.settings)]
         )
+        self._reads = replace(self._reads, reader=self._reader)
         self._rewinder = Rewinder(self._consumer, self._watch, group=True)
         return self  # ready once its partitions' backlog is handled (:meth:`_ready_if_caught_up`)
 
@@ -505,17 +506,14 @@ class SharderService(LoopService):
         self._revoked.pop(job_id, None)
         with metrics.RECOVERY_SECONDS.time():
             core, recovered = take_over(
-                self.settings,
+                self._reads,
                 job_id,
-                self.codec,
-                self._producer,
                 self._log,
                 self.writer_id,
                 self._core_config,
                 now_ms,
                 self.config.use_snapshots,
                 known=held,
-                reader=self._reader,
             )
         log.info(
             "took over job %s as writer epoch %d (%d events replayed, snapshot: %s, %.3f s)",
@@ -558,15 +556,11 @@ class SharderService(LoopService):
         ):
             return None
         self._flush_log(pending)
-        snapshot = snapshot_at_or_before(
-            self.settings, state.job_id, self.codec, self._producer, report.version, self._reader
-        )
+        snapshot = self._reads.snapshot_at_or_before(state.job_id, report.version)
         start = OFFSET_BEGINNING
         if snapshot is not None and snapshot.log_offset is not None:
             start = snapshot.log_offset + 1
-        events = read_job_log(
-            self.settings, state.job_id, self.codec, self._producer, start, self._reader
-        )
+        events = self._reads.job_log(state.job_id, start)
         return state_at(state.job_id, report.version, (event for _, event in events), snapshot)
 
     def _flush_log(self, pending: list) -> None:

@@ -13,7 +13,7 @@ from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import AssignmentStatus, DatasetSpec
 from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.audit import audit_log
-from antdt.services.sharder.eventlog import read_job_log
+from antdt.services.sharder.eventlog import LogReads
 from antdt.services.sharder.service import SharderConfig, SharderService
 from antdt.services.sharder.state import JobState
 from antdt.settings import Settings
@@ -90,7 +90,8 @@ def run_workers(
 def job_log(settings: Settings, job_id: str) -> list:
     producer = make_producer(settings)
     try:
-        return [event for _, event in read_job_log(settings, job_id, SingleObjectCodec(), producer)]
+        reads = LogReads(settings, SingleObjectCodec(), producer)
+        return [event for _, event in reads.job_log(job_id)]
     finally:
         producer.flush(5)
 

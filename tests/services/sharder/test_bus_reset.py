@@ -31,9 +31,9 @@ def test_after_a_reset_the_job_is_taken_over_from_the_state_held_and_finishes_ex
     read_back: list[str] = []
     read_job = recovery.recover_job
 
-    def counted(settings, job_id, *args, **kwargs):
+    def counted(reads, job_id, *args, **kwargs):
         read_back.append(job_id)
-        return read_job(settings, job_id, *args, **kwargs)
+        return read_job(reads, job_id, *args, **kwargs)
 
     monkeypatch.setattr(recovery, "recover_job", counted)
     with running_sharder(settings) as service:

@@ -9,7 +9,7 @@ from antdt.bus.clients import make_producer
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.services.sharder import eventlog
 from antdt.services.sharder.core import CoreConfig
-from antdt.services.sharder.eventlog import LogWriter, MarkerReader, log_topic, read_job_log
+from antdt.services.sharder.eventlog import LogReads, LogWriter, MarkerReader, log_topic
 from antdt.services.sharder.recovery import take_over
 from antdt.services.sharder.state import fold
 from tests.services.sharder.harness import job_log
@@ -35,12 +35,11 @@ def test_take_overs_read_through_one_kept_consumer_that_fetches_nothing_between(
     producer = make_producer(settings, **{"linger.ms": 0})
     writer = LogWriter(producer, log_topic(settings), codec)
     reader = MarkerReader(settings)
+    reads = LogReads(settings, codec, producer, reader)
     now = int(time.time() * 1000)
     try:
         for job, who in (("job-a", "one"), ("job-b", "one"), ("job-a", "two")):
-            core, _ = take_over(
-                settings, job, codec, producer, writer, who, CoreConfig(), now, reader=reader
-            )
+            core, _ = take_over(reads, job, writer, who, CoreConfig(), now)
             assert reader._consumer.assignment() == []
         assert len(made) == 1
         assert core.state.writer_epoch == 2
@@ -55,10 +54,11 @@ def test_after_a_bus_reset_the_kept_reader_reads_on_a_new_consumer(settings, top
     producer = make_producer(settings, **{"linger.ms": 0})
     watch = SimpleNamespace(generation=0)
     reader = MarkerReader(settings, watch)
+    reads = LogReads(settings, codec, producer, reader)
     try:
-        list(read_job_log(settings, "job-c", codec, producer, reader=reader))
+        list(reads.job_log("job-c"))
         watch.generation += 1  # the watch saw the bus come back empty
-        list(read_job_log(settings, "job-c", codec, producer, reader=reader))
+        list(reads.job_log("job-c"))
         assert len(made) == 2
     finally:
         reader.close()
@@ -72,13 +72,14 @@ def test_a_read_while_another_is_under_way_gets_a_consumer_of_its_own(
     producer = make_producer(settings, **{"linger.ms": 0})
     writer = LogWriter(producer, log_topic(settings), codec)
     now = int(time.time() * 1000)
-    take_over(settings, "job-d", codec, producer, writer, "one", CoreConfig(), now)
+    take_over(LogReads(settings, codec, producer), "job-d", writer, "one", CoreConfig(), now)
     made = counting_consumers(monkeypatch)
     reader = MarkerReader(settings)
+    reads = LogReads(settings, codec, producer, reader)
     try:
-        unfinished = read_job_log(settings, "job-d", codec, producer, reader=reader)
+        unfinished = reads.job_log("job-d")
         next(unfinished)  # the election: the read holds the kept consumer
-        again = list(read_job_log(settings, "job-d", codec, producer, reader=reader))
+        again = list(reads.job_log("job-d"))
         assert [event.seq for _, event in again] == [1]
         assert len(made) == 1  # the kept one; the second read made its own
         unfinished.close()

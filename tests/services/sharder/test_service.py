@@ -17,7 +17,7 @@ from antdt.schemas.models import AssignmentStatus, DatasetSpec, ShardCommit, Sha
 from antdt.schemas.models import ProgressKind as K
 from antdt.schemas.models import ShardTransition as T
 from antdt.services.sharder.core import CoreConfig
-from antdt.services.sharder.eventlog import LogWriter, log_topic
+from antdt.services.sharder.eventlog import LogReads, LogWriter, log_topic
 from antdt.services.sharder.recovery import recover_job, take_over
 from antdt.services.sharder.service import SharderConfig, SharderService
 from antdt.services.sharder.state import fold
@@ -146,10 +146,8 @@ def test_fencing_a_stale_writer(settings, topics):
         client.request(0, quota=1)
         producer = make_producer(settings, **{"linger.ms": 0})
         new_core, _ = take_over(
-            settings,
+            LogReads(settings, codec, producer),
             "job-f",
-            codec,
-            producer,
             LogWriter(producer, log_topic(settings), codec),
             "new",
             CoreConfig(),
@@ -174,7 +172,7 @@ def test_a_new_writer_writes_the_done_its_predecessor_died_before(settings, topi
     producer = make_producer(settings, **{"linger.ms": 0})
     writer = LogWriter(producer, log_topic(settings), codec)
     now = int(time.time() * 1000)
-    core, _ = take_over(settings, JOB, codec, producer, writer, "old", CoreConfig(), now)
+    core, _ = take_over(LogReads(settings, codec, producer), JOB, writer, "old", CoreConfig(), now)
     granted = core.on_progress(report(K.REQUESTED, "w0", 0, now, dataset=dataset, quota=1), now)
     shard = granted.assignment.shards[0]
     whole = ShardCommit(
@@ -221,7 +219,8 @@ def test_kill_9_mid_epoch_then_a_new_sharder_finishes_with_exactly_once(settings
     events = job_log(settings, "job-k")
     state = assert_exactly_once("job-k", dataset, events)
     assert state.writer_epoch >= 2
-    recovered = recover_job(settings, "job-k", SingleObjectCodec(), make_producer(settings))
+    reads = LogReads(settings, SingleObjectCodec(), make_producer(settings))
+    recovered = recover_job(reads, "job-k")
     assert recovered.from_snapshot and recovered.state.logical_view() == state.logical_view()
 
 

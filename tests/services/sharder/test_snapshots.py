@@ -12,7 +12,7 @@ from antdt.bus.clients import make_producer, producing
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import DatasetSpec, ShardState
 from antdt.services.sharder import metrics
-from antdt.services.sharder.eventlog import latest_snapshot, snapshot_at_or_before, snapshot_topic
+from antdt.services.sharder.eventlog import LogReads, snapshot_topic
 from antdt.services.sharder.snapshots import BuilderProcess, SnapshotWriter
 from antdt.services.sharder.state import JobState
 
@@ -72,7 +72,7 @@ def test_a_submitted_capture_is_written_as_the_snapshot_of_the_state_it_was_take
     assert metrics.SNAPSHOT_BUILDER_FAILURES._value.get() == failures
     producer.flush(10)
     with producing(settings) as reader_producer:
-        written = latest_snapshot(settings, job, CODEC, reader_producer)
+        written = LogReads(settings, CODEC, reader_producer).latest_snapshot(job)
     assert written is not None and without_time(written) == without_time(expected)
 
 
@@ -136,10 +136,8 @@ def test_the_snapshot_at_or_before_a_seq_is_the_newest_one_not_after_it(settings
     writer.close()
     producer.flush(10)
     with producing(settings) as reader:
-        found = {
-            asked: snapshot_at_or_before(settings, job, CODEC, reader, asked)
-            for asked in (5, 6, 25, 99)
-        }
+        reads = LogReads(settings, CODEC, reader)
+        found = {asked: reads.snapshot_at_or_before(job, asked) for asked in (5, 6, 25, 99)}
     assert found[5] is None
     assert [found[asked].seq for asked in (6, 25, 99)] == [6, 20, 35]
     assert found[25].log_offset == 120
