@@ -7,6 +7,7 @@ from __future__ import annotations
 from antdt.bus.clients import make_producer
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.services.sharder import metrics, recovery
+from antdt.services.sharder.eventlog import LogReads
 from antdt.services.sharder.replay import audit_job
 from antdt.services.sharder.service import SharderService
 from antdt.worker.shard_client import ShardClient
@@ -49,7 +50,7 @@ def test_after_a_reset_the_job_is_taken_over_from_the_state_held_and_finishes_ex
         wait_until(
             lambda: metrics.BUS_RESETS._value.get() > resets, timeout_s=30.0
         )  # written again
-        again = read_job(settings, JOB, SingleObjectCodec(), make_producer(settings))
+        again = read_job(LogReads(settings, SingleObjectCodec(), make_producer(settings)), JOB)
         assert again.from_snapshot and again.events_replayed == 0
         done = run_workers(settings, JOB, dataset, count=2)
     assert read_back == [JOB], "the take-over after the reset read the job back from the bus"
