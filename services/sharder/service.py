@@ -195,8 +195,8 @@ class SharderService(LoopService):
         self._progress_partitions = 1
         self._last_lease_check = 0.0
         self._watch = None
-        self._reader: MarkerReader | None = None  # the take-overs' reads up to a marker
-        self._reads = LogReads(settings, self.codec, self._producer)  # with the reader once started
+        #: the take-overs' reads up to a marker; through one kept reader once started
+        self._reads = LogReads(settings, self.codec, self._producer)
         self._rewinder: Rewinder | None = None
         self._revoked: dict[str, tuple[JobRuntime, float]] = {}
         #: Jobs whose state this instance wrote into the bus at its last reset: its memory of
@@ -235,10 +235,10 @@ class SharderService(LoopService):
             on_lost=self._on_lost,
         )
         self._watch = shared_watch(self.settings)
-        self._reader = MarkerReader(self.settings, self._watch).connect(
+        reader = MarkerReader(self.settings, self._watch).connect(
             [log_topic(self.settings), snapshot_topic(self.settings)]
         )
-        self._reads = replace(self._reads, reader=self._reader)
+        self._reads = replace(self._reads, reader=reader)
         self._rewinder = Rewinder(self._consumer, self._watch, group=True)
         return self  # ready once its partitions' backlog is handled (:meth:`_ready_if_caught_up`)
 
@@ -249,8 +249,8 @@ class SharderService(LoopService):
         drain(self._snapshot_producer)
         drain(self._answer_producer)
         self._close_clients()
-        if self._reader is not None:
-            self._reader.close()
+        if self._reads.reader is not None:
+            self._reads.reader.close()
         if self._watch is not None:
             self._watch.release()
             self._watch = None

@@ -60,7 +60,7 @@ from antdt.errors import AntdtError, ShardStateLost
 from antdt.schemas.codec import make_codec
 from antdt.schemas.models import AssignmentStatus, ProgressKind, ShardLogEvent
 from antdt.schemas.models import ShardTransition as T
-from antdt.services.sharder.eventlog import log_topic, read_until_marker
+from antdt.services.sharder.eventlog import LogReads
 from antdt.settings import Settings
 from antdt.worker.agent import Agent, WorkerExit
 from antdt.worker.ps import metrics, wire
@@ -235,11 +235,9 @@ class ParameterServer:
         """
         producer = make_producer(self.settings, client_id=f"antdt-{self.spec.name}-catch-up")
         try:
-            for message in read_until_marker(
-                self.settings, log_topic(self.settings), self.spec.job_id.encode(), start, producer
-            ):
-                start = message.offset() + 1
-                event = self._codec.decode(message.value(), log_topic(self.settings))
+            reads = LogReads(self.settings, self._codec, producer)
+            for offset, event in reads.job_log(self.spec.job_id, start):
+                start = offset + 1
                 if (
                     position.place(event) is not Order.SKIP
                     and event.transition is T.REWOUND
