@@ -57,6 +57,12 @@ class Applied(Mapping[int, int]):
         start = self.start
         return [(start + i, seq) for i, seq in enumerate(self._seqs) if seq]
 
+    @property
+    def complete(self) -> bool:
+        """Every sample of the shard applied: a count, not a walk of the shard (asked at every
+        commit, where :meth:`missing` cost 0.8 ms for a shard of 18,750 samples)."""
+        return self._count == self.length
+
     def missing(self) -> list[int]:
         """The samples not applied yet, ascending."""
         if not self._count:

@@ -112,8 +112,12 @@ from antdt.worker.watchdog import StepWatch
 #: bench/user_job.py). Shards smaller than the feed's two batches need more (:func:`shards_held`).
 SHARDS_HELD = 2
 #: How long a rank's trained samples may wait for their commit: a failure rewinds the job to its
-#: checkpoint anyway, and a checkpoint sends them first.
-COMMIT_EVERY_S = 0.1
+#: checkpoint anyway, a checkpoint sends them first, and a rank out of data sends them at once
+#: (:meth:`ElasticJob._out_of_data`), so only the sharder's view of progress waits. At 0.1 s a job
+#: of 100 ms steps committed every step, and every commit costs the services on each of its
+#: samples (decoded, checked, logged again) and the broker on each record (docs/torchrun.md, "The
+#: services' work per commit").
+COMMIT_EVERY_S = 1.0
 #: A new in-band split applies to the batch already taken for the next step when it shortens the
 #: modelled step by at least this much: well over what it costs, one small all-reduce (two gloo
 #: ranks on 2 cores: 0.23 ms median, 2.5 ms p99). Smaller gains, the noise of short steps, wait

@@ -51,6 +51,7 @@ def test_it_folds_as_a_dict_of_sample_to_first_seq(steps):
         assert applied == model and dict(applied.items()) == model and len(applied) == len(model)
         assert list(applied) == sorted(model)
         assert applied.missing() == [i for i in range(START, START + LENGTH) if i not in model]
+        assert applied.complete == (len(model) == LENGTH)
         assert all((sample in applied) == (sample in model) for sample in range(90, 120))
     groups = applied.groups()
     assert [seq for seq, _ in groups] == sorted({*model.values()})
