@@ -248,7 +248,8 @@ class Agent:
         self._tags: list = []  # provenance of the samples iterated since the last step
         #: How long trained samples may wait before their commit is sent (0: every step). A
         #: synchronous job rewinds to its checkpoint on any failure, so it loses nothing by sending
-        #: fewer, larger commits (ElasticJob: 0.1 s; a commit a step was 300 records/s a rank).
+        #: fewer, larger commits (ElasticJob: ``COMMIT_EVERY_S``; a commit a step was 300 records/s
+        #: a rank).
         self.commit_every_s = 0.0
         self._trained: list = []  # tags of samples in the model whose commit is not sent yet
         self._committed_at = time.perf_counter()

@@ -401,7 +401,7 @@ class ShardCore:
         """DONE for each of ``slots`` still TODO or DOING with every sample applied, credited to
         its holder (else ``worker``)."""
         for slot in slots:
-            if slot.state in (ShardState.DOING, ShardState.TODO) and slot.all_applied:
+            if slot.state in (ShardState.DOING, ShardState.TODO) and slot.applied.complete:
                 self._emit_done(slot, slot.worker or worker, now_ms, out)
 
     # ------------------------------------------------------------ commits
@@ -692,7 +692,7 @@ class ShardCore:
                 )
             # a shard whose every sample the version holds is done, DONE yet or not (a parameter
             # server's version is an APPLIED event's seq, the DONEs it completed come after it)
-            done = [s.shard_id for s in target.slots if s.all_applied]
+            done = [s.shard_id for s in target.slots if s.applied.complete]
             partial = [
                 trusted(
                     ShardCommit,
@@ -702,7 +702,7 @@ class ShardCore:
                     samples=sorted(s.applied),
                 )
                 for s in target.slots
-                if s.applied and not s.all_applied
+                if s.applied and not s.applied.complete
             ]
             attempt = 1 + max([state.attempt_high, *(s.attempt for s in state.slots)])
             self._emit(

@@ -111,11 +111,6 @@ class Slot:
         """Sample indices of the shard not applied yet."""
         return self.applied.missing()
 
-    @property
-    def all_applied(self) -> bool:
-        """No sample of the shard left to apply (without listing them: :meth:`remaining`)."""
-        return self.applied.complete
-
 
 def slot_tuple(slot: Slot) -> tuple:
     """What a snapshot keeps of a slot, as :class:`Captured` holds it."""
@@ -608,7 +603,7 @@ def _rewound(state: JobState, event: ShardLogEvent) -> None:
             # a DONE shard whose every sample is in the restored model stays DONE: granted again,
             # nothing would be left to read, so nothing would ever complete it (no DOING shard has
             # every sample applied: its DONE is written with the APPLIED that completes it)
-            if redo and not slot.all_applied:
+            if redo and not slot.applied.complete:
                 state._set_todo(slot, slot.attempt + 1)
             if slot.state is ShardState.TODO:
                 # work from before the rewind is not in the model: no late DONE or commit for it
