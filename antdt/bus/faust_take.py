@@ -8,8 +8,8 @@ idle monitor: its event loop thread 5.7 % of a core on this machine, the
 rest of the process about 2 %; docs/monitor.md). :class:`ArrivalStream`
 keeps the same contract (at most ``max_`` events, yielded at most ``within``
 after the first of them arrived, acknowledged once the batch is consumed)
-but sleeps until a record arrives, waking only every :data:`IDLE_WAKE_S`
-to notice nothing, as Faust's own loop does, when the stream stops.
+but sleeps until a record arrives or the stream stops, waking besides
+only every :data:`IDLE_WAKE_S`.
 """
 
 from __future__ import annotations

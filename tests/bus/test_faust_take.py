@@ -11,6 +11,7 @@ from unittest.mock import patch
 from antdt.bus.faust_app import make_faust_app
 from antdt.bus.faust_take import ArrivalStream
 from antdt.settings import BrokerProfile, load_settings
+from tests.waiting import wait_until_async
 
 WITHIN_S = 0.005
 
@@ -32,14 +33,6 @@ def batching_agent(max_: int):
     return collect, batches
 
 
-async def until(condition, within_s: float = 10.0) -> None:
-    """Wait for ``condition()``, failing after ``within_s``."""
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "the batches did not come"
-        await asyncio.sleep(0.01)
-
-
 def test_every_value_comes_once_in_order_in_batches_of_at_most_max():
     agent, batches = batching_agent(max_=3)
 
@@ -47,7 +40,7 @@ def test_every_value_comes_once_in_order_in_batches_of_at_most_max():
         async with agent.test_context() as running:
             for value in range(7):
                 await running.put(value)
-            await until(lambda: sum(map(len, batches)) == 7)
+            await wait_until_async(lambda: sum(map(len, batches)) == 7)
 
     asyncio.run(scenario())
     assert [value for batch in batches for value in batch] == list(range(7))
@@ -60,7 +53,7 @@ def test_a_lone_record_is_yielded_without_waiting_for_a_full_batch():
     async def scenario():
         async with agent.test_context() as running:
             await running.put(41)
-            await until(lambda: batches == [[41]])
+            await wait_until_async(lambda: batches == [[41]])
 
     asyncio.run(scenario())
 
@@ -80,7 +73,7 @@ def test_an_idle_stream_does_not_wake_every_within():
         async with agent.test_context() as running:
             await asyncio.sleep(60 * WITHIN_S)
             await running.put(1)
-            await until(lambda: batches == [[1]])
+            await wait_until_async(lambda: batches == [[1]])
 
     with patch.object(ArrivalStream, "wait_for_stopped", counted):
         asyncio.run(scenario())
