@@ -23,6 +23,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from antdt.bus.markers import marker_id, send_marker
 from antdt.bus.own_key import OwnKeyClient
@@ -34,6 +35,7 @@ from antdt.schemas.models import GroupFormed, GroupReady
 from antdt.schemas.types import utc_now
 from antdt.settings import Settings
 from antdt.topics import topic_spec
+from antdt.worker.ddp import CollectiveTimeout
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +120,26 @@ class GroupClient(OwnKeyClient):
         )
         self._producer.poll(0)
 
-    def wait(self, seq: int, timeout_s: float, stop: threading.Event | None = None) -> GroupFormed:
+    def wait(
+        self,
+        seq: int,
+        timeout_s: float,
+        stop: threading.Event | None = None,
+        broken: Callable[[float], str | None] | None = None,
+    ) -> GroupFormed:
         """The group formed for announcement ``seq``; NoGroup after ``timeout_s`` (or soon after
-        ``stop`` is set: the job is closing)."""
+        ``stop`` is set: the job is closing). ``broken(waited_s)``: why the process group is
+        broken (a rank stopped beating), asked as the wait goes on; a reason ends the wait with
+        :class:`~antdt.worker.ddp.CollectiveTimeout`, which ends the rank for a restart."""
         began = time.monotonic()
         nudge_at, again_at = began + NUDGE_AFTER_S, began + ANNOUNCE_AGAIN_S
         while (now := time.monotonic()) - began < timeout_s:
             if stop is not None and stop.is_set():
                 raise NoGroup(f"worker {self.worker_id}: stopped waiting for a group: closing")
+            if broken is not None and (why := broken(now - began)) is not None:
+                raise CollectiveTimeout(
+                    f"worker {self.worker_id}: announcement {seq}'s group {why}"
+                )
             # the bus came back empty: our announcement is gone
             if self._rewinder.check() and self._last[0] == seq:
                 refresh_metadata(self._producer)

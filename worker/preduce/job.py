@@ -40,6 +40,7 @@ Use (see ``examples/``)::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,9 +48,10 @@ import torch
 
 from antdt.errors import AntdtError
 from antdt.schemas.models import WHOLE_GROUP_REASONS, GroupFormed, GroupReason
-from antdt.worker.elastic.env import TorchrunEnv
+from antdt.worker.ddp import broadcast_int
 from antdt.worker.feeds import ShardFeed
 from antdt.worker.ledger import SampleLedger
+from antdt.worker.liveness import PeerLiveness
 from antdt.worker.preduce.averaging import GroupAverager
 from antdt.worker.preduce.client import GroupClient
 from antdt.worker.preduce.rounds import BackgroundRounds
@@ -58,6 +60,20 @@ from antdt.worker.training_job import TrainingJob, require_module_itself
 #: Longest wait for a group: a checkpoint waits for the slowest rank's step, the end for its last
 #: shards.
 GROUP_WAIT_S = 120.0
+#: A generation is rank 0's clock in seconds since this instant (2023-11-14): an Avro int to 2091.
+GENERATION_EPOCH_S = 1_700_000_000
+
+
+def agreed_generation() -> int:
+    """This process group's generation, the same on every rank and greater than any earlier one of
+    the job: rank 0's clock in whole seconds, broadcast (a collective).
+
+    Not torchrun's restart count: each node's agent counts its own, and one restarted because
+    another node joined or left (an eviction) does not count it, so in a job of several nodes the
+    ranks of one group would announce different generations and the grouper would never group
+    them. A group takes seconds to start again, and hosts' clocks agree far closer than that.
+    """
+    return broadcast_int(int(time.time()) - GENERATION_EPOCH_S)
 
 
 class PartialReduceJob(TrainingJob):
@@ -75,31 +91,32 @@ class PartialReduceJob(TrainingJob):
         group_wait_s: float = GROUP_WAIT_S,
         **options,
     ):
-        """``model``: this rank's replica, the module itself; ``generation``: how many times the
-        group was restarted (default: torchrun's restart count), which tells this group's groups
-        from a lost one's. The rest as :class:`~antdt.worker.training_job.TrainingJob` takes
-        them (checkpoints come from the grouper: no interval here)."""
+        """``model``: this rank's replica, the module itself; ``generation``: which start of the
+        process group this is, greater at every restart, which tells this group's groups from a
+        lost one's (default: :func:`agreed_generation`). The rest as
+        :class:`~antdt.worker.training_job.TrainingJob` takes them (checkpoints come from the
+        grouper: no interval here)."""
         require_module_itself(model, "PartialReduceJob averages whole replicas in groups")
         super().__init__(
             model, optimizer, dataset, batch_size=batch_size, checkpoint=checkpoint, **options
         )
-        if generation is None:
-            env = TorchrunEnv.detect()
-            generation = env.restart_count if env is not None else 0
-        self.generation = generation
+        self.generation = agreed_generation() if generation is None else generation
         self.group_wait_s = group_wait_s
         # this replica's, since the last group of every rank
         self.applied = SampleLedger(self.spec.size, self.spec.epochs)
         self.averager = GroupAverager(model)
         self.groups: GroupClient | None = None
         self.rounds: BackgroundRounds | None = None
+        self.peers: PeerLiveness | None = None
         self.reasons: dict[str, int] = {}  # groups joined, by reason
 
     # ------------------------------------------------------------ lifecycle
 
     def _start(self) -> None:
         self.groups = GroupClient.for_agent(self.agent, self.generation)
-        self.rounds = BackgroundRounds(self.groups, self.averager, self.group_wait_s)
+        # a rank that stops beating breaks the group a wait for a group may need (an evicted node)
+        self.peers = PeerLiveness.of_default_group()
+        self.rounds = BackgroundRounds(self.groups, self.averager, self.group_wait_s, self.peers)
         # what a rank holds when the epoch's shards run out, the others wait for: kept small
         self.data.quota = 1
         with self.agent.sync_wait():  # set-up holds every rank alike
@@ -111,6 +128,8 @@ class PartialReduceJob(TrainingJob):
         idle = self.rounds is None or self.rounds.close()
         if self.groups is not None and idle:  # never under the background thread's feet
             self.groups.close()
+        if self.peers is not None:
+            self.peers.close()
 
     # ------------------------------------------------------------ the loop
 

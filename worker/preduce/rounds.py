@@ -27,6 +27,7 @@ process group at once.
 
 from __future__ import annotations
 
+import math
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from antdt.schemas.models import WHOLE_GROUP_REASONS, GroupFormed
+from antdt.worker.liveness import PeerLiveness, hang_verdict
 from antdt.worker.preduce.averaging import GroupAverager
 from antdt.worker.preduce.client import GroupClient, NoGroup
 
@@ -43,6 +45,11 @@ from antdt.worker.preduce.client import GroupClient, NoGroup
 MARGIN_S = 5.0
 #: How long closing waits for the background thread to stop.
 CLOSE_WAIT_S = 2.0
+#: How long a wait for a group goes on once some rank has stopped beating: the group may need that
+#: rank (a checkpoint's or the end's group of every rank), so the process group is broken and ends
+#: for torchrun to start it again, without the rank (an evicted node) or with it back (a killed
+#: one). A slow rank still beats, and is waited for up to the group's own bound.
+SILENT_PEER_LIMIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -59,8 +66,15 @@ class BackgroundRounds:
     """Announce, wait for the group and exchange a snapshot on a thread of its own (module
     docstring)."""
 
-    def __init__(self, groups: GroupClient, averager: GroupAverager, group_wait_s: float):
+    def __init__(
+        self,
+        groups: GroupClient,
+        averager: GroupAverager,
+        group_wait_s: float,
+        peers: PeerLiveness | None = None,
+    ):
         self.groups, self.averager, self.group_wait_s = groups, averager, group_wait_s
+        self.peers = peers
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="antdt-groups")
         self._round: Future | None = None
         self._stop = threading.Event()
@@ -111,8 +125,15 @@ class BackgroundRounds:
 
     def _run(self, step: int, finished: bool, snapshot: torch.Tensor) -> Round:
         seq = self.groups.announce(step, finished)
-        group = self.groups.wait(seq, self.group_wait_s, self._stop)
+        group = self.groups.wait(seq, self.group_wait_s, self._stop, self._peers_gone)
         if group.reason in WHOLE_GROUP_REASONS:
             return Round(group, None)
         mean = self.averager.mean_of(group, snapshot.clone())
         return Round(group, None if mean is None else mean.sub_(snapshot))
+
+    def _peers_gone(self, waited_s: float) -> str | None:
+        """Why a wait for a group of ``waited_s`` must end now: some rank stopped beating (None:
+        wait on; no liveness, one rank: the group's own bound alone)."""
+        if self.peers is None:
+            return None
+        return hang_verdict(waited_s, SILENT_PEER_LIMIT_S, math.inf, self.peers.silent_now())

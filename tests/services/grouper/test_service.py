@@ -18,6 +18,7 @@ from antdt.schemas.models import GroupReason
 from antdt.services.grouper.core import GrouperConfig
 from antdt.services.grouper.history import one_per_group, read_copies, summary
 from antdt.services.grouper.service import GrouperService
+from antdt.worker.ddp import CollectiveTimeout, broke_the_group
 from antdt.worker.preduce.client import GroupClient, NoGroup
 from tests.reliability.bus import dead_letters
 from tests.services.running import running_loop
@@ -125,6 +126,26 @@ def test_an_older_generation_is_never_grouped_with_a_newer_one(settings, topics)
             old[0].wait(stale, 0.5)
     for client in old + new:
         client.close()
+
+
+def test_a_wait_for_a_group_ends_as_a_broken_process_group_once_told_a_rank_is_gone(
+    settings, topics
+):
+    """No grouper: the group cannot form. A wait told a rank stopped beating ends well before its
+    bound, with the error that ends a rank for a restart (exit 77), naming the announcement."""
+    waiter = clients(settings, "job-gone")[0]
+    asked = []
+
+    def broken(waited_s: float) -> str | None:
+        asked.append(waited_s)
+        return "rank 3 stopped beating" if waited_s > 0.2 else None
+
+    try:
+        with pytest.raises(CollectiveTimeout, match="announcement 1's group rank 3 stopped") as err:
+            waiter.wait(waiter.announce(0), 60.0, broken=broken)
+        assert broke_the_group(err.value) and 0.2 < asked[-1] < 60.0 and asked == sorted(asked)
+    finally:
+        waiter.close()
 
 
 def test_bad_input_is_dead_lettered_and_the_grouper_keeps_serving(settings, topics):

@@ -181,7 +181,7 @@ def test_an_evicted_node_leaves_an_elastic_job_which_goes_on_with_the_same_globa
     )
     # three "nodes" on one host would share its GPUs, which NCCL refuses
     cpu = {"CUDA_VISIBLE_DEVICES": ""}
-    nodes = {"a": torchrun(bus, "tr-evict", tmp_path, *options, samples=18000, node="a", **cpu)}
+    nodes = {"a": torchrun(bus, "tr-evict", tmp_path, *options, samples=12000, node="a", **cpu)}
     # a hosts it: c may leave
     until(lambda: listening(port), "node a's rendezvous store did not start")
     nodes.update(
@@ -191,7 +191,7 @@ def test_an_evicted_node_leaves_an_elastic_job_which_goes_on_with_the_same_globa
                 "tr-evict",
                 tmp_path,
                 *options,
-                samples=18000,
+                samples=12000,
                 node=node,
                 **cpu,
                 **({"ANTDT_SLOWDOWN": "3"} if node == "c" else {}),

@@ -1,4 +1,5 @@
-"""A partial-reduce rank the sharder tells to wait keeps joining groups.
+"""A partial-reduce rank the sharder tells to wait keeps joining groups; every rank of a group
+announces one generation.
 
 A chaos run hung for good without it: a checkpoint fell due while one rank
 waited for shards the two others held, and they waited at the checkpoint for
@@ -7,10 +8,18 @@ it. The loop is driven here with stand-ins for the feed and the group round.
 
 from __future__ import annotations
 
+import os
+import time
 from contextlib import nullcontext
+from pathlib import Path
 from types import SimpleNamespace
 
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from antdt.worker.preduce import job as job_module
 from antdt.worker.preduce.job import PartialReduceJob
+from tests.worker.groups import join_gloo
 
 
 class Feed:
@@ -53,3 +62,25 @@ def test_a_rank_with_data_or_at_the_end_joins_no_extra_round():
     job.feed = Feed(waits=0, batches=[])
     assert PartialReduceJob._next_batch(job) is None
     assert rounds == []
+
+
+def generation_main(rank: int, init_file: str, out_dir: str) -> None:
+    """Each rank with its own node's restart count and a clock of its own: rank 1 as a node whose
+    agent restarted it for another node's leaving (not counted) on a host 100 s ahead."""
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = str(3 - 3 * rank)
+    if rank == 1:
+        job_module.time = SimpleNamespace(time=lambda: time.time() + 100.0)
+    join_gloo(init_file, rank, 2)
+    before = int(time.time()) - job_module.GENERATION_EPOCH_S
+    Path(out_dir, f"rank-{rank}.txt").write_text(f"{before} {job_module.agreed_generation()}")
+    dist.destroy_process_group()
+
+
+def test_every_rank_announces_rank_0_s_generation_whatever_its_node_s_restart_count(tmp_path):
+    """torchrun counts restarts per node, and not the ones another node's joining or leaving
+    caused: the generation is rank 0's, agreed in a broadcast, at least its clock's second."""
+    mp.spawn(generation_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    (before0, got0), (_, got1) = (
+        map(int, (tmp_path / f"rank-{r}.txt").read_text().split()) for r in (0, 1)
+    )
+    assert got0 == got1 >= before0 > 0

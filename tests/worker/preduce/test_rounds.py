@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from antdt.schemas.models import GroupReason
+from antdt.worker.ddp import CollectiveTimeout
 from antdt.worker.preduce.averaging import GroupAverager
-from antdt.worker.preduce.rounds import BackgroundRounds
+from antdt.worker.preduce.client import NoGroup
+from antdt.worker.preduce.rounds import SILENT_PEER_LIMIT_S, BackgroundRounds
 from tests.worker.groups import join_gloo
 from tests.worker.preduce.test_averaging import group, replica, values
 
@@ -31,8 +34,31 @@ class Grouper:
         self.announced.append(step)
         return len(self.announced)
 
-    def wait(self, seq: int, timeout_s: float, stop=None):
+    def wait(self, seq: int, timeout_s: float, stop=None, broken=None):
         return self.formed
+
+
+class Unanswered(Grouper):
+    """Forms no group: waits out its bound as the client does, asking ``broken`` as it goes."""
+
+    def __init__(self):
+        super().__init__(None)
+
+    def wait(self, seq: int, timeout_s: float, stop=None, broken=None):
+        for waited_s in (1.0, SILENT_PEER_LIMIT_S + 1.0, timeout_s):
+            if broken is not None and (why := broken(waited_s)) is not None:
+                raise CollectiveTimeout(why)
+        raise NoGroup(f"no group within {timeout_s:.0f} s")
+
+
+class Peers:
+    """What a rank's heartbeat thread last saw: these ranks stopped beating."""
+
+    def __init__(self, silent: list[int]):
+        self.silent = silent
+
+    def silent_now(self) -> list[int]:
+        return self.silent
 
 
 def stepped(model: torch.nn.Module, by: float) -> None:
@@ -70,3 +96,19 @@ def test_a_pair_averages_its_snapshots_and_keeps_the_steps_taken_since(tmp_path:
     assert outcomes[0] == ([10.5], None) and outcomes[1] == ([20.5], None)
     # the replicas' sum is what it was before the average: (0 + 10) + (1 + 20)
     assert outcomes[0][0][0] + outcomes[1][0][0] == 31.0
+
+
+def test_a_wait_for_a_group_ends_once_a_rank_has_stopped_beating_and_not_while_all_beat():
+    """A group of every rank needs a rank that is gone (an evicted node) for ever: the group is
+    broken past the limit, not after the group's whole bound; a slow rank still beats."""
+    averager = GroupAverager(replica(0))
+    gone = BackgroundRounds(Unanswered(), averager, group_wait_s=120.0, peers=Peers([2]))
+    gone.start(step=7)
+    with pytest.raises(CollectiveTimeout, match=r"rank\(s\) 2 stopped beating"):
+        gone.take()
+    slow = BackgroundRounds(Unanswered(), averager, group_wait_s=120.0, peers=Peers([]))
+    slow.start(step=7)
+    with pytest.raises(NoGroup, match="within 120 s"):
+        slow.take()
+    for rounds in (gone, slow):
+        rounds.close()
