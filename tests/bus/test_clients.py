@@ -9,6 +9,7 @@ from antdt.bus.admin import ensure_topics
 from antdt.bus.clients import consuming, flush_or_raise, make_admin, make_producer, producing
 from antdt.bus.config import (
     FetchPace,
+    admin_config,
     collected_late,
     common_config,
     consumer_config,
@@ -49,6 +50,19 @@ def test_embedded_clients_reconnect_soon_after_the_bootstrap_connection_drops():
     embedded = common_config(load_settings(broker_profile=BrokerProfile.EMBEDDED))
     assert embedded["reconnect.backoff.ms"] <= 22
     assert "reconnect.backoff.ms" not in common_config(load_settings())
+
+
+def test_no_client_pushes_metrics_to_the_broker():
+    """KIP-714's push costs the embedded broker a request about every 1.7 s per client, and nothing
+    reads the metrics (docs/embedded-broker.md)."""
+    for profile in BrokerProfile:
+        settings = load_settings(broker_profile=profile)
+        for conf in (
+            producer_config(settings),
+            consumer_config(settings, "g"),
+            admin_config(settings),
+        ):
+            assert conf["enable.metrics.push"] is False
 
 
 def test_embedded_profile_shortens_sessions_and_fetch_waits():
