@@ -51,6 +51,7 @@ from antdt.worker.ddp import (
 )
 from antdt.worker.feeds import ShardFeed
 from antdt.worker.ledger import SampleLedger
+from antdt.worker.liveness import PeerLiveness
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -151,6 +152,8 @@ class TrainingJob:
         self.ledger = SampleLedger(self.spec.size, epochs)
         self.data = None
         self.feed: ShardFeed | None = None  # the mode's reader of ``data``, once started
+        #: the ranks' heartbeats, for a mode whose waits on its peers need them (set by its start)
+        self.peers: PeerLiveness | None = None
         self.finished = False
         self.samples = 0  # this rank's samples trained
         self.restored_step: int | None = None  # the checkpoint's step when this process resumed one
@@ -183,6 +186,8 @@ class TrainingJob:
         if exc is not None and broke_the_group(exc):
             self._end_broken(exc)  # a peer died under this rank's backward(), say
         self._close_mode()
+        if self.peers is not None:
+            self.peers.close()
         if self.feed is not None:
             self.feed.close()  # closes the dataset too
         elif self.data is not None:
@@ -192,7 +197,8 @@ class TrainingJob:
         gc.unfreeze()  # the DDP model's cycles collectable again (collect_cycles_before_exit)
 
     def _close_mode(self) -> None:
-        """Close what the mode opened beside the data (its liveness watch, its group client)."""
+        """Close what the mode opened beside the data (its group client); the peers' heartbeats
+        are closed after it, here."""
 
     # ------------------------------------------------------------ checkpoints
 

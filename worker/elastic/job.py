@@ -203,7 +203,6 @@ class ElasticJob(TrainingJob):
         self.sizer: InBandSizer | None = None
         self.timeout = StepSizedTimeout()
         self.reduce: WeightedReduce | None = None
-        self.peers: PeerLiveness | None = None
         self.watch: StepWatch | None = None
         self.counts = SyncedLedger(self.ledger, collective_device())
         # batches taken, oldest first, not yet begun: the next step's first (None: none)
@@ -248,10 +247,6 @@ class ElasticJob(TrainingJob):
         if self.reduce is not None:
             with self.agent.sync_wait():
                 self._collective(lambda: self.reduce.prime(_size(self._next)))
-
-    def _close_mode(self) -> None:
-        if self.peers is not None:
-            self.peers.close()
 
     # ------------------------------------------------------------ the loop
 

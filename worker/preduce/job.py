@@ -107,7 +107,6 @@ class PartialReduceJob(TrainingJob):
         self.averager = GroupAverager(model)
         self.groups: GroupClient | None = None
         self.rounds: BackgroundRounds | None = None
-        self.peers: PeerLiveness | None = None
         self.reasons: dict[str, int] = {}  # groups joined, by reason
 
     # ------------------------------------------------------------ lifecycle
@@ -128,8 +127,6 @@ class PartialReduceJob(TrainingJob):
         idle = self.rounds is None or self.rounds.close()
         if self.groups is not None and idle:  # never under the background thread's feet
             self.groups.close()
-        if self.peers is not None:
-            self.peers.close()
 
     # ------------------------------------------------------------ the loop
 
