@@ -76,6 +76,19 @@ def agreed_generation() -> int:
     return broadcast_int(int(time.time()) - GENERATION_EPOCH_S)
 
 
+def shards_read(batch_size: int, shard_size: int) -> int:
+    """Shards a rank reads at once (its quota): those one batch spans, at least one.
+
+    Few, since what a rank holds when the epoch's shards run out the others
+    wait for; but a batch spanning shards granted one at a time waits on a
+    sharder round trip per shard (the standard scenario's shards of 16 and
+    batches of 32: 0.3 to 9 s of a worker's minute waiting for data,
+    docs/partial-reduce.md). With the batch's shards held, the next ones are
+    asked for as soon as a batch is read, while it trains.
+    """
+    return max(1, -(-batch_size // shard_size))
+
+
 class PartialReduceJob(TrainingJob):
     """One rank's part of a partial-reduce job (module docstring). Use as a context manager."""
 
@@ -116,8 +129,7 @@ class PartialReduceJob(TrainingJob):
         # a rank that stops beating breaks the group a wait for a group may need (an evicted node)
         self.peers = PeerLiveness.of_default_group()
         self.rounds = BackgroundRounds(self.groups, self.averager, self.group_wait_s, self.peers)
-        # what a rank holds when the epoch's shards run out, the others wait for: kept small
-        self.data.quota = 1
+        self.data.quota = shards_read(self.agent.batch_size, self.spec.shard_size)
         with self.agent.sync_wait():  # set-up holds every rank alike
             self._collective(self._restore_or_start)
         # one batch read ahead: the next shards arrive while this step computes

@@ -1,5 +1,5 @@
 """A partial-reduce rank the sharder tells to wait keeps joining groups; every rank of a group
-announces one generation.
+announces one generation; a rank reads the shards one batch spans at once.
 
 A chaos run hung for good without it: a checkpoint fell due while one rank
 waited for shards the two others held, and they waited at the checkpoint for
@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from antdt.worker.preduce import job as job_module
-from antdt.worker.preduce.job import PartialReduceJob
+from antdt.worker.preduce.job import PartialReduceJob, shards_read
 from tests.worker.groups import join_gloo
 
 
@@ -48,6 +48,17 @@ def job_with(feed: Feed) -> tuple[SimpleNamespace, list[bool]]:
         _round_now=lambda finished=False: rounds.append(finished),
     )
     return job, rounds
+
+
+def test_a_rank_reads_at_once_the_shards_one_batch_spans_and_never_fewer_than_one():
+    # the standard scenario: a batch of 32 spans two shards of 16, both asked for together
+    assert shards_read(32, 16) == 2
+    assert shards_read(33, 16) == 3
+    assert shards_read(32, 8) == 4
+    # a shard that holds a batch or more: one at a time, what the others wait for at an epoch's end
+    assert shards_read(32, 32) == 1
+    assert shards_read(32, 1500) == 1
+    assert shards_read(1, 1) == 1
 
 
 def test_a_rank_waiting_for_shards_joins_a_group_round_each_time_it_is_told_to_wait():
