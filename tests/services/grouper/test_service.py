@@ -22,6 +22,7 @@ from antdt.worker.ddp import CollectiveTimeout, broke_the_group
 from antdt.worker.preduce.client import GroupClient, NoGroup
 from tests.reliability.bus import dead_letters
 from tests.services.running import running_loop
+from tests.waiting import wait_until
 
 WORLD = 4
 
@@ -166,3 +167,16 @@ def test_bad_input_is_dead_lettered_and_the_grouper_keeps_serving(settings, topi
     errors = [dict(m.headers())[HEADER_ERROR].decode() for m in dead_letters(settings, 2)]
     assert len(errors) == 2, errors
     assert any("keyed" in e or "key" in e for e in errors), errors
+
+
+def test_the_grouper_knows_its_bus_before_it_is_ready_so_a_restart_right_after_is_seen(own_bus):
+    """A chaos run restarted the broker between the grouper's ready and its watch's first look:
+    the watch first saw the new cluster, counted no reset, and nothing rewound the reader."""
+    broker, settings = own_bus
+    service = GrouperService(settings).start()
+    try:
+        assert service._watch.cluster_id == broker.cluster_id
+        broker.restart()
+        wait_until(lambda: service._watch.generation == 1 and service._watch.restored == 1)
+    finally:
+        service.close()
