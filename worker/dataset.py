@@ -61,6 +61,15 @@ from antdt.worker.provenance import SampleTag, Tagged, collate
 from antdt.worker.shard_client import NoAnswer, RequestRefused, ShardClient
 
 _EPOCH, _FINISHED = 0, 1
+
+
+def shards_holding(samples: int, shard_size: int) -> int:
+    """The fewest whole shards that hold ``samples`` samples: what a quota counts for a batch.
+    Each training job sets its quota from it by its own rule (a partial-reduce rank, one batch's;
+    an elastic rank, its feed's two batches and one more being granted)."""
+    return -(-samples // shard_size)
+
+
 #: How often a worker holding nothing by choice (quota 0) asks again, to learn of an epoch's end.
 IDLE_POLL_S = 0.25
 #: The longest pause between requests while the sharder has nothing: the pause doubles from

@@ -210,15 +210,25 @@ def _key(settings: Settings) -> tuple[str, str]:
     return settings.bootstrap_servers, settings.topic_prefix
 
 
-def shared_watch(settings: Settings) -> BusWatch:
+def shared_watch(settings: Settings, look_now: bool = False) -> BusWatch:
     """This process's running watch of the bus ``settings`` name; :meth:`BusWatch.release` it when
-    done."""
+    done.
+
+    ``look_now``: the watch looks at the cluster before this returns, not only on its thread.
+    A service that says it is ready after taking its watch passes it: a reset between its ready
+    and the thread's first look was seen as the cluster it started on, so nothing rewound (a
+    chaos run's broker restart once fell there). An agent leaves it off: it must not wait on an
+    unreachable bus (the look waits at most 2 s, and concludes nothing if the bus does not
+    answer)."""
     with _SHARED_LOCK:
         watch = _SHARED.get(_key(settings))
         if watch is None:
             watch = _SHARED[_key(settings)] = BusWatch(settings)
         watch._users += 1
-    return watch.start()
+    watch.start()
+    if look_now:
+        watch.check_now()
+    return watch
 
 
 def refresh_metadata(client: Producer | Consumer, timeout_s: float = 2.0) -> None:

@@ -58,7 +58,7 @@ def monitor(
         watch = None
         try:
             service.start()
-            watch = shared_watch(settings)
+            watch = shared_watch(settings, look_now=True)
             watch.on_reset(restart_in_place)
             typer.echo(
                 f"monitor serving on {settings.bootstrap_servers} (prefix {settings.topic_prefix})"

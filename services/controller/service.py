@@ -154,7 +154,7 @@ class ControllerService(LoopService):
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
-        self._watch = shared_watch(self.settings)
+        self._watch = shared_watch(self.settings, look_now=True)
         self._rewinder = Rewinder(self._consumer, self._watch, group=True)
         self._follower.follow_resets(self._watch)
         if self.actuator is not None:

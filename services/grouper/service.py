@@ -100,8 +100,7 @@ class GrouperService(LoopService):
         # the watch knows the cluster before the reader is placed on it, so a reset from here on
         # rewinds the reader (a chaos run's broker restart once fell between the grouper's ready
         # and its watch's first look: the reset went unseen and the reader stayed at the old end)
-        self._watch = shared_watch(self.settings)
-        self._watch.check_now()
+        self._watch = shared_watch(self.settings, look_now=True)
         counts = ensure_topics(make_admin(self.settings), self.settings)
         self._formed_partitions = counts[self._formed_topic]
         self._consumer = make_consumer(

@@ -234,7 +234,7 @@ class SharderService(LoopService):
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
-        self._watch = shared_watch(self.settings)
+        self._watch = shared_watch(self.settings, look_now=True)
         reader = MarkerReader(self.settings, self._watch).connect(
             [log_topic(self.settings), snapshot_topic(self.settings)]
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import time
@@ -19,6 +20,13 @@ def test_bad_slowdown_is_a_one_line_argument_error(capsys):
     assert run(["worker", "--slowdown", "40-10:2"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "bad slowdown spec '40-10:2'" in lines[0]
+
+
+def first_line_of(process: subprocess.Popen, within_s: float) -> str:
+    """The first line ``process`` prints, waited for at most ``within_s``."""
+    ready, _, _ = select.select([process.stdout], [], [], within_s)
+    assert ready, f"the worker printed nothing within {within_s:.0f} s"
+    return process.stdout.readline()
 
 
 @pytest.mark.e2e
@@ -47,13 +55,19 @@ def test_two_example_workers_one_slowed_train_the_job_exactly_once(settings, top
         fast = subprocess.Popen(
             [*args, "--worker-id", "fast"], env=env, stdout=subprocess.PIPE, text=True
         )
+        # the slow one starts once the fast one has imported torch: in CI, beside another test,
+        # the fast one's imports once took so long that the slow one trained most of the job
+        # first. A static split would still give each half, so "the fast one did more" holds
+        # only through dynamic sharding.
+        first_line = first_line_of(fast, within_s=60.0)
         slow = subprocess.Popen(
-            [*args, "--worker-id", "slow", "--slowdown", "4.0", "--step-sleep-ms", "2"],
+            [*args, "--worker-id", "slow", "--slowdown", "4.0", "--step-sleep-ms", "5"],
             env=env,
             stdout=subprocess.PIPE,
             text=True,
         )
         outputs = [p.communicate(timeout=120)[0] for p in (fast, slow)]
+        outputs[0] = first_line + outputs[0]
     assert fast.returncode == slow.returncode == 0, outputs
     trained = [int(out.strip().splitlines()[-1].split()[1]) for out in outputs]
     # dynamic sharding: the fast one did more

@@ -89,6 +89,7 @@ from antdt.schemas.models import AckStatus, CommandAction, MitigationCommand
 from antdt.sizing import BatchSizing
 from antdt.sizing.inband import InBandSizer
 from antdt.worker.booked_waits import book_as_sync_wait
+from antdt.worker.dataset import shards_holding
 from antdt.worker.ddp import (
     CollectiveTimeout,
     StepSizedTimeout,
@@ -134,7 +135,7 @@ def shards_held(batch_size: int, shard_size: int) -> int:
     """Shards a rank holds for batches of ``batch_size``: what the feed buffers (two batches) and
     one more being granted, at least :data:`SHARDS_HELD`; fewer would put a sharder round trip on
     every step."""
-    return max(SHARDS_HELD, -(-2 * batch_size // shard_size) + 1)
+    return max(SHARDS_HELD, shards_holding(2 * batch_size, shard_size) + 1)
 
 
 def _size(reserved: Reserved | None) -> int:

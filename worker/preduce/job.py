@@ -48,6 +48,7 @@ import torch
 
 from antdt.errors import AntdtError
 from antdt.schemas.models import WHOLE_GROUP_REASONS, GroupFormed, GroupReason
+from antdt.worker.dataset import shards_holding
 from antdt.worker.ddp import broadcast_int
 from antdt.worker.feeds import ShardFeed
 from antdt.worker.ledger import SampleLedger
@@ -86,7 +87,7 @@ def shards_read(batch_size: int, shard_size: int) -> int:
     docs/partial-reduce.md). With the batch's shards held, the next ones are
     asked for as soon as a batch is read, while it trains.
     """
-    return max(1, -(-batch_size // shard_size))
+    return max(1, shards_holding(batch_size, shard_size))
 
 
 class PartialReduceJob(TrainingJob):

@@ -188,8 +188,7 @@ class ParameterServer:
             batch_size=0,
         ).__enter__()
         self._client = self._agent.shard_client
-        self._watch = shared_watch(settings)
-        self._watch.check_now()
+        self._watch = shared_watch(settings, look_now=True)
         start, position = self._resume()
         self._follower = LogFollower(settings, self.spec.job_id, self._codec, start, position)
         for target, name in (

@@ -104,7 +104,7 @@ def assert_ledger_all_ones(workdir: Path, epochs: int = 2) -> None:
         )
 
 
-def job_records(settings, name: str, job: str, want=None, timeout_s: float = 5.0) -> list:
+def job_records(settings, name: str, job: str, want=None, timeout_s: float = 30.0) -> list:
     return [
         r
         for r in read_topic(
@@ -201,7 +201,7 @@ def test_an_evicted_node_leaves_an_elastic_job_which_goes_on_with_the_same_globa
     )
     until(
         lambda: (
-            {m.worker_id for m in job_records(bus, "metrics", "tr-evict", timeout_s=1.0)}
+            {m.worker_id for m in job_records(bus, "metrics", "tr-evict", timeout_s=10.0)}
             >= {"a-0", "b-0", "c-0"}
         ),
         "not every node trained",

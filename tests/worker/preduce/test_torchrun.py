@@ -74,7 +74,7 @@ def test_an_evicted_node_leaves_and_the_others_start_again_without_it_at_once(bu
     nodes |= {name: torchrun(bus, job, tmp_path, *options, node=name, **node) for name in "bc"}
     until(
         lambda: (
-            {m.worker_id for m in job_records(bus, "metrics", job, timeout_s=1.0)}
+            {m.worker_id for m in job_records(bus, "metrics", job, timeout_s=10.0)}
             >= {"a-0", "b-0", "c-0"}
         ),
         "not every node trained",
