@@ -119,6 +119,9 @@ class ShardClient(OwnKeyClient):
         self._answers: dict[int, ShardAssignment] = {}
         self._nudge_at = 0.0
         self._failed: list[str] = []  # delivery errors since the last flush
+        #: reports handed to the producer and not yet acknowledged or refused by the bus (the
+        #: producer's own length counts its requests too: a stopped broker's made 1 report 5)
+        self._unacknowledged = 0
         self._failed_lock = threading.Lock()  # the delivery callback runs in whichever thread polls
         self._settings = settings
         #: the partition and offset of the report the bus acknowledged last (in send order)
@@ -158,14 +161,21 @@ class ShardClient(OwnKeyClient):
     def _produce(self, value: bytes, remember: bool = True) -> None:
         """One report onto the progress topic; ``remember``: kept to be sent again after a bus
         reset."""
-        produce_through_reset(
-            self._producer,
-            self._watch,
-            self._progress_topic,
-            key=self.job_id.encode(),
-            value=value,
-            on_delivery=self._delivered,
-        )
+        with self._failed_lock:  # counted first: another thread's poll may report it delivered
+            self._unacknowledged += 1
+        try:
+            produce_through_reset(
+                self._producer,
+                self._watch,
+                self._progress_topic,
+                key=self.job_id.encode(),
+                value=value,
+                on_delivery=self._delivered,
+            )
+        except BaseException:
+            with self._failed_lock:
+                self._unacknowledged -= 1
+            raise
         if remember:
             self._recent.append((time.monotonic(), value))
 
@@ -303,9 +313,10 @@ class ShardClient(OwnKeyClient):
         BusError if one is still waiting after ``timeout_s`` or was dropped
         since the last flush: a version asked for now might not cover it.
         """
-        remaining = self._producer.flush(timeout_s)
+        self._producer.flush(timeout_s)
         with self._failed_lock:
             failed, self._failed = self._failed, []
+            remaining = self._unacknowledged
         if remaining or failed:
             raise BusError(
                 f"worker {self.worker_id}: {remaining} report(s) undelivered "
@@ -316,6 +327,8 @@ class ShardClient(OwnKeyClient):
     def _delivered(self, error, message) -> None:
         """Delivery callback: a report the bus dropped is remembered for :meth:`flush` (and
         logged)."""
+        with self._failed_lock:
+            self._unacknowledged -= 1
         if error is None:
             if message.topic() == self._progress_topic:
                 self._last_delivered = TopicPartition(

@@ -171,11 +171,13 @@ def test_a_slowed_rank_gets_less_and_a_killed_one_resumes_from_the_framework_s_c
     assert all(len(steps) == 1 for steps in applied.values()), dict(applied)
     saved = saved_state(framework.newest_state(folder))
     assert saved["global_batch"] == GLOBAL_BATCH == sum(saved["batch_sizes"])
-    # the slowed rank, and only it, gets less (a collective booked as compute once made a healthy
-    # rank 0 look as slow as the straggler: the straggler then got more). A healthy rank may keep
-    # its share: rank 0, which also saves the checkpoints, kept 32 of 96 once in CI while rank 1
-    # took the straggler's (hf: [32, 56, 8])
-    assert saved["batch_sizes"][2] < GLOBAL_BATCH // 3 <= min(saved["batch_sizes"][:2])
+    # the slowed rank, 3x slower, gets less than an even share and clearly less than each healthy
+    # rank (a collective booked as compute once made a healthy rank 0 look as slow as the
+    # straggler: the straggler then got more). A healthy rank may keep about its share: rank 0,
+    # which also saves the checkpoints, kept 32 of 96 once in CI while rank 1 took the
+    # straggler's (hf: [32, 56, 8]), and 31 another time (hf: [31, 64, 1])
+    *healthy, slowed = saved["batch_sizes"]
+    assert slowed < GLOBAL_BATCH // 3 and 1.5 * slowed <= min(healthy), saved["batch_sizes"]
     commands = job_records(bus, "commands", job)
     assert {
         c.global_batch_size for c in commands if c.action is CommandAction.ADJUST_BATCH_SIZE
