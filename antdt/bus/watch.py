@@ -22,6 +22,9 @@ cluster id changes, or a topic of the registry is missing, it
 
 :func:`shared_watch` hands out one watch per process and bus, counted, so
 the agent's parts share one thread and one metadata request per interval.
+A reset is a change from what the watch saw before, so a watch that has not
+looked yet cannot see one: a service takes its watch's first look before it
+says it is ready (``look_now``), an agent leaves it to the thread.
 """
 
 from __future__ import annotations
