@@ -67,8 +67,9 @@ class FailingDelivery:
         self._report_failures()
         return self._producer.flush(*timeout)
 
-    def __len__(self):
-        return len(self._producer) + len(self._failing)
+    @property
+    def in_flight(self) -> int:
+        return self._producer.in_flight + len(self._failing)
 
     def __getattr__(self, name):
         return getattr(self._producer, name)

@@ -99,7 +99,7 @@ class EventEmitter:
     @property
     def unsent(self) -> int:
         """Events queued here or in the producer, not yet acknowledged by the bus."""
-        return len(self._queue) + (len(self._producer) if self._producer is not None else 0)
+        return len(self._queue) + (self._producer.in_flight if self._producer is not None else 0)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -179,7 +179,8 @@ class EventEmitter:
             self._queue.clear()
         if self._producer is None:  # never started
             return
-        remaining = self._producer.flush(timeout_s) + len(self._failed_for_reset)
+        self._producer.flush(timeout_s)
+        remaining = self._producer.in_flight + len(self._failed_for_reset)
         self._failed_for_reset.clear()
         if remaining:
             self.dropped += remaining

@@ -119,9 +119,6 @@ class ShardClient(OwnKeyClient):
         self._answers: dict[int, ShardAssignment] = {}
         self._nudge_at = 0.0
         self._failed: list[str] = []  # delivery errors since the last flush
-        #: reports handed to the producer and not yet acknowledged or refused by the bus (the
-        #: producer's own length counts its requests too: a stopped broker's made 1 report 5)
-        self._unacknowledged = 0
         self._failed_lock = threading.Lock()  # the delivery callback runs in whichever thread polls
         self._settings = settings
         #: the partition and offset of the report the bus acknowledged last (in send order)
@@ -161,21 +158,14 @@ class ShardClient(OwnKeyClient):
     def _produce(self, value: bytes, remember: bool = True) -> None:
         """One report onto the progress topic; ``remember``: kept to be sent again after a bus
         reset."""
-        with self._failed_lock:  # counted first: another thread's poll may report it delivered
-            self._unacknowledged += 1
-        try:
-            produce_through_reset(
-                self._producer,
-                self._watch,
-                self._progress_topic,
-                key=self.job_id.encode(),
-                value=value,
-                on_delivery=self._delivered,
-            )
-        except BaseException:
-            with self._failed_lock:
-                self._unacknowledged -= 1
-            raise
+        produce_through_reset(
+            self._producer,
+            self._watch,
+            self._progress_topic,
+            key=self.job_id.encode(),
+            value=value,
+            on_delivery=self._delivered,
+        )
         if remember:
             self._recent.append((time.monotonic(), value))
 
@@ -314,12 +304,12 @@ class ShardClient(OwnKeyClient):
         since the last flush: a version asked for now might not cover it.
         """
         self._producer.flush(timeout_s)
+        remaining = self._producer.in_flight
         with self._failed_lock:
             failed, self._failed = self._failed, []
-            remaining = self._unacknowledged
         if remaining or failed:
             raise BusError(
-                f"worker {self.worker_id}: {remaining} report(s) undelivered "
+                f"worker {self.worker_id}: {remaining} record(s) undelivered "
                 f"after {timeout_s:g} s, "
                 f"{len(failed)} dropped ({', '.join(failed[:3]) or 'none'})"
             )
@@ -327,8 +317,6 @@ class ShardClient(OwnKeyClient):
     def _delivered(self, error, message) -> None:
         """Delivery callback: a report the bus dropped is remembered for :meth:`flush` (and
         logged)."""
-        with self._failed_lock:
-            self._unacknowledged -= 1
         if error is None:
             if message.topic() == self._progress_topic:
                 self._last_delivered = TopicPartition(

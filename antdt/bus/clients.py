@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer
@@ -131,10 +133,65 @@ def _with_watch(settings: Settings, conf: dict[str, Any]) -> dict[str, Any]:
     return conf if "error_cb" in conf else {**conf, "error_cb": ErrorWatch(settings)}
 
 
-def make_producer(settings: Settings, client_id: str | None = None, **overrides: Any) -> Producer:
+DeliveryReport = Callable[[KafkaError | None, Any], None]
+
+
+class CountingProducer(Producer):
+    """A producer that counts its own records in flight (:attr:`in_flight`).
+
+    librdkafka's length (``len(producer)``, what ``flush()`` returns) counts
+    its queued requests and events as well as records: a stopped broker's one
+    undelivered record read 5 in CI. A record counts from ``produce`` until its
+    delivery is reported (acknowledged, failed or purged), in whichever thread
+    polls; the caller's own report (``on_delivery``) runs after the count has
+    dropped. Counting costs about 2.7 us a record (4.5 against 1.8 us for a
+    ``produce`` on this 2-core machine).
+    """
+
+    def __init__(self, conf: dict[str, Any]):
+        super().__init__(conf)
+        self._in_flight = 0
+        self._count_lock = threading.Lock()
+
+    @property
+    def in_flight(self) -> int:
+        """Records handed over and not yet reported delivered, failed or purged."""
+        return self._in_flight
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        on_delivery: DeliveryReport | None = None,
+        **record: Any,
+    ) -> None:
+        with self._count_lock:  # counted first: another thread's poll may report it delivered
+            self._in_flight += 1
+        report = self._count_down if on_delivery is None else partial(self._reported, on_delivery)
+        try:
+            super().produce(topic, value, key, on_delivery=report, **record)
+        except BaseException:
+            self._count_down()
+            raise
+
+    def _reported(self, report: DeliveryReport, error: KafkaError | None, message) -> None:
+        self._count_down()
+        report(error, message)
+
+    def _count_down(self, *_report: Any) -> None:
+        with self._count_lock:
+            self._in_flight -= 1
+
+
+def make_producer(
+    settings: Settings, client_id: str | None = None, **overrides: Any
+) -> CountingProducer:
     """An ``acks=all``, murmur2-partitioned producer (idempotent on Kafka; see
-    :mod:`antdt.bus.config`)."""
-    return Producer(_with_watch(settings, {**producer_config(settings, client_id), **overrides}))
+    :mod:`antdt.bus.config`) that counts its records in flight."""
+    return CountingProducer(
+        _with_watch(settings, {**producer_config(settings, client_id), **overrides})
+    )
 
 
 def make_consumer(
@@ -173,18 +230,18 @@ def make_admin(settings: Settings, client_id: str | None = None, **overrides: An
     return admin
 
 
-def flush_or_raise(producer: Producer, timeout_s: float = 10.0) -> None:
-    """Flush, and raise BusError if anything is still undelivered after ``timeout_s``."""
-    remaining = producer.flush(timeout_s)
-    if remaining:
-        raise BusError(f"{remaining} message(s) still undelivered after {timeout_s:.0f} s")
+def flush_or_raise(producer: CountingProducer, timeout_s: float = 10.0) -> None:
+    """Flush, and raise BusError if a record is still undelivered after ``timeout_s``."""
+    producer.flush(timeout_s)
+    if producer.in_flight:
+        raise BusError(f"{producer.in_flight} record(s) still undelivered after {timeout_s:g} s")
 
 
-def drain(producer: Producer, timeout_s: float = 10.0) -> int:
-    """Flush on shutdown; log (never raise) what is still undelivered. Returns that count."""
-    remaining = producer.flush(timeout_s)
-    if remaining:
-        log.warning("shutdown: %d message(s) undelivered after %.0f s", remaining, timeout_s)
+def drain(producer: CountingProducer, timeout_s: float = 10.0) -> int:
+    """Flush on shutdown; log (never raise) the records still undelivered. Returns their count."""
+    producer.flush(timeout_s)
+    if remaining := producer.in_flight:
+        log.warning("shutdown: %d record(s) undelivered after %g s", remaining, timeout_s)
     return remaining
 
 
@@ -194,7 +251,7 @@ def producing(
     client_id: str | None = None,
     flush_timeout_s: float = 10.0,
     **overrides: Any,
-) -> Iterator[Producer]:
+) -> Iterator[CountingProducer]:
     """A producer that is flushed on the way out (graceful shutdown loses nothing)."""
     producer = make_producer(settings, client_id, **overrides)
     try:

@@ -142,7 +142,8 @@ class LogWriter:
 
     def flush(self, timeout_s: float = 10.0) -> None:
         """Wait until everything appended is durable; BusError if any of it failed."""
-        remaining = self._producer.flush(timeout_s)
+        self._producer.flush(timeout_s)
+        remaining = self._producer.in_flight
         if remaining or self._errors:
             errors, self._errors = self._errors, []
             raise BusError(

@@ -6,7 +6,14 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from antdt.bus.admin import ensure_topics
-from antdt.bus.clients import consuming, flush_or_raise, make_admin, make_producer, producing
+from antdt.bus.clients import (
+    consuming,
+    drain,
+    flush_or_raise,
+    make_admin,
+    make_producer,
+    producing,
+)
 from antdt.bus.config import (
     FetchPace,
     admin_config,
@@ -203,9 +210,27 @@ def test_producing_flushes_everything_on_exit(settings, topics):
     assert values == {str(i).encode() for i in range(2000)}
 
 
-def test_undeliverable_messages_are_reported_not_lost_silently(topic_prefix):
+def test_undeliverable_records_are_reported_not_lost_silently_and_counted_as_records(topic_prefix):
+    """librdkafka's own length counts its queued requests too; the count said is the records'."""
     settings = load_settings(bootstrap_servers="127.0.0.1:1", topic_prefix=topic_prefix)
-    producer = make_producer(settings, **{"message.timeout.ms": 300})
-    producer.produce("anything", value=b"x")
-    with pytest.raises(BusError, match="undelivered"):
+    producer = make_producer(settings, **{"message.timeout.ms": 60_000})
+    for i in range(3):
+        producer.produce("anything", value=str(i).encode())
+    with pytest.raises(BusError, match=r"^3 record\(s\) still undelivered after 0.2 s$"):
         flush_or_raise(producer, timeout_s=0.2)
+    assert drain(producer, timeout_s=0.1) == 3
+    producer.purge()
+    producer.poll(0)  # a purged record's delivery is reported (failed) at the next poll
+    assert producer.in_flight == 0
+
+
+def test_a_counted_record_still_gets_its_own_delivery_report(settings, topics):
+    topic = topic_spec("worker", "metrics").full_name(settings.topic_prefix)
+    reports = []
+    with producing(settings) as producer:
+        producer.produce(topic, value=b"x", key=b"k", on_delivery=lambda e, m: reports.append(e))
+        producer.produce(topic, value=b"y", key=b"k")
+        assert producer.in_flight == 2
+        flush_or_raise(producer)
+        assert producer.in_flight == 0
+    assert reports == [None]

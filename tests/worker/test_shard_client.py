@@ -25,7 +25,7 @@ def test_flush_says_when_a_commit_is_not_on_the_bus(own_bus):
         client.flush(timeout_s=10)  # delivered: nothing to say
         broker.stop()
         client.commit(0, [ShardCommit(holder="w0", shard_id=0, attempt=0, samples=[3])])
-        with pytest.raises(BusError, match=r"w0: 1 report\(s\) undelivered after 0.5 s"):
+        with pytest.raises(BusError, match=r"w0: 1 record\(s\) undelivered after 0.5 s"):
             client.flush(timeout_s=0.5)
     finally:
         client._producer.purge()  # the broker is gone: do not wait out close's flush
