@@ -46,7 +46,7 @@ epoch, a rival that lost the race, is not). Events from a lower writer epoch
 from __future__ import annotations
 
 import heapq
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from antdt.schemas.models import (
@@ -326,7 +326,10 @@ class JobState:
         return [self.slots[i] for i in sorted(self.held.get(worker, ()))]
 
     def logical_view(self) -> tuple:
-        """Everything that defines the state, for equality checks (no caches, no counters)."""
+        """Everything that defines the state, for equality checks (no caches, no counters); a
+        slot as a snapshot keeps it (its samples' range is the dataset's). ``astuple`` here,
+        deep-copying every slot's applied samples, took 50 of the 66 s of the sharding property
+        test."""
         return (
             self.job_id,
             self.dataset,
@@ -336,7 +339,7 @@ class JobState:
             self.writer,
             self.last_seq,
             self.epoch_opened_seq,
-            tuple(astuple(s) for s in self.slots),
+            tuple(map(slot_tuple, self.slots)),
             {w: frozenset(s) for w, s in self.held.items() if s},
             dict(self.quotas),
             dict(self.updates),
