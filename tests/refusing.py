@@ -67,6 +67,10 @@ class FailingDelivery:
         self._report_failures()
         return self._producer.flush(*timeout)
 
+    def undelivered_after_flush(self, timeout_s: float) -> int:
+        self._report_failures()
+        return self._producer.undelivered_after_flush(timeout_s)
+
     @property
     def in_flight(self) -> int:
         return self._producer.in_flight + len(self._failing)

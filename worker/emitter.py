@@ -179,8 +179,7 @@ class EventEmitter:
             self._queue.clear()
         if self._producer is None:  # never started
             return
-        self._producer.flush(timeout_s)
-        remaining = self._producer.in_flight + len(self._failed_for_reset)
+        remaining = self._producer.undelivered_after_flush(timeout_s) + len(self._failed_for_reset)
         self._failed_for_reset.clear()
         if remaining:
             self.dropped += remaining

@@ -303,8 +303,7 @@ class ShardClient(OwnKeyClient):
         BusError if one is still waiting after ``timeout_s`` or was dropped
         since the last flush: a version asked for now might not cover it.
         """
-        self._producer.flush(timeout_s)
-        remaining = self._producer.in_flight
+        remaining = self._producer.undelivered_after_flush(timeout_s)
         with self._failed_lock:
             failed, self._failed = self._failed, []
         if remaining or failed:

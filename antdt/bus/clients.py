@@ -158,6 +158,11 @@ class CountingProducer(Producer):
         """Records handed over and not yet reported delivered, failed or purged."""
         return self._in_flight
 
+    def undelivered_after_flush(self, timeout_s: float) -> int:
+        """Flush (at most ``timeout_s``); the records still undelivered then."""
+        self.flush(timeout_s)
+        return self._in_flight
+
     def produce(
         self,
         topic: str,
@@ -232,15 +237,13 @@ def make_admin(settings: Settings, client_id: str | None = None, **overrides: An
 
 def flush_or_raise(producer: CountingProducer, timeout_s: float = 10.0) -> None:
     """Flush, and raise BusError if a record is still undelivered after ``timeout_s``."""
-    producer.flush(timeout_s)
-    if producer.in_flight:
-        raise BusError(f"{producer.in_flight} record(s) still undelivered after {timeout_s:g} s")
+    if remaining := producer.undelivered_after_flush(timeout_s):
+        raise BusError(f"{remaining} record(s) still undelivered after {timeout_s:g} s")
 
 
 def drain(producer: CountingProducer, timeout_s: float = 10.0) -> int:
     """Flush on shutdown; log (never raise) the records still undelivered. Returns their count."""
-    producer.flush(timeout_s)
-    if remaining := producer.in_flight:
+    if remaining := producer.undelivered_after_flush(timeout_s):
         log.warning("shutdown: %d record(s) undelivered after %g s", remaining, timeout_s)
     return remaining
 

@@ -142,8 +142,7 @@ class LogWriter:
 
     def flush(self, timeout_s: float = 10.0) -> None:
         """Wait until everything appended is durable; BusError if any of it failed."""
-        self._producer.flush(timeout_s)
-        remaining = self._producer.in_flight
+        remaining = self._producer.undelivered_after_flush(timeout_s)
         if remaining or self._errors:
             errors, self._errors = self._errors, []
             raise BusError(
