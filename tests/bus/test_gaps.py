@@ -84,7 +84,7 @@ def ten_records(settings, topics):
     producer = make_producer(settings)
     for i in range(10):
         producer.produce(topic, key=b"job", value=str(i).encode(), partition=0)
-    assert producer.flush(10) == 0
+    assert producer.undelivered_after_flush(10) == 0
     consumer = make_consumer(settings)
     yield topic, consumer
     consumer.close()

@@ -83,7 +83,7 @@ def producer_told_topic_is_gone(settings, admin: AdminClient, name: str):
     default, so the stand-in for a long-lived producer makes that short.)"""
     producer = make_producer(settings, **{"topic.metadata.propagation.max.ms": 10})
     producer.produce(name, key=b"job", value=b"before")
-    assert producer.flush(10) == 0
+    assert producer.undelivered_after_flush(10) == 0
     admin.delete_topics([name])[name].result(10)
     wait_until(lambda: live_count(admin, name) is None)
     wait_until(lambda: refuses(producer, name))
@@ -166,7 +166,7 @@ def test_a_record_produced_for_a_topic_a_reset_took_goes_out_once_the_topic_is_b
         value=b"written",
         on_delivery=lambda e, m: outcomes.append(e),
     )
-    assert producer.flush(10) == 0 and outcomes == [None]
+    assert producer.undelivered_after_flush(10) == 0 and outcomes == [None]
     assert watch.generation == 1 and watch.restored == 1
 
 
@@ -194,7 +194,7 @@ def test_a_record_buffered_during_the_restart_is_delivered_and_read_from_offset_
     producer = make_producer(bus)
     for i in range(5):
         producer.produce(topic, key=b"k", value=b"old %d" % i, partition=0)
-    producer.flush(10)
+    assert producer.undelivered_after_flush(10) == 0
     consumer = make_consumer(bus, pace=FetchPace.LOW_LATENCY)
     assign_now(consumer, [TopicPartition(topic, 0, BEGINNING)])
     seen = []
@@ -212,7 +212,8 @@ def test_a_record_buffered_during_the_restart_is_delivered_and_read_from_offset_
         producer.produce(topic, key=b"k", value=b"during", partition=0)
         wait_until(lambda: watch.generation == 1)
         producer.produce(topic, key=b"k", value=b"after", partition=0)
-        assert producer.flush(10) == 0, "the buffered record was not delivered after the reset"
+        undelivered = producer.undelivered_after_flush(10)
+        assert undelivered == 0, "the buffered record was not delivered after the reset"
         assert rewinder.check() is True and rewinder.check() is False
         after = []
         wait_until(

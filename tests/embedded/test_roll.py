@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
+from antdt.bus.clients import CountingProducer
 from antdt.embedded.broker import EmbeddedBroker
 from antdt.embedded.roll import BrokerRoll
 
 
 def stored(broker: EmbeddedBroker, topic: str) -> None:
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    producer = CountingProducer({"bootstrap.servers": broker.bootstrap_servers})
     for i in range(50):
         producer.produce(topic, value=f"record {i}".encode())
-    assert producer.flush(30) == 0
+    assert producer.undelivered_after_flush(30) == 0
 
 
 def topics_of(broker: EmbeddedBroker) -> set[str]:

@@ -2,8 +2,9 @@
 and counted.
 
 The forger holds no signing key (or a wrong one) but can write to the
-topic with any Kafka client: here a plain ``confluent_kafka.Producer``,
-keyed ``<job>/<worker>`` and murmur2-partitioned as the controller does, so
+topic with any Kafka client: here a plain ``confluent_kafka.Producer`` (no
+antdt settings; antdt's :class:`CountingProducer` subclass only counts
+its deliveries), keyed ``<job>/<worker>`` and murmur2-partitioned as the controller does, so
 every record lands on the agent's partition. A real :class:`Agent` with a
 signing key reads them. After the forgeries a valid command must still be
 applied: refusing never blocks the channel.
@@ -16,8 +17,8 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from confluent_kafka import Producer
 
+from antdt.bus.clients import CountingProducer
 from antdt.control.signing import sign
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import AckStatus, CommandAction, MitigationCommand
@@ -84,7 +85,7 @@ def forgeries(applied: MitigationCommand) -> list[tuple[str, MitigationCommand]]
 def inject(settings, commands: list[MitigationCommand]) -> None:
     """Write commands to our worker's key with a plain client, as anyone with access to the topic
     could."""
-    producer = Producer(
+    producer = CountingProducer(
         {"bootstrap.servers": settings.bootstrap_servers, "partitioner": "murmur2_random"}
     )
     for command in commands:
@@ -93,7 +94,7 @@ def inject(settings, commands: list[MitigationCommand]) -> None:
             key=worker_key(JOB, WORKER).encode(),
             value=CODEC.encode(command),
         )
-    assert producer.flush(10) == 0
+    assert producer.undelivered_after_flush(10) == 0
 
 
 def acks(settings, topics, want: int) -> list:

@@ -11,9 +11,9 @@ from collections import Counter
 from datetime import UTC, datetime
 
 import pytest
-from confluent_kafka import Producer
 from pydantic import SecretStr
 
+from antdt.bus.clients import CountingProducer
 from antdt.bus.deadletter import HEADER_ERROR, HEADER_SERVICE
 from antdt.control.epoch import epoch_claim
 from antdt.control.signing import sign
@@ -48,11 +48,11 @@ def change(config_id: str, changes: dict[str, str]) -> ControlConfig:
 
 def write(settings, records: list[ControlConfig | bytes]) -> None:
     """With a plain producer, as anyone who can reach the broker could."""
-    producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
+    producer = CountingProducer({"bootstrap.servers": settings.bootstrap_servers})
     for record in records:
         value = record if isinstance(record, bytes) else CODEC.encode(record)
         producer.produce(settings.topic("control", "config"), key=b"*", value=value)
-    assert producer.flush(10) == 0
+    assert producer.undelivered_after_flush(10) == 0
 
 
 def test_forged_unsigned_and_replayed_changes_are_refused_and_a_signed_one_applies(
