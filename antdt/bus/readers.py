@@ -2,8 +2,9 @@
 
 :class:`KeyedReader` reads one key's records from the one partition that key
 hashes to, by manual assignment (no consumer group, so no join delay: the
-embedded broker holds a JoinGroup for half the session timeout). Workers use
-it for their own assignments and commands.
+embedded broker holds a JoinGroup for half the session timeout): an
+operator's or a test's look at one worker's records. (A worker's own replies
+are read by :class:`~antdt.bus.own_key.OwnKeyClient`, positioned by a marker.)
 """
 
 from __future__ import annotations
@@ -323,7 +324,13 @@ def still_assigned(consumer: Consumer, messages: list[Message]) -> list[Message]
 
 
 class KeyedReader:
-    """Reads the records of one key from its partition, decoded, without a group."""
+    """Reads the records of one key from its partition, decoded, without a group.
+
+    ``start=END`` is the partition's end when the reader is made, looked up
+    then: a record written after the constructor returns is read. (Assigned at
+    the logical end, librdkafka resolves it later, and a record written
+    meanwhile would be taken for history and skipped.)
+    """
 
     def __init__(
         self,
@@ -346,6 +353,10 @@ class KeyedReader:
             else key_partition(settings, topic, self.key)
         )
         self._consumer = make_consumer(settings, pace=pace)
+        if start == END:
+            _, start = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, self.partition), timeout=10.0
+            )
         assign_now(self._consumer, [TopicPartition(topic, self.partition, start)])
 
     def poll(self, timeout_s: float = 0.1, max_records: int = 500) -> list[AvroModel]:

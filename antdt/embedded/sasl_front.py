@@ -24,7 +24,8 @@ import logging
 import secrets
 import socket
 import threading
-from collections import Counter
+import time
+from collections import Counter, defaultdict, deque
 
 from antdt.embedded import kafka_wire as wire
 from antdt.embedded.scram import (
@@ -70,8 +71,10 @@ class SaslFront:
         self.host, self.port, self.upstream = host, port, upstream
         self.users = ScramUsers()
         #: ``handshakes``, ``succeeded``, ``failed``: what the front saw (tests measure retry storms
-        #: with it).
+        #: with it), and when (``time.monotonic``, the last 1,000 of each: how soon a refused
+        #: client gives up is timed from its first refusal, not from its process's start).
         self.counts: Counter[str] = Counter()
+        self.moments: defaultdict[str, deque[float]] = defaultdict(lambda: deque(maxlen=1000))
         self.fake_salt_key = secrets.token_bytes(32)
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
@@ -80,6 +83,7 @@ class SaslFront:
     def count(self, what: str) -> None:
         with self._lock:
             self.counts[what] += 1
+            self.moments[what].append(time.monotonic())
 
     def bind(self) -> SaslFront:
         """Bind now (so the port is ours before the broker behind is told to advertise it)."""

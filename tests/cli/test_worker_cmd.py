@@ -95,7 +95,7 @@ def test_a_worker_slowed_by_sleep_is_a_straggler_within_5_s_and_stays_one(settin
     other on a busy machine and the unslowed workers' steps vary 1-4x.
     """
     from antdt.runtime.launch import service_process
-    from antdt.schemas.models import VerdictKind, WorkerMetrics
+    from antdt.schemas.models import StragglerClass, VerdictKind, WorkerMetrics
 
     job = "job-slowed"
     env = {
@@ -148,23 +148,35 @@ def test_a_worker_slowed_by_sleep_is_a_straggler_within_5_s_and_stays_one(settin
         while (arrived := read()) and time.monotonic() < quiet_by:
             for record in arrived:
                 (reports if isinstance(record, WorkerMetrics) else verdicts).append(record)
+    cleared = [v for v in verdicts if v.kind is VerdictKind.CLEARED]
     verdicts = [v for v in verdicts if v.issued_at <= first_done]
-    first_report = min(r.window_end for r in reports if r.worker_id == "w2")
+    # the monitor judges once every worker has reported (min_workers=3): the clock starts there,
+    # not at the slowed worker's first report (a loaded machine can start another worker later)
+    judged_from = max(
+        min(r.window_end for r in reports if r.worker_id == worker) for worker in ("w0", "w1", "w2")
+    )
     mine = sorted((v for v in verdicts if v.worker_id == "w2"), key=lambda v: v.issued_at)
     assert mine and mine[0].kind is VerdictKind.STRAGGLER, [(v.kind, v.issued_at) for v in mine]
-    assert (mine[0].issued_at - first_report).total_seconds() <= 5.0
+    assert (mine[0].issued_at - judged_from).total_seconds() <= 5.0
     assert not any(v.kind is not VerdictKind.STRAGGLER for v in mine), [
         (v.kind.value, v.classification.value) for v in mine
     ]
+    # a healthy worker woken late on a loaded machine is slow for a moment, and may be told so
+    # (TRANSIENT) if the monitor clears it again; a lasting or unclear verdict is a false one
     false = [
         (
             v.worker_id,
             v.classification.value,
             round(v.speed_ratio, 2),
-            str(v.issued_at - first_report),
+            str(v.issued_at - judged_from),
         )
         for v in verdicts
-        if v.worker_id != "w2" and v.kind is VerdictKind.STRAGGLER
+        if v.worker_id != "w2"
+        and v.kind is VerdictKind.STRAGGLER
+        and not (
+            v.classification is StragglerClass.TRANSIENT
+            and any(c.worker_id == v.worker_id and c.issued_at > v.issued_at for c in cleared)
+        )
     ]
     assert not false, false
 

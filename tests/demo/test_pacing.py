@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from antdt.demo.pacing import Pacer
 from antdt.demo.scenario import Episode, Scenario, WorkerSpec
 
@@ -49,8 +51,10 @@ def test_the_pause_fills_what_the_real_work_left_and_an_overrun_adds_nothing(mon
     pauses = []
     monkeypatch.setattr("antdt.demo.pacing.time.sleep", pauses.append)
     pacer = Pacer(make("sleep"), 0, time.time() - 60)  # a minute into the run
-    pacer.pace(50, pacer.now_s() - 0.03)  # 30 ms of real work already done
-    assert len(pauses) == 1 and 0.06 < pauses[0] <= 0.07
+    # the run's clock stands still at 60 s: the pause is the pacer's arithmetic, not the machine's
+    monkeypatch.setattr(pacer, "now_s", lambda: 60.0)
+    pacer.pace(50, 60.0 - 0.03)  # 30 ms of real work already done
+    assert len(pauses) == 1 and pauses[0] == pytest.approx(0.07)
     pacer.pace(50, pacer.now_s() - 1.0)  # the real work alone took longer than the target
     assert len(pauses) == 1
     pacer.pace(0, pacer.now_s())  # a rank with no samples this step

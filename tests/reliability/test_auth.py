@@ -43,9 +43,9 @@ REFUSED = (
     r"^antdt: error: authentication failed for user '{user}' \(SCRAM-SHA-512\) "
     r"on 127\.0\.0\.1:\d+: Authentication failed"
 )
-#: A refused service must be gone within this, after at most this many attempts: every process
-#: looks at the bus with one admin client before it makes any other, and that client's retries
-#: came to 16-17 (docs/reliability.md); two clients' would pass 30.
+#: A refused service must be gone within this of its first refusal, after at most this many
+#: attempts: every process looks at the bus with one admin client before it makes any other, and
+#: that client's retries came to 16-17 (docs/reliability.md); two clients' would pass 30.
 EXIT_WITHIN_S, MAX_ATTEMPTS = 10.0, 24
 
 
@@ -101,10 +101,18 @@ class Attempts:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self.elapsed_s = time.monotonic() - self.started
+        ended = time.monotonic()
+        # what it had seen by the block's end: a refused client the test still holds retries on
+        self._after = dict(self.broker.front.counts)
+        self.elapsed_s = ended - self.started
+        refusals = [t for t in self.broker.front.moments["failed"] if t >= self.started]
+        #: from the first refusal to the block's end: how soon a refused client gave up, its
+        #: process's start-up apart (a Faust worker's imports took 2-7 s here)
+        self.after_refusal_s = ended - refusals[0] if refusals else None
 
     def __getitem__(self, what: str) -> int:
-        return self.broker.front.counts[what] - self._before.get(what, 0)
+        seen = getattr(self, "_after", self.broker.front.counts)
+        return seen.get(what, 0) - self._before.get(what, 0)
 
 
 def start_antdt(settings: Settings, *argv: str) -> subprocess.Popen:
@@ -322,8 +330,10 @@ def test_the_cli_exits_1_with_one_line(auth_broker, topic_prefix, user, password
         and "Traceback" not in done.stderr
     )
     assert password not in done.stderr + done.stdout
-    assert seen.elapsed_s < EXIT_WITHIN_S and seen["failed"] <= MAX_ATTEMPTS
-    print(f"\ntopics --create: refused {seen['failed']} time(s), after {seen.elapsed_s:.2f} s")
+    assert seen.after_refusal_s < EXIT_WITHIN_S and seen["failed"] <= MAX_ATTEMPTS
+    print(
+        f"\ntopics --create: refused {seen['failed']} time(s), after {seen.after_refusal_s:.2f} s"
+    )
 
 
 @pytest.mark.slow
@@ -339,8 +349,11 @@ def test_a_service_with_a_wrong_password_gives_up_at_once(auth_broker, topic_pre
         REFUSED.format(user=USER), error_lines(done.stderr)[-1]
     )
     assert len(error_lines(done.stderr)) == 1 and "Traceback" not in done.stderr
-    assert seen.elapsed_s < EXIT_WITHIN_S and 1 <= seen["failed"] <= MAX_ATTEMPTS
-    print(f"\n{service}: refused {seen['failed']} time(s), exited 1 after {seen.elapsed_s:.2f} s")
+    assert seen.after_refusal_s < EXIT_WITHIN_S and 1 <= seen["failed"] <= MAX_ATTEMPTS
+    print(
+        f"\n{service}: refused {seen['failed']} time(s), "
+        f"exited 1 {seen.after_refusal_s:.2f} s after"
+    )
 
 
 # ------------------------------------------------------------ end to end
@@ -391,8 +404,10 @@ def test_a_worker_with_a_wrong_password_exits_1_with_one_line(auth_broker, topic
         _matches(REFUSED.format(user=USER), error_lines(done.stderr)[0])
         and "Traceback" not in done.stderr
     )
-    assert seen.elapsed_s < EXIT_WITHIN_S and 1 <= seen["failed"] <= MAX_ATTEMPTS
-    print(f"\nworker: refused {seen['failed']} time(s), exited 1 after {seen.elapsed_s:.2f} s")
+    assert seen.after_refusal_s < EXIT_WITHIN_S and 1 <= seen["failed"] <= MAX_ATTEMPTS
+    print(
+        f"\nworker: refused {seen['failed']} time(s), exited 1 {seen.after_refusal_s:.2f} s after"
+    )
 
 
 FAUST_APP = Path(__file__).parents[1] / "bus" / "faust_echo_app.py"
@@ -461,7 +476,7 @@ def test_a_faust_app_with_a_wrong_password_stops_after_one_attempt(
         code = process.wait(60)
     log = (tmp_path / "faust.log").read_text()
     assert code != 0 and "SaslAuthenticationFailed" in log, log[-2000:]
-    assert seen["failed"] <= 3 and seen.elapsed_s < EXIT_WITHIN_S
+    assert seen["failed"] <= 3 and seen.after_refusal_s < EXIT_WITHIN_S
 
 
 # ------------------------------------------------------------ antdt broker --user

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import time
 from pathlib import Path
 
@@ -103,7 +104,10 @@ def test_a_stuck_rank_is_noticed_within_the_step_sized_bound(tmp_path: Path):
             message.startswith("the all-reduce of step 3 waited")
             and "a rank is dead or stuck" in message
         )
-        assert "limit 1.0 s" in message  # 4x steps of milliseconds is below the floor
+        # 4x steps of milliseconds is below the 1.0 s floor (a step this machine stalled for a
+        # moment can raise it a little: the limit is step-sized, never the hung cap of minutes)
+        limit = float(re.search(r"limit (\d+(?:\.\d+)?) s", message).group(1))
+        assert 1.0 <= limit < 5.0, message
     finally:
         for process in context.processes:
             if process.is_alive():

@@ -77,7 +77,9 @@ def test_workers_are_grouped_first_come_first_served_and_end_in_one_final_group(
 
 
 def test_an_operator_replays_the_groups_of_a_job(settings, topics, monkeypatch, capsys, tmp_path):
-    config = GrouperConfig(group_size=2, deadline_s=0.2, checkpoint_every_s=0)
+    # the pair forms by quorum at once; a short deadline could part two announcements a loaded
+    # machine delivered apart
+    config = GrouperConfig(group_size=2, deadline_s=10.0, checkpoint_every_s=0)
     members = clients(settings, "job-r")[:2]
     with running_loop(GrouperService(settings, config), "grouper"):
         seqs = [c.announce(0) for c in members]

@@ -108,12 +108,11 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_service_keeps_serving(setti
     with consuming(settings) as consumer:
         assign_now(consumer, [TopicPartition(deadletter, 0, OFFSET_BEGINNING)])
         errors = []
-        for _ in range(50):
+        deadline = time.monotonic() + 30  # on the bus already: read at once unless loaded
+        while len(errors) < 2 and time.monotonic() < deadline:
             errors += [
                 dict(m.headers())[HEADER_ERROR].decode() for m in poll_batch(consumer, 10, 0.1)
             ]
-            if len(errors) >= 2:
-                break
     assert any("Confluent" in e or "marker" in e for e in errors)
     assert any("is sharded as" in e for e in errors)
 
