@@ -74,7 +74,7 @@ class SaslFront:
         #: with it), and when (``time.monotonic``, the last 1,000 of each: how soon a refused
         #: client gives up is timed from its first refusal, not from its process's start).
         self.counts: Counter[str] = Counter()
-        self.moments: defaultdict[str, deque[float]] = defaultdict(lambda: deque(maxlen=1000))
+        self._moments: defaultdict[str, deque[float]] = defaultdict(lambda: deque(maxlen=1000))
         self.fake_salt_key = secrets.token_bytes(32)
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
@@ -83,7 +83,12 @@ class SaslFront:
     def count(self, what: str) -> None:
         with self._lock:
             self.counts[what] += 1
-            self.moments[what].append(time.monotonic())
+            self._moments[what].append(time.monotonic())
+
+    def moments(self, what: str, since: float = 0.0) -> list[float]:
+        """When the front saw ``what`` (``time.monotonic``) from ``since`` on, oldest first."""
+        with self._lock:
+            return [moment for moment in self._moments[what] if moment >= since]
 
     def bind(self) -> SaslFront:
         """Bind now (so the port is ours before the broker behind is told to advertise it)."""

@@ -105,10 +105,17 @@ class Attempts:
         # what it had seen by the block's end: a refused client the test still holds retries on
         self._after = dict(self.broker.front.counts)
         self.elapsed_s = ended - self.started
-        refusals = [t for t in self.broker.front.moments["failed"] if t >= self.started]
+        refusals = self.broker.front.moments("failed", since=self.started)
         #: from the first refusal to the block's end: how soon a refused client gave up, its
         #: process's start-up apart (a Faust worker's imports took 2-7 s here)
         self.after_refusal_s = ended - refusals[0] if refusals else None
+
+    def report(self, process: str) -> str:
+        """The line the docs' table is read from (``pytest -s``)."""
+        return (
+            f"\n{process}: refused {self['failed']} time(s), exited {self.elapsed_s:.2f} s after "
+            f"its start, {self.after_refusal_s:.2f} s after its first refusal"
+        )
 
     def __getitem__(self, what: str) -> int:
         seen = getattr(self, "_after", self.broker.front.counts)
@@ -331,9 +338,7 @@ def test_the_cli_exits_1_with_one_line(auth_broker, topic_prefix, user, password
     )
     assert password not in done.stderr + done.stdout
     assert seen.after_refusal_s < EXIT_WITHIN_S and seen["failed"] <= MAX_ATTEMPTS
-    print(
-        f"\ntopics --create: refused {seen['failed']} time(s), after {seen.after_refusal_s:.2f} s"
-    )
+    print(seen.report("topics --create"))
 
 
 @pytest.mark.slow
@@ -350,10 +355,7 @@ def test_a_service_with_a_wrong_password_gives_up_at_once(auth_broker, topic_pre
     )
     assert len(error_lines(done.stderr)) == 1 and "Traceback" not in done.stderr
     assert seen.after_refusal_s < EXIT_WITHIN_S and 1 <= seen["failed"] <= MAX_ATTEMPTS
-    print(
-        f"\n{service}: refused {seen['failed']} time(s), "
-        f"exited 1 {seen.after_refusal_s:.2f} s after"
-    )
+    print(seen.report(service))
 
 
 # ------------------------------------------------------------ end to end
@@ -405,9 +407,7 @@ def test_a_worker_with_a_wrong_password_exits_1_with_one_line(auth_broker, topic
         and "Traceback" not in done.stderr
     )
     assert seen.after_refusal_s < EXIT_WITHIN_S and 1 <= seen["failed"] <= MAX_ATTEMPTS
-    print(
-        f"\nworker: refused {seen['failed']} time(s), exited 1 {seen.after_refusal_s:.2f} s after"
-    )
+    print(seen.report("worker"))
 
 
 FAUST_APP = Path(__file__).parents[1] / "bus" / "faust_echo_app.py"
@@ -477,6 +477,7 @@ def test_a_faust_app_with_a_wrong_password_stops_after_one_attempt(
     log = (tmp_path / "faust.log").read_text()
     assert code != 0 and "SaslAuthenticationFailed" in log, log[-2000:]
     assert seen["failed"] <= 3 and seen.after_refusal_s < EXIT_WITHIN_S
+    print(seen.report("a Faust worker (aiokafka)"))
 
 
 # ------------------------------------------------------------ antdt broker --user
