@@ -45,7 +45,8 @@ REFUSED = (
 )
 #: A refused service must be gone within this of its first refusal, after at most this many
 #: attempts: every process looks at the bus with one admin client before it makes any other, and
-#: that client's retries came to 16-17 (docs/reliability.md); two clients' would pass 30.
+#: that client's retries came to 8-14 (docs/reliability.md; 16-17 on older code); two clients'
+#: would pass 30.
 EXIT_WITHIN_S, MAX_ATTEMPTS = 10.0, 24
 
 
