@@ -106,6 +106,11 @@ class Settings(BaseSettings):
     checkpoint_every_s: float = Field(
         30.0, gt=0, description="how often a synchronous job (ElasticJob) checkpoints"
     )
+    pause_limit_s: float = Field(
+        600.0,
+        gt=0,
+        description="the longest a PAUSE holds a worker's training without a RESUME",
+    )
     ps_servers: str | None = Field(
         None,
         description="asynchronous training: the job's parameter-server shards, host:port,... in "

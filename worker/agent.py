@@ -266,6 +266,8 @@ class Agent:
         self._data_wait = 0.0
         self._sync_wait = 0.0
         self._resumed = threading.Event()
+        self._paused_by: MitigationCommand | None = None  # the PAUSE holding training, and until
+        self._pause_until = 0.0
         self._stop = threading.Event()
         # set by the first step (and the exit): the reporter sends the opening window at once
         self._wake = threading.Event()
@@ -716,6 +718,9 @@ class Agent:
                 callback(command.shard_quota)
         elif action is CommandAction.PAUSE:
             self.state = AgentState.PAUSED
+            # from the PAUSE, however many other commands come while it holds
+            self._pause_until = time.monotonic() + self.settings.pause_limit_s
+            self._paused_by = command
             self._resumed.clear()
         elif action is CommandAction.RESUME:
             self.state = AgentState.RUNNING
@@ -741,9 +746,23 @@ class Agent:
         AntDT-ND). Under synchronous all-reduce a paused rank would hold every
         other rank in its collective; there the controller shrinks the
         worker's batch instead (AntDT-DD).
+
+        A PAUSE with no RESUME within ``pause_limit_s`` (its sender gone, the
+        RESUME refused as expired or of an old epoch) ends there: training
+        resumes, logged, rather than a worker held for good while its
+        heartbeats say it is alive.
         """
+        pause, until = self._paused_by, self._pause_until
         while self.state is AgentState.PAUSED and not self._stop.is_set():
-            self._resumed.wait(0.1)
+            if time.monotonic() >= until:
+                log.warning(
+                    "PAUSE %s got no RESUME within %g s (ANTDT_PAUSE_LIMIT_S): training resumes",
+                    pause.command_id if pause is not None else "?",
+                    self.settings.pause_limit_s,
+                )
+                self.state = AgentState.RUNNING
+                return
+            self._resumed.wait(min(0.1, max(until - time.monotonic(), 0.0)))
             if self._inbox:
                 self._apply_due()
                 return

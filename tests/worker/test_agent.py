@@ -327,6 +327,36 @@ def test_pause_holds_the_step_until_resume(agent_settings):
     assert paused_at == resumed_at
 
 
+def test_a_pause_no_resume_follows_ends_at_its_limit_and_says_so(agent_settings, caplog):
+    """The PAUSE's sender gone (or its RESUME refused as expired): training resumes after
+    ``pause_limit_s`` instead of holding the worker for good."""
+    import logging
+    import threading
+
+    settings = agent_settings.model_copy(update={"pause_limit_s": 0.5})
+    stop = threading.Event()
+    with (
+        caplog.at_level(logging.WARNING, logger="antdt.worker.agent"),
+        Agent("job-agent", "w1", settings=settings) as agent,
+    ):
+
+        def train():
+            while not stop.is_set():
+                agent.step()
+
+        trainer = threading.Thread(target=train, daemon=True)
+        trainer.start()
+        pause = send_command(settings, action=CommandAction.PAUSE)
+        wait_until(lambda: agent.state is AgentState.PAUSED, timeout_s=20)
+        paused_at = agent.step_count
+        wait_until(lambda: agent.state is AgentState.RUNNING, timeout_s=20)
+        wait_until(lambda: agent.step_count > paused_at, timeout_s=20)
+        stop.set()
+        trainer.join(10)
+    [line] = [r.getMessage() for r in caplog.records if "got no RESUME" in r.getMessage()]
+    assert pause.command_id in line and "0.5 s" in line
+
+
 @pytest.mark.parametrize(
     ("action", "code"), [(CommandAction.RESTART, EXIT_RESTART), (CommandAction.EVICT, EXIT_EVICTED)]
 )
