@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -300,29 +303,38 @@ def test_a_replayed_command_id_is_refused(agent_settings):
         step_until(agent, lambda: agent.verifier.rejected["duplicate"] == 1)
 
 
-def test_pause_holds_the_step_until_resume(agent_settings):
-    """No step completes between PAUSE and RESUME: both are applied at the same step."""
-    import threading
-
+@contextmanager
+def stepping(agent: Agent):
+    """A training thread stepping ``agent`` until the block ends (joined within 10 s)."""
     stop = threading.Event()
-    with Agent("job-agent", "w1", settings=agent_settings) as agent:
 
-        def train():
-            while not stop.is_set():
-                agent.step()
+    def train():
+        while not stop.is_set():
+            agent.step()
 
-        trainer = threading.Thread(target=train, daemon=True)
-        trainer.start()
-        pause = send_command(agent_settings, action=CommandAction.PAUSE)
-        deadline = time.monotonic() + 20
-        while agent.state is not AgentState.PAUSED:
-            assert time.monotonic() < deadline, "PAUSE never applied"
-            time.sleep(0.001)
-        resume = send_command(agent_settings, action=CommandAction.RESUME)
-        paused_at = acks_for(agent_settings, pause.command_id, AckStatus.APPLIED)[-1].applied_step
-        resumed_at = acks_for(agent_settings, resume.command_id, AckStatus.APPLIED)[-1].applied_step
+    trainer = threading.Thread(target=train, daemon=True)
+    trainer.start()
+    try:
+        yield
+    finally:
         stop.set()
         trainer.join(10)
+
+
+def test_pause_holds_the_step_until_resume(agent_settings):
+    """No step completes between PAUSE and RESUME: both are applied at the same step."""
+    with Agent("job-agent", "w1", settings=agent_settings) as agent:
+        with stepping(agent):
+            pause = send_command(agent_settings, action=CommandAction.PAUSE)
+            deadline = time.monotonic() + 20
+            while agent.state is not AgentState.PAUSED:
+                assert time.monotonic() < deadline, "PAUSE never applied"
+                time.sleep(0.001)
+            resume = send_command(agent_settings, action=CommandAction.RESUME)
+            acks = acks_for(agent_settings, pause.command_id, AckStatus.APPLIED)
+            paused_at = acks[-1].applied_step
+            acks = acks_for(agent_settings, resume.command_id, AckStatus.APPLIED)
+            resumed_at = acks[-1].applied_step
         assert agent.state is AgentState.RUNNING and agent.step_count > resumed_at
     assert paused_at == resumed_at
 
@@ -330,29 +342,17 @@ def test_pause_holds_the_step_until_resume(agent_settings):
 def test_a_pause_no_resume_follows_ends_at_its_limit_and_says_so(agent_settings, caplog):
     """The PAUSE's sender gone (or its RESUME refused as expired): training resumes after
     ``pause_limit_s`` instead of holding the worker for good."""
-    import logging
-    import threading
-
     settings = agent_settings.model_copy(update={"pause_limit_s": 0.5})
-    stop = threading.Event()
     with (
         caplog.at_level(logging.WARNING, logger="antdt.worker.agent"),
         Agent("job-agent", "w1", settings=settings) as agent,
+        stepping(agent),
     ):
-
-        def train():
-            while not stop.is_set():
-                agent.step()
-
-        trainer = threading.Thread(target=train, daemon=True)
-        trainer.start()
         pause = send_command(settings, action=CommandAction.PAUSE)
         wait_until(lambda: agent.state is AgentState.PAUSED, timeout_s=20)
         paused_at = agent.step_count
         wait_until(lambda: agent.state is AgentState.RUNNING, timeout_s=20)
         wait_until(lambda: agent.step_count > paused_at, timeout_s=20)
-        stop.set()
-        trainer.join(10)
     [line] = [r.getMessage() for r in caplog.records if "got no RESUME" in r.getMessage()]
     assert pause.command_id in line and "0.5 s" in line
 
