@@ -757,7 +757,7 @@ class Agent:
             if time.monotonic() >= until:
                 log.warning(
                     "PAUSE %s got no RESUME within %g s (ANTDT_PAUSE_LIMIT_S): training resumes",
-                    pause.command_id if pause is not None else "?",
+                    pause.command_id,
                     self.settings.pause_limit_s,
                 )
                 self.state = AgentState.RUNNING

@@ -326,10 +326,7 @@ def test_pause_holds_the_step_until_resume(agent_settings):
     with Agent("job-agent", "w1", settings=agent_settings) as agent:
         with stepping(agent):
             pause = send_command(agent_settings, action=CommandAction.PAUSE)
-            deadline = time.monotonic() + 20
-            while agent.state is not AgentState.PAUSED:
-                assert time.monotonic() < deadline, "PAUSE never applied"
-                time.sleep(0.001)
+            wait_until(lambda: agent.state is AgentState.PAUSED, timeout_s=20, pause_s=0.001)
             resume = send_command(agent_settings, action=CommandAction.RESUME)
             acks = acks_for(agent_settings, pause.command_id, AckStatus.APPLIED)
             paused_at = acks[-1].applied_step
