@@ -18,6 +18,7 @@ from confluent_kafka import (
     OFFSET_END,
     Consumer,
     KafkaError,
+    KafkaException,
     Message,
     Producer,
     TopicPartition,
@@ -164,8 +165,35 @@ def resume_or_end(
             fresh.append(tp)
         positions.append(tp)
     if fresh:
-        consumer.commit(offsets=fresh, asynchronous=False)
+        commit_within(consumer, fresh, timeout_s)
     return positions
+
+
+#: How often an unconfirmed commit is sent again (a commit refused in a rebalance is not retried).
+COMMIT_RETRY_S = 0.2
+
+
+def commit_within(consumer: Consumer, offsets: list[TopicPartition], timeout_s: float) -> None:
+    """Commit ``offsets`` and read them back as the group's within ``timeout_s``, else BusError.
+
+    librdkafka's synchronous commit waits for the group's coordinator
+    without bound, and a rebalance callback that waits so holds its
+    service's whole loop; here the commit is sent (again, while it is not
+    confirmed) and the committed offsets are read back under a deadline.
+    """
+    wanted = {(tp.topic, tp.partition): tp.offset for tp in offsets}
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        consumer.commit(offsets=offsets, asynchronous=True)
+        try:
+            stored = consumer.committed(offsets, timeout=left)
+        except KafkaException:
+            break  # the read-back itself ran out of time
+        if all(tp.offset >= wanted[(tp.topic, tp.partition)] for tp in stored):
+            return
+        time.sleep(min(COMMIT_RETRY_S, max(0.0, deadline - time.monotonic())))
+    shown = ", ".join(f"{topic}[{part}]@{offset}" for (topic, part), offset in wanted.items())
+    raise BusError(f"the commit of {shown} was not confirmed within {timeout_s:g} s")
 
 
 _PARTITION_COUNTS: dict[tuple[str, str], int] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -24,7 +26,14 @@ from antdt.bus.config import (
     fetch_wait_ms,
     producer_config,
 )
-from antdt.bus.readers import BEGINNING, KeyedReader, key_partition, poll_batch
+from antdt.bus.readers import (
+    BEGINNING,
+    KeyedReader,
+    commit_within,
+    key_partition,
+    poll_batch,
+    resume_or_end,
+)
 from antdt.errors import BusError
 from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.examples import worker_metrics
@@ -193,6 +202,37 @@ def test_keyed_reader_from_end_skips_history(settings, topics):
             if seen:
                 break
     assert seen == [2]
+
+
+def test_a_group_that_never_committed_resumes_at_the_end_and_commits_it(settings, topics):
+    """Whoever holds the partition next starts at that end too: a record written after it is read
+    by some member even if this one dies first."""
+    topic = topic_spec("worker", "metrics").full_name(settings.topic_prefix)
+    with producing(settings) as producer:
+        for seq in range(3):
+            producer.produce(topic, key=b"w", value=SingleObjectCodec().encode(worker_metrics(seq)))
+    partition = TopicPartition(topic, key_partition(settings, topic, "w"))
+    group = f"{settings.topic_prefix}.resuming"
+    with consuming(settings, group) as first:
+        _, end = first.get_watermark_offsets(partition, timeout=10)
+        (resumed,) = resume_or_end(first, [partition])
+    with consuming(settings, group) as next_holder:
+        (stored,) = next_holder.committed([partition], timeout=10)
+    assert resumed.offset == stored.offset == end > 0
+
+
+def test_a_commit_the_broker_cannot_take_fails_within_its_bound_and_names_it(own_bus):
+    """A synchronous commit would wait for the group's coordinator for good (a rebalance callback
+    holding its service's loop); this one gives up at its bound."""
+    broker, settings = own_bus
+    topic = topic_spec("worker", "metrics").full_name(settings.topic_prefix)
+    with consuming(settings, f"{settings.topic_prefix}.stranded") as consumer:
+        consumer.committed([TopicPartition(topic, 0)], timeout=10)  # the group's coordinator known
+        broker.stop()
+        began = time.monotonic()
+        with pytest.raises(BusError, match=rf"{topic}\[0\]@5 was not confirmed within 1 s"):
+            commit_within(consumer, [TopicPartition(topic, 0, 5)], timeout_s=1.0)
+        assert time.monotonic() - began < 10.0
 
 
 def test_producing_flushes_everything_on_exit(settings, topics):
