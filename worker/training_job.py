@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn, Self, TypeVar
 
@@ -42,6 +44,8 @@ from antdt.schemas.models import DatasetSpec
 from antdt.worker.agent import Agent
 from antdt.worker.checkpoint import load_checkpoint, save_checkpoint
 from antdt.worker.ddp import (
+    CollectiveTimeout,
+    StepSizedTimeout,
     agreed_checkpoint_version,
     broadcast_int,
     broke_the_group,
@@ -52,6 +56,7 @@ from antdt.worker.ddp import (
 from antdt.worker.feeds import ShardFeed
 from antdt.worker.ledger import SampleLedger
 from antdt.worker.liveness import PeerLiveness
+from antdt.worker.watchdog import StepWatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,6 +69,9 @@ VERSION_WAIT_S = 30.0
 #: restarted with another world must ask for the same one.
 SHARDS_PER_EPOCH = 64
 SHARD_BATCHES = (4, 64)
+#: How long a wait on the other ranks outside the steps (set-up, a group of every rank) goes
+#: before a rank that stopped beating ends it: the steps' own bound before any step is known.
+UNSTEPPED_LIMIT_S = StepSizedTimeout.first_s
 
 
 def default_shard_size(size: int, batch_size: int) -> int:
@@ -154,6 +162,8 @@ class TrainingJob:
         self.feed: ShardFeed | None = None  # the mode's reader of ``data``, once started
         #: the ranks' heartbeats, for a mode whose waits on its peers need them (set by its start)
         self.peers: PeerLiveness | None = None
+        #: the bound on this rank's waits for the others (:meth:`_watch_peers`; None: one process)
+        self.watch: StepWatch | None = None
         self.finished = False
         self.samples = 0  # this rank's samples trained
         self.restored_step: int | None = None  # the checkpoint's step when this process resumed one
@@ -195,6 +205,38 @@ class TrainingJob:
         if self._own_agent:
             self.agent.__exit__(exc_type, exc, traceback)
         gc.unfreeze()  # the DDP model's cycles collectable again (collect_cycles_before_exit)
+
+    def _watch_peers(self, limit_s: Callable[[], float] = lambda: UNSTEPPED_LIMIT_S) -> None:
+        """The ranks' heartbeats and the watch on this rank's waits for the others, before the
+        set-up's first collective: a rank that stops there (SIGSTOP, a wedged interpreter) ends
+        its peers' wait past ``limit_s`` rather than the process group's timeout (30 minutes)."""
+        self.peers = PeerLiveness.of_default_group()
+        if self.peers is not None:
+            self.watch = StepWatch(self.peers, limit_s, self._end_hung)
+
+    @contextmanager
+    def _watched(self, what: str, cap_s: float | None = None) -> Iterator[None]:
+        """Waits on the other ranks in here bounded by the watch (:mod:`~antdt.worker.watchdog`);
+        ``cap_s``: how long live ranks are waited for, if not the watch's 300 s (``math.inf``
+        for the set-up, whose checkpoint load may be long)."""
+        if self.watch is None:
+            yield
+            return
+        self.watch.waiting(what, cap_s)
+        try:
+            yield
+        finally:
+            self.watch.done()
+
+    def _set_up(self, run: Callable[[], T]) -> T:
+        """A collective of the set-up, which holds every rank alike: watched, with no cap on
+        live ranks (a large checkpoint's load), a broken group ending the process."""
+        with self.agent.sync_wait(), self._watched("set-up", cap_s=math.inf):
+            return self._collective(run)
+
+    def _end_hung(self, reason: str) -> None:
+        """The watchdog's verdict (on its thread): a peer stopped, or the wait outlived its cap."""
+        self._end_broken(CollectiveTimeout(reason))
 
     def _close_mode(self) -> None:
         """Close what the mode opened beside the data (its group client); the peers' heartbeats

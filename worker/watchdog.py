@@ -40,13 +40,17 @@ class StepWatch:
         self.peers, self.limit_s, self.on_hung, self.cap_s = peers, limit_s, on_hung, cap_s
         self._since: float | None = None
         self._what = ""
+        self._cap_s = cap_s  # the cap of the wait under way
         self._warned_at = 0.0
         peers.on_beat(self._check)
 
-    def waiting(self, what: str) -> None:
-        """This rank waits on its peers from now (a no-op if it already does this step)."""
+    def waiting(self, what: str, cap_s: float | None = None) -> None:
+        """This rank waits on its peers from now (a no-op if it already does this step);
+        ``cap_s``: this wait's cap on live ranks, if not the watch's (``math.inf``: only a rank
+        that stopped beating ends it, a live one is waited for as the process group allows)."""
         if self._since is None:
-            self._what, self._since = what, time.monotonic()
+            self._what, self._cap_s = what, self.cap_s if cap_s is None else cap_s
+            self._since = time.monotonic()
 
     def done(self) -> None:
         self._since = None
@@ -56,7 +60,7 @@ class StepWatch:
         if since is None:
             return
         now, limit = time.monotonic(), self.limit_s()
-        verdict = hang_verdict(now - since, limit, self.cap_s, peers.silent_now())
+        verdict = hang_verdict(now - since, limit, self._cap_s, peers.silent_now())
         if verdict is not None:
             self.on_hung(f"{self._what} {verdict}")
         elif now - since > limit and now - self._warned_at > peers.window_s:
@@ -65,5 +69,5 @@ class StepWatch:
                 "%s has waited %.1f s; every rank is alive, waiting on (at most %g s)",
                 self._what,
                 now - since,
-                self.cap_s,
+                self._cap_s,
             )

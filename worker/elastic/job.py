@@ -91,7 +91,6 @@ from antdt.sizing.inband import InBandSizer
 from antdt.worker.booked_waits import book_as_sync_wait
 from antdt.worker.dataset import shards_holding
 from antdt.worker.ddp import (
-    CollectiveTimeout,
     StepSizedTimeout,
     collective_device,
     gather_objects,
@@ -102,10 +101,8 @@ from antdt.worker.elastic.pooling import Offer, share_of
 from antdt.worker.elastic.resize import AgreedResize
 from antdt.worker.feeds import Reserved, ShardFeed, stack_pairs
 from antdt.worker.ledger import SyncedLedger
-from antdt.worker.liveness import PeerLiveness
 from antdt.worker.provenance import Tagged
 from antdt.worker.training_job import TrainingJob
-from antdt.worker.watchdog import StepWatch
 
 #: Shards a rank holds at least: the one it reads and the next, granted while it reads the first,
 #: so a shard boundary never waits for the sharder's answer (with one, every boundary was a round
@@ -204,7 +201,6 @@ class ElasticJob(TrainingJob):
         self.sizer: InBandSizer | None = None
         self.timeout = StepSizedTimeout()
         self.reduce: WeightedReduce | None = None
-        self.watch: StepWatch | None = None
         self.counts = SyncedLedger(self.ledger, collective_device())
         # batches taken, oldest first, not yet begun: the next step's first (None: none)
         self._ahead: deque[Any] = deque([None])
@@ -226,9 +222,8 @@ class ElasticJob(TrainingJob):
     def _start(self) -> None:
         self.data.quota = shards_held(self.agent.batch_size, self.spec.shard_size)
         self.agent.commit_every_s = COMMIT_EVERY_S
-        # set-up holds every rank alike: not the first step's compute
-        with self.agent.sync_wait():
-            self._collective(self._restore_or_start)
+        self._watch_peers(self.timeout.limit_s)
+        self._set_up(self._restore_or_start)  # every rank alike: not the first step's compute
         if self.ddp is not None:
             self.reduce = WeightedReduce(self.ddp)
             # rooted at rank 0 and waiting for the slowest rank: not rank 0's compute
@@ -239,15 +234,11 @@ class ElasticJob(TrainingJob):
         if self.reduce is not None:
             self._loop_thread = threading.get_ident()
             self.reduce.while_reducing = self._read_ahead
-        self.peers = PeerLiveness.of_default_group()
-        if self.peers is not None:
-            self.watch = StepWatch(self.peers, self.timeout.limit_s, self._end_hung)
         self.feed = ShardFeed(self.data, lambda: 2 * self.agent.batch_size, self.collate).start()
         self._set_batch_size(self.agent.batch_size)  # as restored: the shards held for it
         self._ahead = deque([self._take()])
         if self.reduce is not None:
-            with self.agent.sync_wait():
-                self._collective(lambda: self.reduce.prime(_size(self._next)))
+            self._set_up(lambda: self.reduce.prime(_size(self._next)))
 
     # ------------------------------------------------------------ the loop
 
@@ -572,9 +563,6 @@ class ElasticJob(TrainingJob):
     # ------------------------------------------------------------ the end
 
     def _finish(self) -> None:
-        self._collective(self.counts.sum)
+        with self._watched("the end's ledger sum"):
+            self._collective(self.counts.sum)
         self._write_ledger()
-
-    def _end_hung(self, reason: str) -> None:
-        """The watchdog's verdict (on its thread): a peer stopped, or the wait outlived its cap."""
-        self._end_broken(CollectiveTimeout(reason))

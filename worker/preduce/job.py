@@ -52,7 +52,6 @@ from antdt.worker.dataset import shards_holding
 from antdt.worker.ddp import broadcast_int
 from antdt.worker.feeds import ShardFeed
 from antdt.worker.ledger import SampleLedger
-from antdt.worker.liveness import PeerLiveness
 from antdt.worker.preduce.averaging import GroupAverager
 from antdt.worker.preduce.client import GroupClient
 from antdt.worker.preduce.rounds import BackgroundRounds
@@ -114,7 +113,7 @@ class PartialReduceJob(TrainingJob):
         super().__init__(
             model, optimizer, dataset, batch_size=batch_size, checkpoint=checkpoint, **options
         )
-        self.generation = agreed_generation() if generation is None else generation
+        self.generation = generation  # agreed in the set-up when not given
         self.group_wait_s = group_wait_s
         # this replica's, since the last group of every rank
         self.applied = SampleLedger(self.spec.size, self.spec.epochs)
@@ -126,13 +125,14 @@ class PartialReduceJob(TrainingJob):
     # ------------------------------------------------------------ lifecycle
 
     def _start(self) -> None:
-        self.groups = GroupClient.for_agent(self.agent, self.generation)
         # a rank that stops beating breaks the group a wait for a group may need (an evicted node)
-        self.peers = PeerLiveness.of_default_group()
+        self._watch_peers()
+        if self.generation is None:
+            self.generation = self._set_up(agreed_generation)
+        self.groups = GroupClient.for_agent(self.agent, self.generation)
         self.rounds = BackgroundRounds(self.groups, self.averager, self.group_wait_s, self.peers)
         self.data.quota = shards_read(self.agent.batch_size, self.spec.shard_size)
-        with self.agent.sync_wait():  # set-up holds every rank alike
-            self._collective(self._restore_or_start)
+        self._set_up(self._restore_or_start)
         # one batch read ahead: the next shards arrive while this step computes
         self.feed = ShardFeed(self.data, lambda: self.agent.batch_size).start()
 
@@ -196,7 +196,8 @@ class PartialReduceJob(TrainingJob):
             done = self._collective(rounds.take)
             group = done.group
             if group.reason in WHOLE_GROUP_REASONS:
-                self._collective(lambda: self._whole_group(group))
+                with self._watched(f"the {group.reason.value} group of every rank"):
+                    self._collective(lambda: self._whole_group(group))
             elif done.delta is not None:
                 self.averager.add(done.delta)
         self.reasons[group.reason.value] = self.reasons.get(group.reason.value, 0) + 1
