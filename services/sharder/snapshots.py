@@ -75,6 +75,8 @@ class BuilderProcess:
         self._process = subprocess.Popen(
             [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
+        # a request of megabytes is written as the pipe takes it, within the build's deadline
+        os.set_blocking(self._process.stdin.fileno(), False)
 
     def build(
         self,
@@ -87,17 +89,28 @@ class BuilderProcess:
         payload = pickle.dumps(
             (captured, log_offset, registry_url, topic), protocol=pickle.HIGHEST_PROTOCOL
         )
-        try:
-            self._process.stdin.write(_FRAME.pack(_OK, len(payload)) + payload)
-            self._process.stdin.flush()
-        except (BrokenPipeError, ValueError) as exc:
-            raise BuilderFailed(f"the builder process is gone ({exc})") from exc
         deadline = time.monotonic() + timeout_s
+        self._send(_FRAME.pack(_OK, len(payload)) + payload, deadline)
         status, length = _FRAME.unpack(self._read(_FRAME.size, deadline))
         body = self._read(length, deadline)
         if status != _OK:
             raise BuilderFailed(body.decode(errors="replace"))
         return body
+
+    def _send(self, request: bytes, deadline: float) -> None:
+        """Write ``request`` as the builder reads it, before ``deadline``: a builder wedged on an
+        earlier request must not hold the sharder's snapshot thread for good."""
+        view, fd = memoryview(request), self._process.stdin.fileno()
+        while view:
+            _, ready, _ = select.select([], [fd], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise BuilderFailed("the builder process did not take its request in time")
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                continue  # less room than a small remainder needs at once: select again
+            except OSError as exc:
+                raise BuilderFailed(f"the builder process is gone ({exc})") from exc
 
     def _read(self, size: int, deadline: float) -> bytes:
         chunks, fd = [], self._process.stdout.fileno()

@@ -79,6 +79,10 @@ NUDGE_AFTER_S = 0.2
 NUDGE_FOR_S = 10.0
 #: A shard told to restart waits this long at most for its last checkpoint before it exits anyway.
 LEAVE_WITHIN_S = 10.0
+#: A worker's connection that carries no request this long is closed (its worker reconnects at its
+#: next request, as after a shard's restart): a worker's host gone without closing it leaves no
+#: thread waiting for good. Past a PAUSE's default limit (600 s), when a worker sends nothing.
+IDLE_CONNECTION_S = 900.0
 
 
 class ServerState(str, Enum):
@@ -298,7 +302,7 @@ class ParameterServer:
                 continue
             except OSError:
                 return
-            connection.settimeout(None)
+            connection.settimeout(IDLE_CONNECTION_S)
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(
                 target=self._serve, args=(connection,), name="antdt-ps-conn", daemon=True

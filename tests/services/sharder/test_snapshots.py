@@ -3,6 +3,8 @@ before a bus reset."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from datetime import UTC, datetime
 
@@ -13,7 +15,7 @@ from antdt.schemas.codec import SingleObjectCodec
 from antdt.schemas.models import DatasetSpec, ShardState
 from antdt.services.sharder import metrics
 from antdt.services.sharder.eventlog import LogReads, snapshot_topic
-from antdt.services.sharder.snapshots import BuilderProcess, SnapshotWriter
+from antdt.services.sharder.snapshots import BuilderFailed, BuilderProcess, SnapshotWriter
 from antdt.services.sharder.state import JobState
 
 CODEC = SingleObjectCodec()
@@ -123,6 +125,19 @@ def test_when_the_builder_process_fails_the_thread_builds_the_snapshot_itself():
     assert producer.produced == [b"snap-d"]
     assert metrics.SNAPSHOT_BUILDER_FAILURES._value.get() == failures + 1
     assert writer._process is None  # the next snapshot starts a fresh process
+
+
+def test_a_builder_that_takes_no_request_fails_the_build_within_its_bound():
+    """A builder wedged on an earlier request (here stopped) leaves a request of megabytes unread
+    once the pipe is full: the thread gives up at the build's deadline and builds it itself."""
+    wedged = BuilderProcess()
+    os.kill(wedged._process.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(BuilderFailed, match="did not take its request in time"):
+            wedged._send(bytes(4 << 20), deadline=time.monotonic() + 0.5)
+    finally:
+        wedged._process.kill()
+        wedged._process.wait()
 
 
 def test_the_snapshot_at_or_before_a_seq_is_the_newest_one_not_after_it(settings, topics):

@@ -8,6 +8,7 @@ hard way (close without a word) and start a new one from its checkpoints.
 
 from __future__ import annotations
 
+import socket
 import sys
 import threading
 import time
@@ -26,6 +27,7 @@ from antdt.worker import Agent
 from antdt.worker.agent import EXIT_STATE_LOST
 from antdt.worker.example import SyntheticClassification, evaluate, make_model
 from antdt.worker.ledger import read_ledgers
+from antdt.worker.ps import server as server_module
 from antdt.worker.ps.checkpoints import CheckpointStore
 from antdt.worker.ps.client import read_parameters
 from antdt.worker.ps.job import ParameterServerJob
@@ -268,6 +270,17 @@ def test_a_shard_told_to_restart_leaves_with_a_checkpoint_and_its_replacement_ca
     assert first.exit.code == EXIT_RESTART and first.state is ServerState.LEAVING
     assert replacement["server"].state is ServerState.SERVING
     check_exactly_once(settings, tmp_path, 1)
+
+
+def test_a_connection_that_carries_no_request_is_closed_at_its_bound(
+    settings, topics, tmp_path, monkeypatch
+):
+    """A worker's host gone without closing its connection leaves no server thread waiting on it
+    for good (the worker itself reconnects at its next request)."""
+    monkeypatch.setattr(server_module, "IDLE_CONNECTION_S", 0.5)
+    with _closing(server(settings, tmp_path)) as shard:
+        with socket.create_connection(("localhost", shard.port), timeout=30) as idle:
+            assert idle.recv(1) == b""  # closed by the shard, long before this end's 30 s
 
 
 def test_a_gradient_computed_too_long_ago_is_refused_and_recomputed(settings, topics, tmp_path):
