@@ -29,7 +29,7 @@ from pathlib import Path
 
 from antdt.demo.chaos import Chaos, Injection
 from antdt.demo.evaluation import Evaluator, from_file, from_servers
-from antdt.demo.handshake import done_file, give_start, ready_file
+from antdt.demo.handshake import READY_WITHIN_S, done_file, give_start, ready_file
 from antdt.demo.phases import read_phase
 from antdt.demo.placement import Move, Placement
 from antdt.demo.plans import RunPlan
@@ -150,7 +150,7 @@ def run_plan(
         _wait_for(
             lambda: all(ready_file(handshake, r).exists() for r in range(len(names))),
             pool,
-            180.0,
+            READY_WITHIN_S,
             "workers ready",
         )
         start = time.time()
