@@ -37,6 +37,8 @@ from antdt.embedded.scram import (
 )
 
 log = logging.getLogger(__name__)
+#: How long a connection may take to log in (each of its reads and writes until then).
+LOGIN_WITHIN_S = 30.0
 
 
 def failure_message(mechanism: str) -> str:
@@ -96,7 +98,7 @@ class SaslFront:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((self.host, self.port))
         listener.listen(128)
-        self._listener = listener
+        self._listener, self.port = listener, listener.getsockname()[1]  # port 0: the one chosen
         return self
 
     def serve_in_background(self) -> SaslFront:
@@ -135,8 +137,11 @@ class SaslFront:
         upstream = None
         try:
             upstream = self._track(socket.create_connection(self.upstream, timeout=5))
-            upstream.settimeout(None)
+            for sock in (client, upstream):  # a client that never logs in holds no thread
+                sock.settimeout(LOGIN_WITHIN_S)
             if _Login(self, client, upstream).run():
+                for sock in (client, upstream):  # a logged-in connection lasts as its client wants
+                    sock.settimeout(None)
                 _relay(client, upstream)
         except (OSError, wire.WireError) as exc:
             log.debug("connection ended: %s", exc)
