@@ -19,6 +19,8 @@ the agent's sync wait.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,12 +31,19 @@ if TYPE_CHECKING:
     from antdt.worker.agent import Agent
 
 
-def book_as_sync_wait(owner: object, name: str, agent: Agent, device: torch.device) -> bool:
+def book_as_sync_wait(
+    owner: object,
+    name: str,
+    agent: Agent,
+    device: torch.device,
+    watched: Callable[[], AbstractContextManager] = nullcontext,
+) -> bool:
     """From now on ``owner.name(...)`` is booked as ``agent``'s sync wait; returns whether
     ``owner`` has that method (a framework version without it runs no such collective).
 
     On a CUDA ``device`` the queued work is finished before the call (compute) and after it (the
-    collective's own wait, queued by NCCL). Installing it again replaces the earlier wrapper.
+    collective's own wait, queued by NCCL). ``watched``: the bound on its wait where no step's
+    watch covers it (a job's ``_watched``). Installing it again replaces the earlier wrapper.
     """
     method = getattr(type(owner), name, None)
     if method is None:
@@ -46,7 +55,7 @@ def book_as_sync_wait(owner: object, name: str, agent: Agent, device: torch.devi
     def booked(*args, **kwargs):
         if cuda:
             settle_device(device.index)
-        with agent.sync_wait(settle=False):
+        with agent.sync_wait(settle=False), watched():
             result = bound(*args, **kwargs)
             if cuda:
                 settle_device(device.index)

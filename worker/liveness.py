@@ -11,8 +11,11 @@ store every ``interval_s`` and reads every rank's counter back: two round
 trips to the store, whatever the world size. The training
 thread never touches the store: it reads the thread's last snapshot, so a
 store whose host is stopped cannot hang it either (the snapshot just grows
-old, which counts as every peer silent). Counters, not clocks: hosts' clocks
-may differ, a counter that moved did move.
+old, which counts as every peer silent). A watchdog's checks run on a thread
+of their own for the same reason: the heartbeat thread waits on the store
+(up to the process group's timeout), and a stalled store must not silence
+the watchdog that would notice it. Counters, not clocks: hosts' clocks may
+differ, a counter that moved did move.
 """
 
 from __future__ import annotations
@@ -91,6 +94,9 @@ class PeerLiveness:
         self._listeners: list[Callable[[PeerLiveness], None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="antdt-liveness", daemon=True)
+        self._checks = threading.Thread(
+            target=self._check_every_interval, name="antdt-liveness-checks", daemon=True
+        )
 
     @classmethod
     def of_default_group(cls, interval_s: float = 0.5) -> PeerLiveness | None:
@@ -112,13 +118,15 @@ class PeerLiveness:
             self.store.add(key, 0)
         self._beat()
         self._thread.start()
+        self._checks.start()
         return self
 
     def latest(self) -> Beats:
         return self._latest
 
-    def on_beat(self, listener: Callable[[PeerLiveness], None]) -> None:
-        """Call ``listener(self)`` on the heartbeat thread after every beat (a watchdog's check)."""
+    def every_interval(self, listener: Callable[[PeerLiveness], None]) -> None:
+        """Call ``listener(self)`` every ``interval_s`` (a watchdog's check), whether or not the
+        store answers: on a thread that never waits on it."""
         self._listeners.append(listener)
 
     def silent_now(self) -> list[int]:
@@ -133,6 +141,9 @@ class PeerLiveness:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._beat()
+
+    def _check_every_interval(self) -> None:
+        while not self._stop.wait(self.interval_s):
             for listener in self._listeners:
                 listener(self)
 
@@ -149,4 +160,5 @@ class PeerLiveness:
 
     def close(self) -> None:
         self._stop.set()
+        self._checks.join(2 * self.interval_s + 1)
         self._thread.join(2 * self.interval_s + 1)

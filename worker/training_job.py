@@ -213,25 +213,31 @@ class TrainingJob:
         self.peers = PeerLiveness.of_default_group()
         if self.peers is not None:
             self.watch = StepWatch(self.peers, limit_s, self._end_hung)
+        elif self.world > 1:
+            log.warning(
+                "no store of the process group to beat in: waits on the other ranks are bounded "
+                "by the process group's timeout alone"
+            )
 
     @contextmanager
-    def _watched(self, what: str, cap_s: float | None = None) -> Iterator[None]:
-        """Waits on the other ranks in here bounded by the watch (:mod:`~antdt.worker.watchdog`);
-        ``cap_s``: how long live ranks are waited for, if not the watch's 300 s (``math.inf``
-        for the set-up, whose checkpoint load may be long)."""
-        if self.watch is None:
-            yield
-            return
-        self.watch.waiting(what, cap_s)
+    def watched(self, what: str, cap_s: float | None = None) -> Iterator[None]:
+        """Waits on the other ranks in here, outside antdt's steps (the set-up, a framework's own
+        collective between steps), bounded as a step's (:mod:`~antdt.worker.watchdog`): a rank
+        that stopped beating ends them past the limit, a live one is waited for up to ``cap_s``
+        (the watch's 300 s; ``math.inf`` for the set-up, whose checkpoint load may be long).
+        Inside a watched step or section, that one's wait goes on (a framework's checkpoint in
+        the set-up, say). With one process, or no store to beat in, nothing is watched."""
+        began = self.watch is not None and self.watch.waiting(what, cap_s)
         try:
             yield
         finally:
-            self.watch.done()
+            if began:
+                self.watch.done()
 
     def _set_up(self, run: Callable[[], T]) -> T:
         """A collective of the set-up, which holds every rank alike: watched, with no cap on
         live ranks (a large checkpoint's load), a broken group ending the process."""
-        with self.agent.sync_wait(), self._watched("set-up", cap_s=math.inf):
+        with self.agent.sync_wait(), self.watched("set-up", cap_s=math.inf):
             return self._collective(run)
 
     def _end_hung(self, reason: str) -> None:

@@ -4,9 +4,9 @@ DDP waits for its bucket all-reduces inside ``loss.backward()``, bounded
 only by the process group's timeout (30 minutes by default): a peer that is
 SIGSTOPped or wedged there would hold every other rank that long. A
 :class:`StepWatch` is told when this rank starts waiting on its peers in a
-step and when the step is over; on the heartbeat thread
-(:class:`~antdt.worker.liveness.PeerLiveness`) it checks, after every beat,
-the rule of every bounded wait on peers
+step (or in a set-up, a checkpoint) and when that is over; every heartbeat
+interval, on a thread of :class:`~antdt.worker.liveness.PeerLiveness` that
+never waits on the store, it checks the rule of every bounded wait on peers
 (:func:`~antdt.worker.liveness.hang_verdict`, which
 :func:`~antdt.worker.ddp.wait_within` applies to the waits antdt makes
 itself): past the step-sized limit a wait goes on while every rank beats (a
@@ -42,15 +42,18 @@ class StepWatch:
         self._what = ""
         self._cap_s = cap_s  # the cap of the wait under way
         self._warned_at = 0.0
-        peers.on_beat(self._check)
+        peers.every_interval(self._check)
 
-    def waiting(self, what: str, cap_s: float | None = None) -> None:
-        """This rank waits on its peers from now (a no-op if it already does this step);
-        ``cap_s``: this wait's cap on live ranks, if not the watch's (``math.inf``: only a rank
-        that stopped beating ends it, a live one is waited for as the process group allows)."""
-        if self._since is None:
-            self._what, self._cap_s = what, self.cap_s if cap_s is None else cap_s
-            self._since = time.monotonic()
+    def waiting(self, what: str, cap_s: float | None = None) -> bool:
+        """This rank waits on its peers from now; False (and nothing changed) if it already does,
+        in this step or the section around. ``cap_s``: this wait's cap on live ranks, if not the
+        watch's (``math.inf``: only a rank that stopped beating ends it, a live one is waited for
+        as the process group allows)."""
+        if self._since is not None:
+            return False
+        self._what, self._cap_s = what, self.cap_s if cap_s is None else cap_s
+        self._since = time.monotonic()
+        return True
 
     def done(self) -> None:
         self._since = None

@@ -155,7 +155,8 @@ class DrivenJob(ElasticJob):
     def state(self) -> dict:
         """antdt's state for a framework's checkpoint, the same on every rank (a collective: every
         rank saves at the same step)."""
-        version, extra = self._agreed_state()
+        with self.watched("a checkpoint's agreement"):  # after the step's end: not in its watch
+            version, extra = self._collective(self._agreed_state)
         return {"shard_version": version, "step": self.agent.step_count, **extra}
 
     def close(self, exc: BaseException | None = None) -> None:

@@ -563,6 +563,6 @@ class ElasticJob(TrainingJob):
     # ------------------------------------------------------------ the end
 
     def _finish(self) -> None:
-        with self._watched("the end's ledger sum"):
+        with self.watched("the end's ledger sum"):
             self._collective(self.counts.sum)
         self._write_ledger()

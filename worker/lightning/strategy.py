@@ -157,12 +157,24 @@ class AntdtStrategy(DDPStrategy):
             **self._job_options,
         )
         job = self.job.__enter__()
-        # rooted at rank 0 before every batch, it waits for the slowest rank: not compute
+        # rooted at rank 0 before every batch, it waits for the slowest rank: not compute; and
+        # before the step's watch begins, so bounded by a watch of its own
         book_as_sync_wait(
-            trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor", job.agent, self.root_device
+            trainer.fit_loop.epoch_loop,
+            "_broadcast_sigterm_tensor",
+            job.agent,
+            self.root_device,
+            lambda: job.watched("Lightning's SIGTERM broadcast"),
         )
-        # every rank waits for a checkpoint alike, as ElasticJob's own: not one rank's compute
-        book_as_sync_wait(trainer, "save_checkpoint", job.agent, self.root_device)
+        # every rank waits for a checkpoint alike, as ElasticJob's own: not one rank's compute;
+        # after the step's end (its barriers, antdt's agreement), watched as a step's
+        book_as_sync_wait(
+            trainer,
+            "save_checkpoint",
+            job.agent,
+            self.root_device,
+            lambda: job.watched("a Lightning checkpoint"),
+        )
         return job
 
     # ------------------------------------------------------------ the step

@@ -196,7 +196,7 @@ class PartialReduceJob(TrainingJob):
             done = self._collective(rounds.take)
             group = done.group
             if group.reason in WHOLE_GROUP_REASONS:
-                with self._watched(f"the {group.reason.value} group of every rank"):
+                with self.watched(f"the {group.reason.value} group of every rank"):
                     self._collective(lambda: self._whole_group(group))
             elif done.delta is not None:
                 self.averager.add(done.delta)
