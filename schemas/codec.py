@@ -27,6 +27,7 @@ import io
 import json
 import struct
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import orjson
 from fastavro import schemaless_reader, schemaless_writer
@@ -122,6 +123,23 @@ def _read_body(body: bytes, writer: SchemaVersion, reader: SchemaVersion) -> dic
     return record
 
 
+#: How long one request to the schema registry may take (the client's default is no bound: a
+#: registry that takes a connection and never answers would hold a service's loop for good).
+REGISTRY_TIMEOUT_S = 10.0
+
+
+def registry_client_conf(registry_url: str | None, overrides: dict | None = None) -> dict:
+    """The registry client's configuration: ``registry_url``, each request bounded, then
+    ``overrides``."""
+    return {"url": registry_url, "timeout": REGISTRY_TIMEOUT_S, **(overrides or {})}
+
+
+def shown_url(url: str) -> str:
+    """``url`` without any credentials in it, for a message."""
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
 class ConfluentCodec:
     """Confluent wire format through ``confluent_kafka.schema_registry``.
 
@@ -144,8 +162,9 @@ class ConfluentCodec:
         if client is None and registry_url is None:
             raise SchemaError("ConfluentCodec needs a registry URL or a registry client")
         self._store = store or default_store()
+        self.registry = shown_url(registry_url) if registry_url else "the registry client given"
         self.client = client or SchemaRegistryClient.new_client(
-            {"url": registry_url, **(registry_conf or {})}
+            registry_client_conf(registry_url, registry_conf)
         )
         self._serializers: dict[str, Any] = {}
         self._writers: dict[int, SchemaVersion] = {}
@@ -192,7 +211,9 @@ class ConfluentCodec:
         try:
             registered = self.client.get_schema(schema_id)
         except Exception as exc:
-            raise CodecError(f"schema id {schema_id} not found in the registry: {exc}") from None
+            raise CodecError(
+                f"schema id {schema_id} could not be read from {self.registry}: {exc}"
+            ) from None
         version = load_version(json.loads(registered.schema_str), current=False)
         self._writers[schema_id] = version
         return version

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 from datetime import datetime
 
 import avro.io
@@ -16,10 +17,12 @@ from hypothesis import strategies as st
 
 from antdt.errors import CodecError, UnknownSchemaError
 from antdt.schemas.codec import (
+    REGISTRY_TIMEOUT_S,
     SINGLE_OBJECT_MARKER,
     ConfluentCodec,
     SingleObjectCodec,
     make_codec,
+    registry_client_conf,
     to_avro_dict,
     to_json,
 )
@@ -194,3 +197,24 @@ def test_worker_metrics_round_trip_property(seq, steps, first, times, batch, gpu
     )
     message = type(message).model_validate(message.model_dump())
     assert SingleObjectCodec().decode(SingleObjectCodec().encode(message)) == message
+
+
+def test_every_registry_request_is_bounded_unless_told_otherwise():
+    conf = registry_client_conf("http://registry:8081")
+    assert conf == {"url": "http://registry:8081", "timeout": REGISTRY_TIMEOUT_S}
+    assert registry_client_conf("http://registry:8081", {"timeout": 2.5})["timeout"] == 2.5
+
+
+def test_a_registry_that_never_answers_fails_the_decode_naming_it_without_its_credentials():
+    """A registry that takes the connection and says nothing (a half-open connection, a stalled
+    proxy) ends the lookup at the request's bound (0.3 s here, no retries)."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        codec = ConfluentCodec(
+            f"http://user:secret@127.0.0.1:{port}", registry_conf={"timeout": 0.3, "max.retries": 0}
+        )
+        with pytest.raises(
+            CodecError, match=rf"could not be read from http://127.0.0.1:{port}"
+        ) as refused:
+            codec.decode(b"\x00\x00\x00\x00\x07" + b"\x02")
+    assert "secret" not in str(refused.value)
