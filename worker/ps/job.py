@@ -35,6 +35,7 @@ them. The process group torchrun sets up is not needed (nor used).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator, Sequence
 
@@ -47,6 +48,9 @@ from antdt.worker.training_job import TrainingJob, require_module_itself
 
 #: While the sharder says wait (others hold the epoch's last shards), how often to look again.
 WAIT_POLL_S = 0.05
+#: A batch refused as stale this many times in a row ends the job: this worker computes a batch
+#: slower than the servers' ``--max-staleness`` lets it, and would recompute it for ever.
+REFUSALS_IN_A_ROW = 100
 
 
 class ParameterServerJob(TrainingJob):
@@ -115,7 +119,13 @@ class ParameterServerJob(TrainingJob):
         again)."""
         while (batch := self._next_batch()) is not None:
             inputs, labels = self.agent.untag(batch)
-            while True:
+            for refusals in itertools.count():
+                if refusals == REFUSALS_IN_A_ROW:
+                    raise AntdtError(
+                        f"a batch was refused as stale {refusals} times in a row: this worker "
+                        "computes a batch while the servers take more updates than their "
+                        "--max-staleness allows (raise it, or leave it unset)"
+                    )
                 self.server.pull()
                 self.model.zero_grad(set_to_none=True)
                 yield inputs, labels

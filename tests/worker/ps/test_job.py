@@ -10,7 +10,7 @@ import torch
 
 from antdt.errors import AntdtError
 from antdt.worker.example import SyntheticClassification, make_model
-from antdt.worker.ps.job import ParameterServerJob, _addresses
+from antdt.worker.ps.job import REFUSALS_IN_A_ROW, ParameterServerJob, _addresses
 
 
 def test_without_servers_given_or_configured_it_says_how_to_give_them(monkeypatch):
@@ -76,3 +76,19 @@ def test_waiting_for_the_others_at_an_epoch_s_end_is_booked_as_synchronisation_n
     assert ParameterServerJob._next_batch(job) == "batch"
     record = agent.step(samples=32)
     assert record.sync_wait_s >= 4 * 0.05 > record.data_wait_s, record
+
+
+def test_a_batch_refused_as_stale_time_after_time_ends_the_job_naming_the_setting():
+    """A worker slower than the servers' --max-staleness would recompute its batch for ever."""
+    pushes = []
+    job = SimpleNamespace(
+        _next_batch=lambda: "batch",
+        agent=SimpleNamespace(untag=lambda batch: ("inputs", "labels")),
+        server=SimpleNamespace(pull=lambda: None, push=lambda: pushes.append(1) and False),
+        model=torch.nn.Linear(1, 1),
+        refused=0,
+    )
+    with pytest.raises(AntdtError, match=f"refused as stale {REFUSALS_IN_A_ROW} times in a row"):
+        for _ in ParameterServerJob.batches(job):
+            pass
+    assert len(pushes) == job.refused == REFUSALS_IN_A_ROW
