@@ -134,6 +134,8 @@ def _wait_created(name: str, future, timeout_s: float) -> None:
     try:
         future.result(timeout=timeout_s)
         log.info("created topic %s", name)
+    except TimeoutError:
+        raise BusError(f"topic {name} was not created within {timeout_s:g} s") from None
     except KafkaException as exc:
         error: KafkaError = exc.args[0]
         if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:

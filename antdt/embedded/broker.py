@@ -291,10 +291,6 @@ class EmbeddedBroker:
         """The broker process's id (for its CPU and memory), None before it starts."""
         return self._process.pid if self._process is not None else None
 
-    def wait(self) -> int:
-        """Block until the broker process exits; return its exit code."""
-        return self._process.wait() if self._process else 0
-
     def stop(self) -> None:
         """Stop the broker: SIGTERM, then SIGKILL after the grace period.
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from antdt.bus.admin import ensure_topics
+from antdt.bus.admin import _wait_created, ensure_topics
 from antdt.bus.clients import (
     consuming,
     drain,
@@ -165,6 +165,15 @@ def test_ensure_topics_creates_every_registry_topic_idempotently(settings):
     second = ensure_topics(make_admin(settings), settings)
     assert first == second
     assert first == {spec.full_name(settings.topic_prefix): spec.partitions for spec in TOPICS}
+
+
+def test_a_topic_whose_creation_is_not_answered_in_time_is_one_bus_error_naming_it():
+    class Unanswered:
+        def result(self, timeout):
+            raise TimeoutError
+
+    with pytest.raises(BusError, match="^topic t.x was not created within 2 s$"):
+        _wait_created("t.x", Unanswered(), 2.0)
 
 
 def test_keyed_reader_sees_only_its_key_in_order(settings, topics):
