@@ -26,6 +26,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient
 
+from antdt.bus.closing import BoundedConsumer
 from antdt.bus.config import (
     KAFKA_LOG,
     FetchPace,
@@ -222,7 +223,7 @@ def make_consumer(
     return (
         GuardedConsumer(conf)
         if settings.broker_profile is BrokerProfile.EMBEDDED
-        else Consumer(conf)
+        else BoundedConsumer(conf)
     )
 
 

@@ -26,7 +26,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaException, Message, TopicPartition
+
+from antdt.bus.closing import BoundedConsumer
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ class GapGuard:
             )
 
 
-class GuardedConsumer(Consumer):
+class GuardedConsumer(BoundedConsumer):
     """A consumer whose :func:`~antdt.bus.readers.poll_batch` reads through a :class:`GapGuard`.
 
     Its own repositions (assign, seek, a rebalance's assignment) reset the

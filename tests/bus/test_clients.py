@@ -13,6 +13,7 @@ from antdt.bus.clients import (
     drain,
     flush_or_raise,
     make_admin,
+    make_consumer,
     make_producer,
     producing,
 )
@@ -230,18 +231,20 @@ def test_a_group_that_never_committed_resumes_at_the_end_and_commits_it(settings
     assert resumed.offset == stored.offset == end > 0
 
 
-def test_a_commit_the_broker_cannot_take_fails_within_its_bound_and_names_it(own_bus):
+def test_a_commit_and_a_close_the_broker_cannot_take_end_within_their_bounds(own_bus):
     """A synchronous commit would wait for the group's coordinator for good (a rebalance callback
-    holding its service's loop); this one gives up at its bound."""
+    holding its service's loop), and so can librdkafka's close, for the commits still owed (a
+    service told to stop would hang at its exit): both give up at their bounds."""
     broker, settings = own_bus
     topic = topic_spec("worker", "metrics").full_name(settings.topic_prefix)
-    with consuming(settings, f"{settings.topic_prefix}.stranded") as consumer:
-        consumer.committed([TopicPartition(topic, 0)], timeout=10)  # the group's coordinator known
-        broker.stop()
-        began = time.monotonic()
-        with pytest.raises(BusError, match=rf"{topic}\[0\]@5 was not confirmed within 1 s"):
-            commit_within(consumer, [TopicPartition(topic, 0, 5)], timeout_s=1.0)
-        assert time.monotonic() - began < 10.0
+    consumer = make_consumer(settings, f"{settings.topic_prefix}.stranded")
+    consumer.committed([TopicPartition(topic, 0)], timeout=10)  # the group's coordinator known
+    broker.stop()
+    began = time.monotonic()
+    with pytest.raises(BusError, match=rf"{topic}\[0\]@5 was not confirmed within 1 s"):
+        commit_within(consumer, [TopicPartition(topic, 0, 5)], timeout_s=1.0)
+    consumer.close(timeout_s=1.0)
+    assert time.monotonic() - began < 10.0
 
 
 def test_producing_flushes_everything_on_exit(settings, topics):
