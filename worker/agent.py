@@ -368,6 +368,10 @@ class Agent:
             self._reporter.join(5)
         self._report()  # the last partial interval
         self.commit_trained()  # in the model already: before the shards are handed back
+        if self._shard_client is not None:
+            # LEFT hands the shards back on another topic: read after the commits, it could
+            # re-grant a shard to another worker before its last commit is recorded
+            self._shard_client.wait_until_read()
         self._lifecycle(LifecycleEvent.LEFT, exit_code=code, reason=reason)
         self._close_parts()
         if code == EXIT_EVICTED and self.spec.launch is not None:

@@ -123,6 +123,8 @@ class ShardClient(OwnKeyClient):
         self._settings = settings
         #: the partition and offset of the report the bus acknowledged last (in send order)
         self._last_delivered: TopicPartition | None = None
+        #: the last report the sharder is known to have read past, as (topic, partition, offset)
+        self._read_through: tuple[str, int, int] | None = None
 
     # ------------------------------------------------------------ sending
 
@@ -351,11 +353,12 @@ class ShardClient(OwnKeyClient):
                 self._after_bus_reset()
                 self._producer.flush(max(0.0, deadline - time.monotonic()))
                 last = self._last_delivered
-                if last is None:
+                if last is None or _place(last) == self._read_through:
                     return True
                 if reader is None:
                     reader = make_consumer(self._settings, group_id=self._settings.group("sharder"))
                 if self._read_past(reader, last):
+                    self._read_through = _place(last)  # asked again (at the close): known
                     return True
                 if time.monotonic() >= deadline:
                     log.warning(
@@ -496,3 +499,8 @@ class ShardClient(OwnKeyClient):
         """
         send_marker(self._producer, self._assignments_topic, self._key)
         self._producer.poll(0)
+
+
+def _place(report: TopicPartition) -> tuple[str, int, int]:
+    """Where a report lies in the log (TopicPartition's own equality ignores the offset)."""
+    return report.topic, report.partition, report.offset
