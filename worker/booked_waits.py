@@ -43,7 +43,7 @@ def book_as_sync_wait(
 
     On a CUDA ``device`` the queued work is finished before the call (compute) and after it (the
     collective's own wait, queued by NCCL). ``watched``: the bound on its wait where no step's
-    watch covers it (a job's ``_watched``). Installing it again replaces the earlier wrapper.
+    watch covers it (a job's ``watched``). Installing it again replaces the earlier wrapper.
     """
     method = getattr(type(owner), name, None)
     if method is None:
