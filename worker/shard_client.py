@@ -151,6 +151,7 @@ class ShardClient(OwnKeyClient):
             if answered:
                 with self._arrived:
                     self._wanted.add(seq)
+                    self._await_replies(True)
             self._produce(value)
             if kind is ProgressKind.COMMIT:
                 self._sent_commits.add(seq, value, epoch, fields["commits"])
@@ -428,13 +429,20 @@ class ShardClient(OwnKeyClient):
         with self._arrived:
             answer = self._answers.pop(seq, None)
             if answer is not None:
-                self._wanted.discard(seq)
+                self._unwant(seq)
             return answer
 
     def _forget(self, seq: int) -> None:
         with self._arrived:
-            self._wanted.discard(seq)
+            self._unwant(seq)
             self._answers.pop(seq, None)
+
+    def _unwant(self, seq: int) -> None:
+        """Nobody waits for ``seq``'s answer any more; the reader stops once nobody waits for any
+        (called under ``_arrived``)."""
+        self._wanted.discard(seq)
+        if not self._wanted:
+            self._await_replies(False)
 
     def _poll_or_wait(self, timeout_s: float) -> None:
         """Read answers for every waiter, or wait while another thread does."""

@@ -111,6 +111,7 @@ class GroupClient(OwnKeyClient):
         )
         value = self.codec.encode(event, self._ready_topic)
         self._last = (seq, value)
+        self._await_replies(True)
         self._send(value)
         return seq
 
@@ -131,6 +132,18 @@ class GroupClient(OwnKeyClient):
         ``stop`` is set: the job is closing). ``broken(waited_s)``: why the process group is
         broken (a rank stopped beating), asked as the wait goes on; a reason ends the wait with
         :class:`~antdt.worker.ddp.CollectiveTimeout`, which ends the rank for a restart."""
+        try:
+            return self._wait(seq, timeout_s, stop, broken)
+        finally:
+            self._await_replies(False)  # one announcement at a time: nothing awaited now
+
+    def _wait(
+        self,
+        seq: int,
+        timeout_s: float,
+        stop: threading.Event | None,
+        broken: Callable[[float], str | None] | None,
+    ) -> GroupFormed:
         began = time.monotonic()
         nudge_at, again_at = began + NUDGE_AFTER_S, began + ANNOUNCE_AGAIN_S
         while (now := time.monotonic()) - began < timeout_s:

@@ -20,6 +20,7 @@ from antdt.services.grouper.history import one_per_group, read_copies, summary
 from antdt.services.grouper.service import GrouperService
 from antdt.worker.ddp import CollectiveTimeout, broke_the_group
 from antdt.worker.preduce.client import GroupClient, NoGroup
+from tests.fetches import count_reply_fetches
 from tests.reliability.bus import dead_letters
 from tests.services.running import running_loop
 from tests.waiting import wait_until
@@ -182,3 +183,21 @@ def test_the_grouper_knows_its_bus_before_it_is_ready_so_a_restart_right_after_i
         wait_until(lambda: service._watch.generation == 1 and service._watch.restored == 1)
     finally:
         service.close()
+
+
+def test_a_group_reader_fetches_only_between_an_announcement_and_its_group(
+    settings, topics, monkeypatch
+):
+    """A rank waits for a group right after it announces, then trains a step: its reader, at the
+    5 ms low-latency wait, polled the broker 200 times a second through every step."""
+    counter = count_reply_fetches(monkeypatch)
+    config = GrouperConfig(group_size=2, deadline_s=0.2, checkpoint_every_s=0)
+    with running_loop(GrouperService(settings, config), "grouper"):
+        member = GroupClient(settings, "job-idle", "w0", "inc-0", 0, 1, 0)
+        idle_before = counter.during_idle(member._consumer)
+        # alone in its world: a group of one at the deadline; fetching again, and the group comes
+        group = member.wait(member.announce(0), 20.0)
+        idle_after = counter.during_idle(member._consumer)
+        member.close()
+    assert group.in_reply_to == 1 and group.members == ["w0"]
+    assert idle_before <= 1 and idle_after <= 1, (idle_before, idle_after)
