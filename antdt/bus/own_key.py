@@ -61,6 +61,8 @@ class OwnKeyClient:
         # after a bus reset, replies come from offset 0 again, and requests go out at once
         self._rewinder = Rewinder(self._consumer, self._watch)
         self._watch.keep_fresh(self._producer)
+        # asked once: librdkafka answers assignment() from its main thread, without a bound
+        self._replies = self._consumer.assignment()
         self._await_replies(False)
 
     def _await_replies(self, awaited: bool) -> None:
@@ -68,11 +70,10 @@ class OwnKeyClient:
         awaited replies changes, under the lock that guards that count, so that the last call wins
         (librdkafka only queues the change: it never blocks). A paused partition resumes at the
         first record not yet polled; a bus reset's fresh assignment fetches until the next call."""
-        partitions = self._consumer.assignment()
         if awaited:
-            self._consumer.resume(partitions)
+            self._consumer.resume(self._replies)
         else:
-            self._consumer.pause(partitions)
+            self._consumer.pause(self._replies)
 
     def close(self) -> None:
         self._watch.forget(self._producer)
