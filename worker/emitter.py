@@ -70,7 +70,6 @@ class EventEmitter:
             client_id=self._client_id,
             **{
                 "queue.buffering.max.messages": self.capacity,
-                "message.timeout.ms": 30_000,
                 "linger.ms": 5,
             },
         )

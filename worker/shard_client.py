@@ -29,7 +29,7 @@ from collections import deque
 from confluent_kafka import KafkaException, TopicPartition
 
 from antdt.bus.clients import make_consumer
-from antdt.bus.config import FetchPace
+from antdt.bus.config import DELIVERY_BOUND_S, FetchPace
 from antdt.bus.markers import marker_id, send_marker
 from antdt.bus.own_key import OwnKeyClient
 from antdt.bus.readers import decode_addressed, poll_batch
@@ -300,11 +300,12 @@ class ShardClient(OwnKeyClient):
         """Restore the job's shard state to ``version`` (after restoring the model checkpoint)."""
         return self.wait_answer(self.send(ProgressKind.REWIND, epoch, version=version), timeout_s)
 
-    def flush(self, timeout_s: float = 10.0) -> None:
+    def flush(self, timeout_s: float = DELIVERY_BOUND_S) -> None:
         """Wait until every report sent so far is on the bus (before a checkpoint version is asked).
 
         BusError if one is still waiting after ``timeout_s`` or was dropped
-        since the last flush: a version asked for now might not cover it.
+        since the last flush: a version asked for now might not cover it. By
+        default it waits until librdkafka has reported each one's fate.
         """
         remaining = self._producer.undelivered_after_flush(timeout_s)
         with self._failed_lock:

@@ -38,6 +38,14 @@ EMBEDDED_LOW_LATENCY = {"fetch.wait.max.ms": 5}
 #: clock anyway (control changes, a worker's commands): each idle consumer costs
 #: the embedded broker about 1 % of a core here, 3-5 % at the waits above.
 EMBEDDED_BACKGROUND = {"fetch.wait.max.ms": 100}
+#: How long librdkafka tries to deliver a record before it reports it failed (every producer's).
+MESSAGE_TIMEOUT_MS = 30_000
+#: By then every record handed to a producer has been reported delivered or failed: the message
+#: timeout, and librdkafka's once-a-second scan for records past it, with a second to spare. A
+#: flush that must know each record's fate waits this long; a shorter one took a stall the bus
+#: rides out (a Kafka leader election, a starved broker: one commit unacknowledged for 10 s in a
+#: CI run) for a lost record.
+DELIVERY_BOUND_S = MESSAGE_TIMEOUT_MS / 1000 + 2.0
 
 
 class FetchPace(str, Enum):
@@ -113,7 +121,7 @@ def producer_config(settings: Settings, client_id: str | None = None) -> dict[st
         "enable.idempotence": True,
         "allow.auto.create.topics": False,
         "linger.ms": 2 if embedded else 5,
-        "message.timeout.ms": 30000,
+        "message.timeout.ms": MESSAGE_TIMEOUT_MS,
         **(EMBEDDED_PRODUCER if embedded else {}),
     }
 
