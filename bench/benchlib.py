@@ -41,6 +41,12 @@ def distribution(values: list[float], digits: int = 3) -> dict[str, float]:
     }
 
 
+def cpu_seconds(process) -> float:
+    """User and system CPU seconds of a ``psutil.Process`` so far."""
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 def spread(values: list[float], digits: int = 3) -> dict[str, float]:
     """Median, min and max of repeated runs' figures (the house rule for anything timed)."""
     return {
@@ -121,10 +127,9 @@ class Bus:
         root = psutil.Process(self.process.pid)
         for process in [root, *root.children(recursive=True)]:
             try:
-                times = process.cpu_times()
+                total += cpu_seconds(process)
             except psutil.NoSuchProcess:
                 continue
-            total += times.user + times.system
         return total
 
 

@@ -20,15 +20,10 @@ import threading
 import time
 
 import psutil
-from benchlib import distribution, embedded_broker, emit, fresh_settings, numbers
+from benchlib import cpu_seconds, distribution, embedded_broker, emit, fresh_settings, numbers
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
 from antdt.topics import topic_spec
-
-
-def cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
 
 
 def poll_until(reader: Consumer, stop: threading.Event) -> None:

@@ -23,16 +23,11 @@ from __future__ import annotations
 import time
 
 import psutil
-from benchlib import bench_parser, embedded_broker, emit, numbers, spread
+from benchlib import bench_parser, cpu_seconds, embedded_broker, emit, numbers, spread
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 TOPIC = "log-bench"
-
-
-def broker_cpu_s(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
 
 
 def fill(producer: Producer, upto: int, produced: int) -> int:
@@ -51,14 +46,14 @@ def cpu_per_fetch_ms(consumer: Consumer, broker: psutil.Process, fetches: int) -
     last = TopicPartition(TOPIC, 0, high - 1)
     consumer.assign([last])
     consumer.poll(10)
-    began, got = broker_cpu_s(broker), 0
+    began, got = cpu_seconds(broker), 0
     for _ in range(fetches):
         consumer.seek(last)
         message = consumer.poll(10)
         got += message is not None and message.error() is None
     if got < fetches:
         raise RuntimeError(f"only {got} of {fetches} fetches returned the record")
-    return 1000 * (broker_cpu_s(broker) - began) / fetches
+    return 1000 * (cpu_seconds(broker) - began) / fetches
 
 
 def delete_records(admin: AdminClient, offset: int) -> str:

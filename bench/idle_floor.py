@@ -20,16 +20,11 @@ import time
 from pathlib import Path
 
 import psutil
-from benchlib import antdt_up, bench_parser, emit, spread
+from benchlib import antdt_up, bench_parser, cpu_seconds, emit, spread
 
 SERVICES = ("monitor", "sharder", "controller")
 #: After a stop or a continue, before the window: the clients' requests in flight are answered.
 SETTLE_S = 3.0
-
-
-def cpu_s(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
 
 
 def processes(root: psutil.Process) -> dict[str, psutil.Process]:
@@ -37,7 +32,7 @@ def processes(root: psutil.Process) -> dict[str, psutil.Process]:
     found = {}
     for child in root.children(recursive=True):
         argv = child.cmdline()
-        if any("tansu" in part for part in argv[:1]):
+        if argv and "tansu" in argv[0]:
             found["broker"] = child
         for service in SERVICES:
             if service in argv and "antdt.cli.main" in argv:
@@ -46,10 +41,11 @@ def processes(root: psutil.Process) -> dict[str, psutil.Process]:
 
 
 def percent_over(measured: dict[str, psutil.Process], window_s: float) -> dict[str, float]:
-    before = {name: cpu_s(process) for name, process in measured.items()}
+    before = {name: cpu_seconds(process) for name, process in measured.items()}
     time.sleep(window_s)
     return {
-        name: 100 * (cpu_s(process) - before[name]) / window_s for name, process in measured.items()
+        name: 100 * (cpu_seconds(process) - before[name]) / window_s
+        for name, process in measured.items()
     }
 
 

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import psutil
 from benchlib import (
+    cpu_seconds,
     distribution,
     embedded_broker,
     emit,
@@ -82,7 +83,7 @@ class Probe:
         self.settings, self.processes = settings, processes
         self.lag: dict[str, list[tuple[float, int]]] = {name: [] for name in GROUPS}
         self.rss: dict[str, int] = {name: 0 for name in processes}
-        self.cpu_start = {name: self._cpu(p) for name, p in processes.items()}
+        self.cpu_start = {name: cpu_seconds(p) for name, p in processes.items()}
         self.began = time.monotonic()
         self._stop = threading.Event()
         self._readers = {
@@ -90,11 +91,6 @@ class Probe:
             for name, (group, _) in GROUPS.items()
         }
         self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    @staticmethod
-    def _cpu(process: psutil.Process) -> float:
-        times = process.cpu_times()
-        return times.user + times.system
 
     def __enter__(self) -> Probe:
         self._thread.start()
@@ -105,7 +101,7 @@ class Probe:
         self._thread.join(timeout=10)
         self.wall = time.monotonic() - self.began
         self.cpu_percent = {
-            name: round(100 * (self._cpu(p) - self.cpu_start[name]) / self.wall, 1)
+            name: round(100 * (cpu_seconds(p) - self.cpu_start[name]) / self.wall, 1)
             for name, p in self.processes.items()
         }
         for reader in self._readers.values():

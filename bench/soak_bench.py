@@ -56,7 +56,7 @@ import time
 from pathlib import Path
 
 import psutil
-from benchlib import antdt_up, distribution, emit
+from benchlib import antdt_up, cpu_seconds, distribution, emit
 from confluent_kafka import KafkaException, TopicPartition
 from scale_bench import GROUPS
 from soak_grants import onsets_by_roll, rolls_held, tail
@@ -97,11 +97,6 @@ def processes(up: psutil.Process, required: bool = True) -> dict[str, psutil.Pro
     if missing and required:
         raise RuntimeError(f"antdt up's children lack {', '.join(sorted(missing))}")
     return found
-
-
-def cpu_s(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
 
 
 def lag(settings) -> dict[str, int | None]:
@@ -166,7 +161,7 @@ class Usage:
         fresh = self.procs | processes(self.up, required=False) | {"loadgen": self.own}
         for name, process in fresh.items():
             try:
-                self.cpu[process.pid] = (name, cpu_s(process))
+                self.cpu[process.pid] = (name, cpu_seconds(process))
             except psutil.Error:  # gone between the listing and the look
                 continue
         self.procs = fresh
