@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from antdt.embedded.broker import DEFAULT_PORT, EmbeddedBroker, parse_user
+from antdt.embedded.broker import DEFAULT_PORT, RUNTIME_THREADS, EmbeddedBroker, parse_user
 from antdt.errors import BrokerError
 from antdt.runtime.shutdown import stop_on_signals
 
@@ -19,12 +19,20 @@ def broker(
     users: list[str] = typer.Option(
         [], "--user", metavar="NAME:PASSWORD", help="A SCRAM user (repeatable)."
     ),
+    threads: int = typer.Option(
+        RUNTIME_THREADS,
+        "--threads",
+        min=1,
+        help="The broker's runtime threads (more cost more CPU on a small machine).",
+    ),
 ) -> None:
     """Run the embedded broker (Tansu, in memory) until Ctrl-C or SIGTERM."""
     accounts = _accounts(users)
     with (
         stop_on_signals() as stop,
-        EmbeddedBroker(port=port, authentication=authentication, users=accounts) as running,
+        EmbeddedBroker(
+            port=port, authentication=authentication, users=accounts, threads=threads
+        ) as running,
     ):
         typer.echo(f"embedded broker ready in {running.ready_after_s:.3f} s")
         typer.echo(f"bootstrap servers: {running.bootstrap_servers}")

@@ -35,6 +35,7 @@ def test_help_lists_the_commands(capsys):
         (["broker", "--port", "abc"], "Invalid value for '--port'"),
         (["broker", "--port", "0"], "greater than or equal to 1"),
         (["broker", "--bogus"], "No such option: --bogus"),
+        (["broker", "--threads", "0"], "Invalid value for '--threads'"),
         (["nope"], "No such command 'nope'"),
         (["ps", "--shard", "2", "--shards", "2"], "shard 2 of 2: shards are numbered from 0"),
         (["ps", "--max-staleness", "-1"], "--max-staleness"),

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
-from antdt.embedded.broker import EmbeddedBroker, answers_metadata, free_port
+from antdt.embedded.broker import RUNTIME_THREADS, EmbeddedBroker, answers_metadata, free_port
 from antdt.errors import BrokerError
 
 
@@ -17,6 +18,21 @@ def test_starts_answers_metadata_and_stops():
         assert broker.ready_after_s is not None and broker.ready_after_s < broker.start_timeout_s
     assert not broker.is_running()
     assert not answers_metadata(broker.bootstrap_servers, timeout_s=0.3)
+
+
+def runtime_threads(broker: EmbeddedBroker) -> str:
+    """What the broker process was told its runtime's thread count is (tokio reads it at start)."""
+    environ = Path(f"/proc/{broker.pid}/environ").read_bytes().split(b"\0")
+    return dict(entry.decode().partition("=")[::2] for entry in environ)["TOKIO_WORKER_THREADS"]
+
+
+def test_the_runtime_gets_the_threads_asked_for_and_one_unless_told():
+    """Tokio's default (a thread per core) cost more broker CPU here, idle and under load."""
+    with EmbeddedBroker() as default, EmbeddedBroker(threads=3) as three:
+        assert runtime_threads(default) == str(RUNTIME_THREADS) == "1"
+        assert runtime_threads(three) == "3"
+    with pytest.raises(BrokerError, match="at least one runtime thread, got 0"):
+        EmbeddedBroker(threads=0)
 
 
 def test_port_in_use_is_a_clear_error():
