@@ -41,10 +41,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9092
 LOOPBACK = "127.0.0.1"
-#: The broker's async runtime (tokio) threads. Tokio's default, one per core, cost more on the
-#: 2-core machine, idle and loaded (docs/embedded-broker.md): its in-memory storage serves one
-#: request at a time anyway, and every further thread only adds wake-ups. One thread served 1,000
-#: simulated workers at 67 % of a core, where two took 85 %.
+#: The broker's async runtime (tokio) threads. Tokio's default, one per core, cost more CPU on the
+#: 2-core machine, idle and loaded, without serving more (docs/embedded-broker.md): one thread
+#: served 1,000 simulated workers at 67 % of a core, where two took 85 %.
 RUNTIME_THREADS = 1
 _QUIET = logging.getLogger("antdt.embedded.broker.probe")
 _QUIET.addHandler(logging.NullHandler())
