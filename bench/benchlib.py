@@ -47,6 +47,33 @@ def cpu_seconds(process) -> float:
     return times.user + times.system
 
 
+#: The services ``antdt up`` starts for every policy.
+UP_SERVICES = ("monitor", "sharder", "controller")
+
+
+def up_processes(up, required: bool = True) -> dict:
+    """``antdt up``'s broker and services (``psutil.Process`` each) by name, from their command
+    lines; a missing one is an error if ``required`` (during a roll the broker is briefly not
+    there)."""
+    import psutil
+
+    found = {}
+    for child in up.children(recursive=True):
+        try:
+            command = " ".join(child.cmdline())
+        except psutil.Error:  # gone, or a rolled broker not reaped yet (a zombie)
+            continue
+        if "tansu" in command:
+            found["broker"] = child
+        for name in UP_SERVICES:
+            if f"antdt.cli.main {name}" in command or command.endswith(f"antdt {name}"):
+                found[name] = child
+    missing = {"broker", *UP_SERVICES} - set(found)
+    if missing and required:
+        raise RuntimeError(f"antdt up's children lack {', '.join(sorted(missing))}")
+    return found
+
+
 def spread(values: list[float], digits: int = 3) -> dict[str, float]:
     """Median, min and max of repeated runs' figures (the house rule for anything timed)."""
     return {

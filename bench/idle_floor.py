@@ -20,24 +20,10 @@ import time
 from pathlib import Path
 
 import psutil
-from benchlib import antdt_up, bench_parser, cpu_seconds, emit, spread
+from benchlib import UP_SERVICES, antdt_up, bench_parser, cpu_seconds, emit, spread, up_processes
 
-SERVICES = ("monitor", "sharder", "controller")
 #: After a stop or a continue, before the window: the clients' requests in flight are answered.
 SETTLE_S = 3.0
-
-
-def processes(root: psutil.Process) -> dict[str, psutil.Process]:
-    """``antdt up``'s children by what they are: the broker, each service."""
-    found = {}
-    for child in root.children(recursive=True):
-        argv = child.cmdline()
-        if argv and "tansu" in argv[0]:
-            found["broker"] = child
-        for service in SERVICES:
-            if service in argv and "antdt.cli.main" in argv:
-                found[service] = child
-    return found
 
 
 def percent_over(measured: dict[str, psutil.Process], window_s: float) -> dict[str, float]:
@@ -76,8 +62,8 @@ def main() -> int:
         tempfile.TemporaryDirectory() as logs,
         antdt_up(Path(logs), ["--policy", args.policy]) as bus,
     ):
-        found = processes(psutil.Process(bus.process.pid))
-        missing = {"broker", *SERVICES} - set(found)
+        found = up_processes(psutil.Process(bus.process.pid), required=False)
+        missing = {"broker", *UP_SERVICES} - set(found)
         if missing:
             print(f"idle_floor: no {', '.join(sorted(missing))} under antdt up", flush=True)
             return 1
@@ -85,7 +71,7 @@ def main() -> int:
         for _ in range(args.repeat):
             for name, value in percent_over(found, args.window_s).items():
                 idle.setdefault(name, []).append(value)
-            for stopped in [(service,) for service in SERVICES] + [SERVICES]:
+            for stopped in [(service,) for service in UP_SERVICES] + [UP_SERVICES]:
                 share = broker_with_stopped(found, stopped, args.window_s)
                 broker_with.setdefault("+".join(stopped), []).append(share)
     broker = idle["broker"]

@@ -56,7 +56,7 @@ import time
 from pathlib import Path
 
 import psutil
-from benchlib import antdt_up, cpu_seconds, distribution, emit
+from benchlib import UP_SERVICES, antdt_up, cpu_seconds, distribution, emit, up_processes
 from confluent_kafka import KafkaException, TopicPartition
 from scale_bench import GROUPS
 from soak_grants import onsets_by_roll, rolls_held, tail
@@ -68,7 +68,6 @@ from antdt.loadgen.fleet import FleetSpec
 from antdt.settings import load_settings
 from antdt.topics import topic_spec
 
-SERVICES = ("monitor", "sharder", "controller")
 FLAT = 0.20  # within 20 % of the baseline
 GRANT_FLOOR_MS, CPU_FLOOR = 5.0, 5.0
 RSS_BOUND = 1.5
@@ -77,26 +76,6 @@ REQUEST_TIMEOUT_MS = 10_000.0
 #: A lag read that a roll interrupted is tried again this many times, this far apart.
 LAG_TRIES, LAG_PAUSE_S = 3, 2.0
 LOOK_EVERY_S = 2.0  # how often the processes' CPU is read (a rolled broker's last 2 s are lost)
-
-
-def processes(up: psutil.Process, required: bool = True) -> dict[str, psutil.Process]:
-    """``antdt up``'s broker and services by name (from their command lines); a missing one is an
-    error if ``required`` (at start; during a roll the broker is briefly not there)."""
-    found = {}
-    for child in up.children(recursive=True):
-        try:
-            command = " ".join(child.cmdline())
-        except psutil.Error:  # gone, or a rolled broker not reaped yet (a zombie)
-            continue
-        if "tansu" in command:
-            found["broker"] = child
-        for name in SERVICES:
-            if f"antdt.cli.main {name}" in command or command.endswith(f"antdt {name}"):
-                found[name] = child
-    missing = {"broker", *SERVICES} - set(found)
-    if missing and required:
-        raise RuntimeError(f"antdt up's children lack {', '.join(sorted(missing))}")
-    return found
 
 
 def lag(settings) -> dict[str, int | None]:
@@ -151,14 +130,14 @@ class Usage:
 
     def __init__(self, up: psutil.Process, own: psutil.Process) -> None:
         self.up, self.own = up, own
-        self.procs = processes(up)  # by name, as of the last look
+        self.procs = up_processes(up)  # by name, as of the last look
         self.cpu: dict[int, tuple[str, float]] = {}  # pid -> (name, CPU seconds at its last look)
         self.brokers: set[int] = set()
         self.look()
 
     def look(self) -> None:
         # a process not found now (the broker in the middle of a roll) stays as last seen
-        fresh = self.procs | processes(self.up, required=False) | {"loadgen": self.own}
+        fresh = self.procs | up_processes(self.up, required=False) | {"loadgen": self.own}
         for name, process in fresh.items():
             try:
                 self.cpu[process.pid] = (name, cpu_seconds(process))
@@ -264,7 +243,7 @@ def write_grants(grants: list, path: Path) -> None:
 
 def bus_cpu(sample: dict) -> float:
     """The broker's and the services' CPU in a minute, percent of one core."""
-    return sum(sample["cpu_percent"][k] for k in ("broker", *SERVICES))
+    return sum(sample["cpu_percent"][k] for k in ("broker", *UP_SERVICES))
 
 
 def windows(samples: list[dict], seen, size: int) -> list[dict]:
@@ -329,7 +308,7 @@ def verdict(samples: list[dict], spans: list[dict], baseline: int) -> list[str]:
     for s in samples:
         if s["grant_ms"].get("p99", float("inf")) > REQUEST_TIMEOUT_MS:
             problems.append(f"minute {s['minute']}: grant p99 {s['grant_ms'].get('p99')} ms")
-    for name in ("broker", *SERVICES):
+    for name in ("broker", *UP_SERVICES):
         top = max(s["rss_mb"][name] for s in samples[:baseline])
         if samples[-1]["rss_mb"][name] > RSS_BOUND * top:
             problems.append(f"{name} RSS {samples[-1]['rss_mb'][name]} MB > {RSS_BOUND}x {top} MB")
