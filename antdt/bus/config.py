@@ -31,8 +31,9 @@ EMBEDDED_CONSUMER = {
     "fetch.wait.max.ms": 25,
 }
 #: For the few consumers on a request/reply path whose caller waits on the
-#: answer (group formation, a parameter server's log) on the embedded broker:
-#: ~4 ms per hop, at 200 idle fetches/s.
+#: answer (a parameter server's log, the sharder's recovery) on the embedded
+#: broker: ~4 ms per hop, at 200 idle fetches/s. Partial reduce's groups left
+#: it: its ranks train on while a group forms (worker/preduce/rounds.py).
 EMBEDDED_LOW_LATENCY = {"fetch.wait.max.ms": 5}
 #: For followers of topics that change rarely or whose reader acts on a slower
 #: clock anyway (control changes, a worker's commands): each idle consumer costs
