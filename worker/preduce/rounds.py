@@ -2,7 +2,8 @@
 
 Waiting for the group after every step puts the grouper's round trip
 through the bus (announce, the grouper's answer: about 14 ms on the
-embedded broker, which wakes no waiting fetch) and the exchange itself on
+embedded broker, which wakes no waiting fetch, at 5 ms fetch waits; more at
+the 25 ms the readers wait now) and the exchange itself on
 the critical path of every step: a 2 ms step took 16 ms, and a straggler's
 partner waited out the grouper's deadline each step.
 
