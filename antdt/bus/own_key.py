@@ -46,7 +46,7 @@ class OwnKeyClient:
         replies_topic: str,
         client_id: str,
         codec: Codec | None = None,
-        pace: FetchPace = FetchPace.STEADY,
+        pace: FetchPace = FetchPace.LOW_LATENCY,
         replies_collected_late: bool = False,
     ):
         """``replies_collected_late``: replies are asked for ahead of need and read when needed,
