@@ -36,9 +36,13 @@ EMBEDDED_CONSUMER = {
 #: it: its ranks train on while a group forms (worker/preduce/rounds.py).
 EMBEDDED_LOW_LATENCY = {"fetch.wait.max.ms": 5}
 #: For followers of topics that change rarely or whose reader acts on a slower
-#: clock anyway (control changes, a worker's commands): each idle consumer costs
-#: the embedded broker about 1 % of a core here, 3-5 % at the waits above.
-EMBEDDED_BACKGROUND = {"fetch.wait.max.ms": 100}
+#: clock anyway (control changes, a worker's commands, the monitor's reports, the
+#: controller's verdicts). Five idle consumers cost the embedded broker 2.7 % of a
+#: core at 100 ms and 1.2-1.5 % at 250 ms, and a record written just after a fetch
+#: began was read 38 / 114 ms later (bench/broker_fetch_bench.py); 3-5 % a consumer
+#: at the waits above. Under load a fetch returns at once with what came, so the
+#: wait shapes latency only while a topic is quiet.
+EMBEDDED_BACKGROUND = {"fetch.wait.max.ms": 250}
 #: How long librdkafka tries to deliver a record before it reports it failed (every producer's).
 MESSAGE_TIMEOUT_MS = 30_000
 #: By then every record handed to a producer has been reported delivered or failed: the message
