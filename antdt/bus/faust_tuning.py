@@ -7,9 +7,9 @@ Faust 0.15 leaves five things that the monitor's targets cannot live with
   ``fetch_max_wait_ms=1500``. On Apache Kafka that only bounds idle polling
   (the broker answers as soon as data arrives), but the embedded broker does
   not wake a waiting fetch on produce, so every record waited up to 1.5 s.
-  :class:`TunedConsumerThread` uses the same fetch wait as every other antdt
-  consumer (:func:`antdt.bus.config.fetch_wait_ms`: 25 ms embedded, 100 ms
-  on Kafka).
+  :class:`TunedConsumerThread` uses the fetch wait of the pace its app is
+  made with, as every other antdt consumer (:func:`antdt.bus.config.fetch_wait_ms`;
+  the monitor's is the background pace: 250 ms embedded, 100 ms on Kafka).
 * **per-record delivery**: the drain loop hands each record to the streams
   through ``Service.wait_first(deliver(record), suspend_flow.wait())``, which
   creates four tasks and an ``asyncio.wait`` per record; measured here that
