@@ -159,6 +159,21 @@ class Bus:
                 continue
         return total
 
+    def cpu_by_process(self) -> dict[str, float]:
+        """CPU seconds used so far by the broker and each service, by name (empty: no bus): which
+        of them a run's ``cpu_s`` went to."""
+        if self.process is None:
+            return {}
+        import psutil
+
+        by_name = {}
+        for name, process in up_processes(psutil.Process(self.process.pid), False).items():
+            try:
+                by_name[name] = cpu_seconds(process)
+            except psutil.NoSuchProcess:
+                continue
+        return by_name
+
 
 @contextmanager
 def antdt_up(log_dir: Path, options: list[str]):

@@ -27,7 +27,8 @@ ratio; the JSON gives the training
 time (rank 0: process group up to the end, set-up included) as median, min
 and max, the CPU seconds the job's processes used (torchrun and its ranks,
 start to exit: ``job_cpu_s``) and, for modes with ``antdt up``, those its
-services and broker used meanwhile (``services_cpu_s``): on a machine whose
+services and broker used meanwhile (``services_cpu_s``, and by process:
+``services_cpu_by_process_s``): on a machine whose
 cores the ranks fill, every CPU second beside the ranks' compute is time
 they wait for a core (docs/torchrun.md); the overhead of each antdt mode
 over plain DDP healthy and its speedup with the slowed rank (the ratio of
@@ -125,6 +126,7 @@ def run_job(mode: str, ranks: int, args, slow: bool, workdir: Path, env: dict, b
     if slow:
         command += ["--slow-rank", "1", "--slow-factor", str(args.slow_factor)]
     began, job_cpu, bus_cpu = time.perf_counter(), children_cpu_s(), bus.cpu_s()
+    each_before = bus.cpu_by_process()
     done = subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=args.run_limit_s, cwd=workdir
     )
@@ -132,6 +134,11 @@ def run_job(mode: str, ranks: int, args, slow: bool, workdir: Path, env: dict, b
     cpu = {"job_cpu_s": round(children_cpu_s() - job_cpu, 2)}
     if bus_cpu is not None:
         cpu["services_cpu_s"] = round(bus.cpu_s() - bus_cpu, 2)
+        each_after = bus.cpu_by_process()
+        cpu["services_cpu_by_process_s"] = {
+            name: round(each_after[name] - each_before[name], 2)
+            for name in sorted(each_after.keys() & each_before.keys())
+        }
     figures = [line for line in done.stdout.splitlines() if line.startswith('{"train_s"')]
     run = {"exit": done.returncode, "finished": bool(figures), "wall_s": round(wall_s, 2), **cpu}
     if figures:
@@ -222,12 +229,20 @@ def progress(run: dict, mode: str) -> dict:
 
 
 def cpu_spreads(runs: list[dict]) -> dict:
-    """Median, min and max of each CPU figure the runs have."""
-    return {
+    """Median, min and max of each CPU figure the runs have; the services' also by process (the
+    broker, each service), which is where the cores a healthy run shares with them go."""
+    spreads = {
         key: spread([r[key] for r in runs])
         for key in ("job_cpu_s", "services_cpu_s")
         if runs and all(key in r for r in runs)
     }
+    each = [r.get("services_cpu_by_process_s") or {} for r in runs]
+    names = set.intersection(*(set(e) for e in each)) if each else set()
+    if names:
+        spreads["services_cpu_by_process_s"] = {
+            name: spread([e[name] for e in each]) for name in sorted(names)
+        }
+    return spreads
 
 
 def servers_ledger(ledger: Path, epochs: int = 1) -> bool:
