@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     Consumer,
     KafkaError,
     KafkaException,
@@ -53,6 +52,8 @@ log = logging.getLogger(__name__)
 
 #: How often the cluster is looked at. One metadata request on an open connection: cheap.
 CHECK_EVERY_S = 0.5
+#: Where a reset's topics begin: they are made new, empty.
+FIRST_OFFSET = 0
 #: How long a write (or the sharder's re-publishing) waits for a reset's topics to come back.
 TOPICS_BACK_WITHIN_S = 60.0
 #: Between tries of a write whose topic is not back yet.
@@ -414,8 +415,11 @@ class Rewinder:
             return False
         self._seen = self._watch.generation
         self._refresh_due = True
+        # offset 0, not OFFSET_BEGINNING: a reset's topics are new, so they begin at 0, and a
+        # logical offset is looked up first, which waits 500 ms where the partition's leader is
+        # not known yet (librdkafka's offset query timer) and the first time a reader rewinds
         partitions = [
-            TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING)
+            TopicPartition(tp.topic, tp.partition, FIRST_OFFSET)
             for tp in self._consumer.assignment()
         ]
         if not self._group:
