@@ -6,8 +6,9 @@ ms and a reader that was rewound at the reset reads them. Per restart it
 reports, for the first record sent once the topics are back, the time to its
 acknowledgement and to its read. ``--plain`` runs librdkafka left alone (no
 metadata refresh after the reset): a producer then held its records 1.4-1.9 s
-and a rewound reader fetched 0.4-0.9 s late (docs/reliability.md, "What a roll
-costs").
+and a rewound reader fetched 0.4-0.9 s late. A rewind starts the new topics at
+offset 0: rewound to their beginning, a reader's first rewind waited 500 ms for
+librdkafka to look that up (docs/reliability.md, "What a roll costs").
 
     .venv/bin/python bench/reset_pickup_bench.py [--restarts 5] [--plain] [--json]
 """
