@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 #: How long the first metadata request may wait before the error callback is looked at; each next
 #: one waits twice as long, up to the last (a far broker's round trip may exceed the first).
 METADATA_SLICES_S = (0.2, 2.0)
+#: A process still waiting for its bus after this long says once what it waits for, and why
+#: (a broker starting beside it answers well within it).
+SAY_WAITING_AFTER_S = 1.0
 
 
 def cluster_metadata(
@@ -45,7 +48,8 @@ def cluster_metadata(
     """
     watch = getattr(admin, "error_watch", None)
     settings = settings or (watch.settings if watch is not None else None)
-    deadline = time.monotonic() + timeout_s
+    began = time.monotonic()
+    deadline, said_so = began + timeout_s, False
     wait_s, longest_s = METADATA_SLICES_S
     while True:
         slice_s = max(min(wait_s, deadline - time.monotonic()), 0.01)
@@ -59,6 +63,9 @@ def cluster_metadata(
             watch.raise_if_refused()
         if time.monotonic() >= deadline:
             raise BusUnreachable(_unreachable(settings, error, timeout_s))
+        if not said_so and settings is not None and time.monotonic() - began >= SAY_WAITING_AFTER_S:
+            said_so = True
+            log.warning("%s", _waiting(settings, timeout_s))
         time.sleep(max(slice_s - (time.monotonic() - started), 0))
         wait_s = min(wait_s * 2, longest_s)
 
@@ -72,21 +79,38 @@ def look_at_bus(settings: Settings, timeout_s: float = 15.0) -> ClusterMetadata:
 
 
 def _unreachable(settings: Settings | None, error: KafkaError, timeout_s: float) -> str:
-    """Why metadata did not come, with a hint when a broker takes connections but answers
-    nothing."""
+    """Why metadata did not come, with what to check (:func:`_hint`)."""
     where = f" from {settings.bootstrap_servers}" if settings else ""
     message = f"cannot read cluster metadata{where} within {timeout_s:.0f} s: {error.str()}"
-    if (
-        settings
-        and settings.security_protocol is SecurityProtocol.PLAINTEXT
-        and _any_accepts(settings.bootstrap_servers)
-    ):
-        message += (
-            " (a broker accepts connections but closes them: if it requires authentication, set"
-            " ANTDT_SECURITY_PROTOCOL=SASL_PLAINTEXT and ANTDT_SASL_MECHANISM, ANTDT_SASL_USERNAME,"
-            " ANTDT_SASL_PASSWORD)"
+    hint = _hint(settings) if settings else None
+    return f"{message} ({hint})" if hint else message
+
+
+def _waiting(settings: Settings, timeout_s: float) -> str:
+    """The one line a process waiting for its bus logs (librdkafka's own lines for each failed
+    connection are held back: :class:`antdt.bus.clients.RepeatedFailures`)."""
+    hint = _hint(settings) or f"nothing answers at {settings.bootstrap_servers} yet"
+    return f"waiting up to {timeout_s:.0f} s for the bus: {hint}"
+
+
+def _hint(settings: Settings) -> str | None:
+    """What to check: nothing listening at the address (no ``antdt up``, or its address not
+    exported), or a plaintext client at a broker that closes its connections (it wants a login)."""
+    accepts = _any_accepts(settings.bootstrap_servers)
+    if not accepts:
+        return (
+            f"nothing accepts connections at {settings.bootstrap_servers}: start the bus "
+            "(`antdt up` prints the ANTDT_BOOTSTRAP_SERVERS to export) or set "
+            "ANTDT_BOOTSTRAP_SERVERS to your Kafka's address"
         )
-    return message
+    if settings.security_protocol is SecurityProtocol.PLAINTEXT:
+        return (
+            f"a broker at {settings.bootstrap_servers} accepts connections but closes them: if it"
+            " requires authentication, set"
+            " ANTDT_SECURITY_PROTOCOL=SASL_PLAINTEXT and ANTDT_SASL_MECHANISM, ANTDT_SASL_USERNAME,"
+            " ANTDT_SASL_PASSWORD"
+        )
+    return None
 
 
 def _any_accepts(bootstrap_servers: str) -> bool:

@@ -40,7 +40,7 @@ from antdt.settings import BrokerProfile, Settings
 
 log = logging.getLogger(__name__)
 
-#: A client that keeps failing to log in says so again (with the count) this often.
+#: A client that keeps failing to log in or connect says so again (with the count) this often.
 AUTH_REMINDER_S = 30.0
 _BROKER_PREFIX = re.compile(r"^\S+://\S+: (SASL authentication error: )?")
 _STATE_SUFFIX = re.compile(r" \(after \d+ms in state \w+\)$")
@@ -97,26 +97,42 @@ class ErrorWatch:
             raise AuthenticationError(describe_auth_failure(self.settings, self.refusal))
 
 
-class RepeatedLoginFailures(logging.Filter):
-    """Lets librdkafka's line for a refused login through once per :data:`AUTH_REMINDER_S` per
-    client and broker.
+class RepeatedFailures(logging.Filter):
+    """Lets each of librdkafka's lines for a failure that repeats through once per
+    :data:`AUTH_REMINDER_S` per client and broker, the next one with how many were held back.
 
-    librdkafka logs every failed attempt itself; the
-    :class:`ErrorWatch` keeps the count, so the repeats say nothing new.
+    librdkafka logs every attempt itself: a refused login (the :class:`ErrorWatch` keeps its
+    count) and a connection refused, timed out or not resolved. An agent started before its bus
+    (no ``antdt up``, or its address not exported) printed the same line about 20 times a
+    second per rank until its look at the bus gave up (:func:`antdt.bus.admin.cluster_metadata`,
+    which says once what it waits for and why).
     """
+
+    REPEATING = (
+        "SASL authentication error",
+        "mechanism handshake failed",
+        "failed: Connection refused",
+        "failed: Connection timed out",
+        "Failed to resolve",
+    )
 
     def __init__(self):
         super().__init__()
         self._shown_at: dict[str, float] = {}
+        self._held: dict[str, int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        if "SASL authentication error" not in text and "mechanism handshake failed" not in text:
+        if not any(failure in text for failure in self.REPEATING):
             return True
         key, now = _STATE_SUFFIX.sub("", text), time.monotonic()
         if now - self._shown_at.get(key, float("-inf")) < AUTH_REMINDER_S:
+            self._held[key] = self._held.get(key, 0) + 1
             return False
         self._shown_at[key] = now
+        held = self._held.pop(key, 0)
+        if held:
+            record.msg, record.args = f"{text} (and {held} time(s) since it was last shown)", ()
         return True
 
 
@@ -126,7 +142,7 @@ def not_a_cluster_id_change(record: logging.LogRecord) -> bool:
     return "reports different ClusterId" not in record.getMessage()
 
 
-KAFKA_LOG.addFilter(RepeatedLoginFailures())
+KAFKA_LOG.addFilter(RepeatedFailures())
 KAFKA_LOG.addFilter(not_a_cluster_id_change)
 
 
