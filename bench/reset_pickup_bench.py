@@ -3,8 +3,9 @@
 The embedded broker is restarted (empty, as a roll or a crash leaves it) and
 the bus watch re-creates the topics; then a producer sends a record every 50
 ms and a reader that was rewound at the reset reads them. Per restart it
-reports, for the first record sent once the topics are back, the time to its
-acknowledgement and to its read. ``--plain`` runs librdkafka left alone (no
+reports how long after the new broker first answered the bus watch saw the
+reset (``reset_noticed_ms``) and, for the first record sent once the topics are
+back, the time to its acknowledgement and to its read. ``--plain`` runs librdkafka left alone (no
 metadata refresh after the reset): a producer then held its records 1.4-1.9 s
 and a rewound reader fetched 0.4-0.9 s late. A rewind starts the new topics at
 offset 0: rewound to their beginning, a reader's first rewind waited 500 ms for
@@ -68,11 +69,16 @@ class Reader:
 
 def one_restart(broker, watch: BusWatch, producer, reader: Reader, topic: str, n: int) -> dict:
     broker.restart()
-    deadline = time.monotonic() + READ_WITHIN_S
+    answering = time.monotonic()  # the new broker answers metadata from here
+    deadline = answering + READ_WITHIN_S
+    noticed = None
     while watch.restored < n:
+        if noticed is None and watch.generation >= n:
+            noticed = time.monotonic()
         if time.monotonic() > deadline:
             sys.exit(f"reset pickup bench FAILED: the topics were not back in {READ_WITHIN_S} s")
-        time.sleep(0.01)
+        time.sleep(0.001)
+    noticed = noticed or time.monotonic()
     sent, acked = {}, {}
 
     def on_delivery(error, message) -> None:
@@ -98,6 +104,7 @@ def one_restart(broker, watch: BusWatch, producer, reader: Reader, topic: str, n
         time.sleep(0.01)
     first = next(iter(sent))
     return {
+        "noticed_ms": round((noticed - answering) * 1000, 1),
         "acked_ms": round((acked[first] - sent[first]) * 1000, 1),
         "read_ms": round((reader.read_at[first] - sent[first]) * 1000, 1),
     }
@@ -124,6 +131,7 @@ def measure(restarts: int, plain: bool) -> dict:
     return {
         "restarts": restarts,
         "refresh": not plain,
+        "reset_noticed_ms": spread([run["noticed_ms"] for run in runs], 1),
         "first_record_acked_ms": spread([run["acked_ms"] for run in runs], 1),
         "first_record_read_ms": spread([run["read_ms"] for run in runs], 1),
         "runs": runs,

@@ -7,8 +7,11 @@ A real Kafka cluster keeps its data and its id across restarts, so there
 this fires only when the cluster was truly replaced, or when one of our
 topics was deleted.
 
-:class:`BusWatch` polls cluster metadata on a daemon thread. When the
-cluster id changes, or a topic of the registry is missing, it
+:class:`BusWatch` polls cluster metadata on a daemon thread, every
+:data:`CHECK_EVERY_S` and at once when its connection to the bus is lost (a
+broker that went away is looked at again as soon as one answers, not up to
+half a second later). When the cluster id changes, or a topic of the
+registry is missing, it
 
 1. bumps :attr:`BusWatch.generation` first, so every consumer that checks it
    (:class:`Rewinder`) moves back to the beginning of its partitions before
@@ -43,7 +46,7 @@ from confluent_kafka import (
 )
 
 from antdt.bus.admin import ensure_topics
-from antdt.bus.clients import make_admin
+from antdt.bus.clients import ErrorWatch, make_admin
 from antdt.errors import AntdtError, BusError, TopicMissing
 from antdt.settings import Settings
 from antdt.topics import TOPICS
@@ -52,6 +55,11 @@ log = logging.getLogger(__name__)
 
 #: How often the cluster is looked at. One metadata request on an open connection: cheap.
 CHECK_EVERY_S = 0.5
+#: The watch's client serves its error callback this often while it waits for the next look, so
+#: a lost connection ends the wait (and a closed watch's thread ends) within it.
+SERVE_EVERY_S = 0.1
+#: librdkafka's errors for a lost connection: the broker went away (a restart, a roll, a crash).
+CONNECTION_LOST = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
 #: Where a reset's topics begin: they are made new, empty.
 FIRST_OFFSET = 0
 #: How long a write (or the sharder's re-publishing) waits for a reset's topics to come back.
@@ -89,7 +97,9 @@ class BusWatch:
         self.restored = 0
         self.cluster_id: str | None = None
         self._topics = [spec.full_name(settings.topic_prefix) for spec in TOPICS]
-        self._admin = make_admin(settings, client_id="antdt-bus-watch")
+        self._errors = ErrorWatch(settings)
+        self._lost = threading.Event()
+        self._admin = make_admin(settings, client_id="antdt-bus-watch", error_cb=self._on_error)
         self._callbacks: list[Callable[[], None]] = []
         self._kept_fresh: list[Producer] = []
         self._lock = threading.Lock()
@@ -186,10 +196,30 @@ class BusWatch:
             except Exception:  # one component's failure must not stop the watch
                 log.exception("a bus-reset callback failed")
 
+    def _on_error(self, error: KafkaError) -> None:
+        """The client's error callback (served by :meth:`_until_next_look`): a refused login as
+        every client's, and a lost connection ends the wait for the next look."""
+        self._errors(error)
+        if error.code() in CONNECTION_LOST:
+            self._lost.set()
+
     def _run(self) -> None:
         self.check_now()
-        while not self._stop.wait(self.every_s):
+        while self._until_next_look():
             self.check_now()
+
+    def _until_next_look(self) -> bool:
+        """Wait :attr:`every_s`, serving the client's error callback, or less if the connection
+        to the bus is lost meanwhile; False once the watch is closed. (The look after a lost
+        connection waits, up to its bound, for a broker to answer again.)"""
+        deadline = time.monotonic() + self.every_s
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if self._lost.is_set() or left <= 0:
+                self._lost.clear()
+                return True
+            self._admin.poll(min(left, SERVE_EVERY_S))
+        return False
 
     def close(self) -> None:
         self._stop.set()

@@ -62,6 +62,20 @@ def test_a_restarted_broker_is_noticed_and_its_topics_recreated_with_the_registr
         watch.close()
 
 
+def test_a_lost_connection_is_looked_at_again_at_once_not_at_the_next_look(own_broker, bus):
+    """The watch's own connection dropping (the broker went away) ends its wait: the restarted
+    broker's reset is seen when it answers (0-18 ms in bench/reset_pickup_bench.py, up to half a
+    second before). Here the next periodic look is a minute away, past the wait's bound."""
+    watch = BusWatch(bus, every_s=60.0).start()
+    try:
+        wait_until(lambda: watch.cluster_id == own_broker.cluster_id)
+        own_broker.restart()
+        wait_until(lambda: watch.restored == 1 and watch.cluster_id == own_broker.cluster_id)
+    finally:
+        watch.close()
+    assert not watch._thread.is_alive(), "a closed watch's thread ended within its join"
+
+
 def test_a_deleted_topic_on_the_same_cluster_is_recreated(bus):
     watch = BusWatch(bus, every_s=0.05).start()
     try:
