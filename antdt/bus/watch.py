@@ -46,7 +46,7 @@ from confluent_kafka import (
 )
 
 from antdt.bus.admin import ensure_topics
-from antdt.bus.clients import ErrorWatch, make_admin
+from antdt.bus.clients import make_admin
 from antdt.errors import AntdtError, BusError, TopicMissing
 from antdt.settings import Settings
 from antdt.topics import TOPICS
@@ -97,7 +97,6 @@ class BusWatch:
         self.restored = 0
         self.cluster_id: str | None = None
         self._topics = [spec.full_name(settings.topic_prefix) for spec in TOPICS]
-        self._errors = ErrorWatch(settings)
         self._lost = threading.Event()
         self._admin = make_admin(settings, client_id="antdt-bus-watch", error_cb=self._on_error)
         self._callbacks: list[Callable[[], None]] = []
@@ -197,9 +196,9 @@ class BusWatch:
                 log.exception("a bus-reset callback failed")
 
     def _on_error(self, error: KafkaError) -> None:
-        """The client's error callback (served by :meth:`_until_next_look`): a refused login as
-        every client's, and a lost connection ends the wait for the next look."""
-        self._errors(error)
+        """The client's error callback (served by :meth:`_until_next_look`): a lost connection
+        ends the wait for the next look. (A refused login is the process's other clients' to
+        report: this one looks only once another has logged in.)"""
         if error.code() in CONNECTION_LOST:
             self._lost.set()
 
