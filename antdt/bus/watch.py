@@ -98,6 +98,7 @@ class BusWatch:
         self.cluster_id: str | None = None
         self._topics = [spec.full_name(settings.topic_prefix) for spec in TOPICS]
         self._lost = threading.Event()
+        self._answered = False  # whether the last look was answered
         self._admin = make_admin(settings, client_id="antdt-bus-watch", error_cb=self._on_error)
         self._callbacks: list[Callable[[], None]] = []
         self._kept_fresh: list[Producer] = []
@@ -167,7 +168,9 @@ class BusWatch:
         try:
             metadata = self._admin.list_topics(timeout=2.0)
         except KafkaException:
+            self._answered = False
             return None  # down or unreachable: nothing to conclude until it answers
+        self._answered = True
         previous, self.cluster_id = self.cluster_id, metadata.cluster_id
         if previous is None:
             return None
@@ -210,13 +213,16 @@ class BusWatch:
     def _until_next_look(self) -> bool:
         """Wait :attr:`every_s`, serving the client's error callback, or less if the connection
         to the bus is lost meanwhile; False once the watch is closed. (The look after a lost
-        connection waits, up to its bound, for a broker to answer again.)"""
+        connection waits, up to its bound, for a broker to answer again; while the bus stays
+        away, looks that went unanswered are not hurried: each failed attempt to reconnect is a
+        lost connection too.)"""
         deadline = time.monotonic() + self.every_s
         while not self._stop.is_set():
             left = deadline - time.monotonic()
-            if self._lost.is_set() or left <= 0:
+            if left <= 0 or (self._lost.is_set() and self._answered):
                 self._lost.clear()
                 return True
+            self._lost.clear()
             self._admin.poll(min(left, SERVE_EVERY_S))
         return False
 

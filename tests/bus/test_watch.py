@@ -22,6 +22,7 @@ from antdt.bus.watch import (
     produce_through_reset,
     shared_watch,
 )
+from antdt.embedded.broker import free_port
 from antdt.errors import AuthenticationError, BusError, TopicMissing
 from antdt.settings import BrokerProfile, load_settings
 from antdt.topics import TOPICS
@@ -74,6 +75,21 @@ def test_a_lost_connection_is_looked_at_again_at_once_not_at_the_next_look(own_b
     finally:
         watch.close()
     assert not watch._thread.is_alive(), "a closed watch's thread ended within its join"
+
+
+def test_a_lost_connection_hurries_the_next_look_only_after_an_answered_one():
+    """While the bus stays away every failed reconnect is a lost connection too: looks that went
+    unanswered keep their pace instead of following one another back to back."""
+    settings = load_settings(bootstrap_servers=f"127.0.0.1:{free_port()}", topic_prefix="w")
+    connected = BusWatch(settings, every_s=60.0)
+    connected._answered = True
+    connected._lost.set()
+    assert connected._until_next_look() and not connected._lost.is_set()
+    away = BusWatch(settings, every_s=0.2)
+    away._lost.set()
+    began = time.monotonic()
+    assert away._until_next_look()
+    assert time.monotonic() - began >= 0.2
 
 
 def test_a_deleted_topic_on_the_same_cluster_is_recreated(bus):
