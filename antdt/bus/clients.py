@@ -43,7 +43,11 @@ log = logging.getLogger(__name__)
 #: A client that keeps failing to log in or connect says so again (with the count) this often.
 AUTH_REMINDER_S = 30.0
 _BROKER_PREFIX = re.compile(r"^\S+://\S+: (SASL authentication error: )?")
-_STATE_SUFFIX = re.compile(r" \(after \d+ms in state \w+\)$")
+#: librdkafka's tail on a connection line: how long the connection lasted and in which state, and
+#: how many identical lines it held back itself (``..., 3 identical error(s) suppressed``).
+_STATE_SUFFIX = re.compile(
+    r" \(after \d+ms in state \w+(, \d+ identical error\(s\) suppressed)?\)$"
+)
 
 
 def describe_auth_failure(settings: Settings, error: KafkaError) -> str:

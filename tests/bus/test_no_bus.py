@@ -17,8 +17,9 @@ from antdt.settings import load_settings
 
 REFUSED = (
     "FAIL [antdt#producer-1] [thrd:localhost:{port}/bootstrap]: localhost:{port}/bootstrap: "
-    "Connect to ipv4#127.0.0.1:{port} failed: Connection refused (after {ms}ms in state CONNECT)"
+    "Connect to ipv4#127.0.0.1:{port} failed: Connection refused (after {tail})"
 )
+CONNECT = "0ms in state CONNECT"
 
 
 def record(text: str) -> logging.LogRecord:
@@ -31,16 +32,23 @@ def test_a_failure_librdkafka_logs_at_every_attempt_is_shown_once_a_while_with_t
     now = [100.0]
     monkeypatch.setattr(clients_module.time, "monotonic", lambda: now[0])
     failures = RepeatedFailures()
-    shown = [failures.filter(record(REFUSED.format(port=9092, ms=ms))) for ms in (0, 1, 0, 2)]
+    # (librdkafka's own count of what it held back is part of the tail it varies)
+    tails = (
+        "0ms in state CONNECT",
+        "1ms in state CONNECT",
+        "0ms in state CONNECT, 1 identical error(s) suppressed",
+        "2ms in state CONNECT",
+    )
+    shown = [failures.filter(record(REFUSED.format(port=9092, tail=tail))) for tail in tails]
     assert shown == [True, False, False, False]
     # another broker's failure, and a line that is no failure, are not held back
-    assert failures.filter(record(REFUSED.format(port=9093, ms=0)))
+    assert failures.filter(record(REFUSED.format(port=9093, tail=CONNECT)))
     assert failures.filter(record("FAIL [antdt#producer-1]: Disconnected (after 3ms in state UP)"))
     now[0] += clients_module.AUTH_REMINDER_S
-    again = record(REFUSED.format(port=9092, ms=0))
+    again = record(REFUSED.format(port=9092, tail=CONNECT))
     assert failures.filter(again)
     assert again.getMessage().endswith("(and 3 time(s) since it was last shown)")
-    assert not failures.filter(record(REFUSED.format(port=9092, ms=0)))
+    assert not failures.filter(record(REFUSED.format(port=9092, tail=CONNECT)))
 
 
 def test_waiting_for_a_bus_nothing_listens_at_says_so_once_and_what_to_do(monkeypatch, caplog):
