@@ -82,14 +82,18 @@ def test_a_lost_connection_hurries_the_next_look_only_after_an_answered_one():
     unanswered keep their pace instead of following one another back to back."""
     settings = load_settings(bootstrap_servers=f"127.0.0.1:{free_port()}", topic_prefix="w")
     connected = BusWatch(settings, every_s=60.0)
-    connected._answered = True
-    connected._lost.set()
-    assert connected._until_next_look() and not connected._lost.is_set()
     away = BusWatch(settings, every_s=0.2)
-    away._lost.set()
-    began = time.monotonic()
-    assert away._until_next_look()
-    assert time.monotonic() - began >= 0.2
+    try:
+        connected._answered = True
+        connected._lost.set()
+        assert connected._until_next_look() and not connected._lost.is_set()
+        away._lost.set()
+        began = time.monotonic()
+        assert away._until_next_look()
+        assert time.monotonic() - began >= 0.2
+    finally:
+        connected.close()
+        away.close()
 
 
 def test_a_deleted_topic_on_the_same_cluster_is_recreated(bus):

@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from antdt.demo.faults import draw_schedule
@@ -95,6 +96,10 @@ def test_every_drawn_fault_is_survived_with_nothing_lost_duplicated_or_hung(mode
     assert figures["ledger"]["never_trained"] == figures["ledger"]["trained_twice"] == 0
     assert figures["survived"] == figures["kills"] >= 4
     assert all(kill["lost_s"] is not None and kill["lost_s"] > 0 for kill in figures["killed"])
+    assert figures["ledger"]["files"]
+    for path in figures["ledger"]["files"]:  # read here, not only the harness's word for it
+        counts = np.load(path)
+        assert counts.shape == (16384,) and (counts == 1).all(), path
 
 
 def test_a_synchronous_group_survives_a_rank_stopped_mid_step_and_restarts_for_each_kill(
